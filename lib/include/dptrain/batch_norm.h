@@ -1,0 +1,49 @@
+// BatchNorm2d with the same parameters, buffers and numerics as torch::nn::BatchNorm2d, plus an
+// optional synchronised mode: batch statistics (and their gradients) summed over all replicas, so
+// that N replicas normalise exactly as one replica would on the whole global batch.
+// Not here: how the sums travel between replicas (Communicator, distributed.h).
+#pragma once
+
+#include <cstdint>
+
+#include <torch/nn/module.h>
+#include <torch/nn/pimpl.h>
+
+namespace dptrain {
+
+class Communicator;
+
+struct BatchNormOptions {
+  int64_t num_features = 0;
+  double eps = 1e-5;      // PyTorch's default, as in the book
+  double momentum = 0.1;  // weight of the newest batch in the running statistics
+};
+
+class BatchNormImpl : public torch::nn::Module {
+ public:
+  explicit BatchNormImpl(const BatchNormOptions& options);
+  explicit BatchNormImpl(int64_t num_features) : BatchNormImpl(BatchNormOptions{num_features}) {}
+
+  // x: (N, C, H, W) -> (N, C, H, W)
+  torch::Tensor forward(const torch::Tensor& x);
+
+  // With a communicator of several ranks, training-mode statistics are summed over them. The
+  // communicator must outlive the module; nullptr returns to per-replica statistics.
+  void set_sync(Communicator* communicator) { sync_ = communicator; }
+
+  void reset_parameters();  // gamma 1, beta 0, running mean 0, running var 1, counter 0
+
+  torch::Tensor weight, bias, running_mean, running_var, num_batches_tracked;
+
+ private:
+  torch::Tensor forward_synchronised(const torch::Tensor& x);
+
+  BatchNormOptions options_;
+  Communicator* sync_ = nullptr;
+};
+TORCH_MODULE(BatchNorm);
+
+// Applies set_sync to every BatchNorm inside `model`.
+void set_batch_norm_sync(torch::nn::Module& model, Communicator* communicator);
+
+}  // namespace dptrain

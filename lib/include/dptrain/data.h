@@ -1,0 +1,52 @@
+// Fashion-MNIST in memory: where the files are, loading and validating them, and turning uint8
+// images into the float batches the model reads. Not here: which examples form a batch
+// (batching.h).
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include <torch/types.h>
+
+namespace dptrain {
+
+constexpr int64_t kNumClasses = 10;
+constexpr int64_t kImageSide = 28;
+
+// One split of the data set, held as bytes: 60,000 training images are 47 MB.
+struct Dataset {
+  torch::Tensor images;  // (N, 28, 28) uint8
+  torch::Tensor labels;  // (N) int64, each in 0..9
+  int64_t size() const { return labels.defined() ? labels.size(0) : 0; }
+};
+
+struct FashionMnist {
+  Dataset train;
+  Dataset test;
+};
+
+// The file names of the four IDX files, as published (each may also lack the ".gz").
+extern const char* const kTrainImagesFile;  // "train-images-idx3-ubyte.gz"
+extern const char* const kTrainLabelsFile;  // "train-labels-idx1-ubyte.gz"
+extern const char* const kTestImagesFile;   // "t10k-images-idx3-ubyte.gz"
+extern const char* const kTestLabelsFile;   // "t10k-labels-idx1-ubyte.gz"
+
+// Where the data lives: `flag_value` when given, else $DPTRAIN_DATA, else Debian's
+// /usr/share/datasets/fashion-mnist, else ./data/fashion-mnist, taking the first that holds
+// the files. Throws DataError, saying how to get the files, when none does.
+std::string resolve_data_dir(const std::optional<std::string>& flag_value);
+
+// Loads one split from its two files, checking that images are (N, 28, 28), labels (N), the
+// counts agree and every label is in 0..9. `limit` > 0 keeps only the first `limit` examples.
+Dataset load_split(const std::string& images_path, const std::string& labels_path,
+                   int64_t limit = 0);
+
+// Loads both splits from `dir` (each file plain or gzip-compressed).
+FashionMnist load_fashion_mnist(const std::string& dir, int64_t train_limit = 0,
+                                int64_t test_limit = 0);
+
+// images: (N, 28, 28) uint8 on any device -> (N, 1, 28, 28) float32 in [0, 1] on the same device.
+torch::Tensor to_model_input(const torch::Tensor& images);
+
+}  // namespace dptrain

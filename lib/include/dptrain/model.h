@@ -1,0 +1,75 @@
+// The book's ResNet-18 for 28x28 inputs (D2L, "Training on Multiple GPUs", concise version):
+// a 3x3 stem without max-pool, four stages of two residual blocks, global average pool, linear.
+// Module names match the book's PyTorch code, so state dicts line up name for name.
+// Not here: how replicas are made or synchronised (see distributed.h).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+
+#include <torch/nn/module.h>
+#include <torch/nn/modules/container/sequential.h>
+#include <torch/nn/modules/conv.h>
+#include <torch/nn/modules/linear.h>
+
+#include "dptrain/batch_norm.h"
+
+namespace dptrain {
+
+// Shape legend: N batch, C channels, H/W height/width, K classes.
+
+struct ResNetOptions {
+  int64_t num_classes = 10;   // Fashion-MNIST has ten classes
+  int64_t in_channels = 1;    // grey-scale images
+  int64_t width = 64;         // channels of the first stage; stages use width x {1, 2, 4, 8}
+};
+
+// One residual block (D2L 8.6): conv3x3-BN-ReLU-conv3x3-BN, plus a shortcut that is the identity
+// or, when the shape changes, a 1x1 convolution with the same stride.
+class ResidualBlockImpl : public torch::nn::Module {
+ public:
+  ResidualBlockImpl(int64_t in_channels, int64_t out_channels, bool use_1x1conv, int64_t stride);
+
+  // x: (N, C_in, H, W) -> (N, C_out, H / stride, W / stride)
+  torch::Tensor forward(const torch::Tensor& x);
+
+ private:
+  torch::nn::Conv2d conv1_{nullptr};
+  torch::nn::Conv2d conv2_{nullptr};
+  torch::nn::Conv2d conv3_{nullptr};  // the projection shortcut; null for the identity
+  BatchNorm bn1_{nullptr};
+  BatchNorm bn2_{nullptr};
+};
+TORCH_MODULE(ResidualBlock);
+
+// A stage of residual blocks; every stage but the first halves H and W and projects the shortcut.
+torch::nn::Sequential make_resnet_stage(int64_t in_channels, int64_t out_channels,
+                                        int64_t num_blocks, bool first_stage);
+
+class ResNetImpl : public torch::nn::Module {
+ public:
+  explicit ResNetImpl(const ResNetOptions& options);
+
+  // x: (N, C_in, 28, 28) float in [0, 1] -> logits (N, K)
+  torch::Tensor forward(const torch::Tensor& x);
+
+  const ResNetOptions& options() const { return options_; }
+
+ private:
+  ResNetOptions options_;
+  torch::nn::Conv2d stem_conv_{nullptr};        // book name "0"
+  BatchNorm stem_bn_{nullptr};                  // book name "1"
+  torch::nn::Sequential stage1_{nullptr}, stage2_{nullptr}, stage3_{nullptr}, stage4_{nullptr};
+  torch::nn::Sequential fc_{nullptr};           // Flatten, Linear, as in the book
+};
+TORCH_MODULE(ResNet);
+
+// The reference initialisation: every conv and linear weight ~ Normal(0, 0.01), biases 0,
+// BatchNorm gamma 1 and beta 0, running statistics reset. The normals come from our own
+// generator (not LibTorch's), so the same seed gives the same bits on every LibTorch version
+// and every device.
+void init_reference_weights(torch::nn::Module& model, uint64_t seed);
+
+int64_t count_parameters(const torch::nn::Module& model);
+
+}  // namespace dptrain

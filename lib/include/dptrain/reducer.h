@@ -1,0 +1,79 @@
+// Our gradient all-reduce: parameters are grouped into flat buckets, every .grad is a view into
+// its bucket, and each bucket's asynchronous all-reduce starts as soon as autograd has
+// accumulated all of its gradients, so communication overlaps the rest of backward.
+// Not here: the loss weighting that makes the sum a mean (train.cpp), or the optimizer.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include <torch/types.h>
+
+#include "dptrain/distributed.h"
+
+namespace torch::autograd {
+struct Node;
+}
+
+namespace dptrain {
+
+// Bucket assignment, kept separate so that it can be tested without tensors: `sizes_bytes[i]`
+// is the gradient size of parameter i. Parameters are taken in reverse order, roughly the order
+// in which backward produces their gradients, and a bucket is closed once the next parameter
+// would take it past `limit_bytes`. A parameter larger than the limit gets a bucket of its own.
+// Returns, per bucket, the parameter indices it holds.
+std::vector<std::vector<size_t>> assign_buckets(const std::vector<int64_t>& sizes_bytes,
+                                                int64_t limit_bytes);
+
+constexpr int64_t kDefaultBucketBytes = 25 * 1024 * 1024;  // DDP's default bucket_cap_mb
+
+class Reducer {
+ public:
+  // `parameters` must all have the same dtype and device. Their .grad tensors become views into
+  // the buckets (zero-initialised). The communicator must outlive the reducer.
+  Reducer(std::vector<torch::Tensor> parameters, Communicator& communicator,
+          int64_t bucket_bytes = kDefaultBucketBytes);
+  ~Reducer();
+  Reducer(const Reducer&) = delete;
+  Reducer& operator=(const Reducer&) = delete;
+
+  // Zeroes every gradient in place (the views must stay views, so never set .grad undefined).
+  void zero_grad();
+  // Call before loss.backward(): arms the readiness counters for this step.
+  void prepare_for_backward();
+  // Call after loss.backward(): waits for every bucket; each .grad then holds the sum over ranks.
+  // Throws CollectiveError when a peer fails, std::logic_error when a parameter got no gradient.
+  void finalize_backward();
+
+  size_t num_buckets() const { return buckets_.size(); }
+  // The flat gradient storage of bucket `i`, (numel) of the parameters' dtype.
+  const torch::Tensor& bucket(size_t i) const { return buckets_[i].flat; }
+  const std::vector<size_t>& bucket_parameters(size_t i) const { return buckets_[i].parameters; }
+
+ private:
+  struct Bucket {
+    torch::Tensor flat;              // (sum of numel) gradient storage
+    std::vector<size_t> parameters;  // indices into parameters_
+    size_t pending = 0;              // gradients still to come this step
+    Communicator::Pending work;      // the all-reduce in flight
+  };
+
+  void mark_ready(size_t parameter);  // called from the autograd post hook
+  void launch_ready_buckets();        // launches buckets strictly in index order
+
+  std::vector<torch::Tensor> parameters_;
+  std::vector<size_t> bucket_of_;  // parameter -> bucket
+  std::vector<bool> ready_;        // parameter -> gradient accumulated this step
+  std::vector<Bucket> buckets_;
+  size_t next_to_launch_ = 0;
+  bool armed_ = false;
+  Communicator& communicator_;
+  // The gradient accumulators our hooks hang on; autograd drops a hook whose accumulator dies.
+  std::vector<std::shared_ptr<torch::autograd::Node>> accumulators_;
+  std::mutex mutex_;  // hooks may run on autograd's device threads
+};
+
+}  // namespace dptrain

@@ -1,0 +1,55 @@
+// How ranks find each other: the launcher's environment (torchrun or Slurm), the store they meet
+// in (in memory for thread ranks, c10d's TCPStore across processes), and a bounded barrier that
+// names the ranks that did not come. Not here: the process groups built on the store.
+#pragma once
+
+#include <chrono>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <c10/util/intrusive_ptr.h>
+#include <torch/csrc/distributed/c10d/Store.hpp>
+
+namespace dptrain {
+
+// One process's place in a multi-process world, as a launcher describes it.
+struct LaunchEnvironment {
+  std::string launcher;  // "torchrun" or "slurm", for messages
+  int rank = 0;
+  int world_size = 1;
+  int local_rank = 0;
+  std::string master_addr;
+  int master_port = 0;
+};
+
+// Reads torchrun's RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and MASTER_PORT, else Slurm's
+// SLURM_PROCID, SLURM_NTASKS and SLURM_LOCALID (with MASTER_ADDR/MASTER_PORT). Returns nullopt
+// when neither launcher is present. Throws UsageError on an incomplete or malformed set,
+// naming the variable. `env` maps variable names to values (tests pass their own).
+std::optional<LaunchEnvironment> read_launch_environment(
+    const std::map<std::string, std::string>& env);
+// The same, from this process's environment.
+std::optional<LaunchEnvironment> read_launch_environment();
+
+// A store in memory, for ranks that are threads of one process.
+c10::intrusive_ptr<c10d::Store> make_in_process_store(std::chrono::milliseconds timeout);
+
+// Rank 0 serves a TCPStore on MASTER_PORT, the others connect to MASTER_ADDR, all bounded by
+// `timeout`. Throws CollectiveError naming the address and the cause.
+c10::intrusive_ptr<c10d::Store> connect_tcp_store(const LaunchEnvironment& launch,
+                                                  std::chrono::milliseconds timeout);
+
+// Every rank announces itself under `name` and waits for the others. On timeout, throws
+// CollectiveError listing the ranks that never arrived. Also checks that every rank agrees on
+// the world size.
+void store_barrier(c10d::Store& store, const std::string& name, int rank, int world_size,
+                   std::chrono::milliseconds timeout);
+
+// Each rank publishes `value` under `key`; returns all ranks' values in rank order.
+std::vector<std::string> all_gather_strings(c10d::Store& store, const std::string& key, int rank,
+                                            int world_size, const std::string& value,
+                                            std::chrono::milliseconds timeout);
+
+}  // namespace dptrain

@@ -1,0 +1,109 @@
+// BatchNorm2d, per replica or synchronised over replicas. See batch_norm.h.
+#include "dptrain/batch_norm.h"
+
+#include <torch/autograd.h>
+#include <torch/nn/init.h>
+
+#include "dptrain/distributed.h"
+
+namespace dptrain {
+namespace {
+
+// Note [Synchronised BatchNorm]
+// Each replica sums x and x^2 per channel over its shard and the sums are all-reduced, which
+// gives the global mean and variance. The all-reduce is an autograd function whose backward is
+// again an all-reduce of the incoming gradients: every replica's loss depends on the global sums,
+// so the gradient with respect to one replica's local sums is the sum over replicas. Everything
+// else is ordinary differentiable tensor code, so autograd derives the rest of the backward pass.
+// With a world of one the same formulas run, which is what makes N replicas match one replica
+// on the whole global batch up to float rounding.
+class AllReduceSum : public torch::autograd::Function<AllReduceSum> {
+ public:
+  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& input,
+                               int64_t communicator_address) {
+    ctx->saved_data["communicator"] = communicator_address;
+    auto output = input.clone();
+    as_communicator(communicator_address)->allreduce_sum(output, "sync-bn statistics");
+    return output;
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grad_outputs) {
+    auto grad = grad_outputs[0].contiguous().clone();
+    as_communicator(ctx->saved_data["communicator"].toInt())
+        ->allreduce_sum(grad, "sync-bn statistics gradient");
+    return {grad, torch::Tensor()};
+  }
+
+ private:
+  static Communicator* as_communicator(int64_t address) {
+    return reinterpret_cast<Communicator*>(static_cast<intptr_t>(address));
+  }
+};
+
+}  // namespace
+
+BatchNormImpl::BatchNormImpl(const BatchNormOptions& options) : options_(options) {
+  TORCH_CHECK(options.num_features > 0, "BatchNorm needs a positive number of features");
+  const int64_t c = options.num_features;
+  weight = register_parameter("weight", torch::ones({c}));
+  bias = register_parameter("bias", torch::zeros({c}));
+  running_mean = register_buffer("running_mean", torch::zeros({c}));
+  running_var = register_buffer("running_var", torch::ones({c}));
+  num_batches_tracked = register_buffer("num_batches_tracked", torch::zeros({}, torch::kLong));
+}
+
+void BatchNormImpl::reset_parameters() {
+  torch::NoGradGuard no_grad;
+  weight.fill_(1);
+  bias.zero_();
+  running_mean.zero_();
+  running_var.fill_(1);
+  num_batches_tracked.zero_();
+}
+
+torch::Tensor BatchNormImpl::forward(const torch::Tensor& x) {
+  TORCH_CHECK(x.dim() == 4, "BatchNorm expects (N, C, H, W), got ", x.sizes());
+  if (!is_training()) {
+    return torch::batch_norm(x, weight, bias, running_mean, running_var, /*training=*/false,
+                             options_.momentum, options_.eps, /*cudnn_enabled=*/true);
+  }
+  {
+    torch::NoGradGuard no_grad;
+    num_batches_tracked.add_(1);
+  }
+  if (sync_ != nullptr) return forward_synchronised(x);
+  // The same call torch::nn::BatchNorm2d makes, so the numerics are PyTorch's own.
+  return torch::batch_norm(x, weight, bias, running_mean, running_var, /*training=*/true,
+                           options_.momentum, options_.eps, /*cudnn_enabled=*/true);
+}
+
+torch::Tensor BatchNormImpl::forward_synchronised(const torch::Tensor& x) {
+  const int64_t c = options_.num_features;
+  const auto local_count = static_cast<double>(x.numel() / c);
+  // (3C): per-channel sums of x and x^2, and the element count, summed over all replicas.
+  auto stats = torch::cat({x.sum({0, 2, 3}), (x * x).sum({0, 2, 3}),
+                           torch::full({1}, local_count, x.options())});
+  stats = AllReduceSum::apply(stats, static_cast<int64_t>(reinterpret_cast<intptr_t>(sync_)));
+  const auto count = stats[2 * c].item<double>();
+  TORCH_CHECK(count > 1, "sync-bn needs more than one value per channel in the global batch");
+  auto mean = stats.narrow(0, 0, c) / count;                         // (C)
+  auto var = (stats.narrow(0, c, c) / count - mean * mean).clamp_min(0);  // (C), biased
+  {
+    torch::NoGradGuard no_grad;
+    const double m = options_.momentum;
+    running_mean.mul_(1 - m).add_(mean.detach(), m);
+    running_var.mul_(1 - m).add_(var.detach() * (count / (count - 1)), m);  // unbiased
+  }
+  auto scale = weight * torch::rsqrt(var + options_.eps);  // (C)
+  auto shift = bias - mean * scale;                        // (C)
+  return x * scale.view({1, c, 1, 1}) + shift.view({1, c, 1, 1});
+}
+
+void set_batch_norm_sync(torch::nn::Module& model, Communicator* communicator) {
+  for (auto& module : model.modules(/*include_self=*/true)) {
+    if (auto* bn = module->as<BatchNormImpl>()) bn->set_sync(communicator);
+  }
+}
+
+}  // namespace dptrain

@@ -1,0 +1,97 @@
+// Device lists for --devices and --gpus. See devices.h.
+#include "dptrain/devices.h"
+
+#include <sstream>
+
+#include <torch/cuda.h>
+
+#include "dptrain/errors.h"
+
+namespace dptrain {
+
+int cuda_device_count() {
+  return torch::cuda::is_available() ? static_cast<int>(torch::cuda::device_count()) : 0;
+}
+
+namespace {
+
+torch::Device parse_one_device(const std::string& text) {
+  if (text == "cpu") return torch::Device(torch::kCPU);
+  if (text.rfind("cuda", 0) != 0) {
+    throw UsageError("--devices: '" + text + "' is not a device; expected cpu or cuda:N");
+  }
+  int index = 0;
+  if (text != "cuda") {
+    const std::string number = text.size() > 5 && text[4] == ':' ? text.substr(5) : "";
+    if (number.empty() || number.find_first_not_of("0123456789") != std::string::npos ||
+        number.size() > 4) {
+      throw UsageError("--devices: '" + text + "' is not a device; expected cpu or cuda:N");
+    }
+    index = std::stoi(number);
+  }
+  const int available = cuda_device_count();
+  if (available == 0) {
+    throw UsageError("--devices: '" + text +
+                     "' needs CUDA, but this machine (or this build of LibTorch) has no GPU");
+  }
+  if (index >= available) {
+    throw UsageError("--devices: '" + text + "' does not exist; this machine has " +
+                     std::to_string(available) + " GPU(s), cuda:0 to cuda:" +
+                     std::to_string(available - 1));
+  }
+  return torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(index));
+}
+
+}  // namespace
+
+std::vector<torch::Device> parse_device_list(const std::string& list) {
+  std::vector<torch::Device> devices;
+  std::stringstream stream(list);
+  std::string item;
+  while (std::getline(stream, item, ',')) {
+    const auto first = item.find_first_not_of(' ');
+    const auto last = item.find_last_not_of(' ');
+    item = first == std::string::npos ? "" : item.substr(first, last - first + 1);
+    if (item.empty()) throw UsageError("--devices: empty entry in '" + list + "'");
+    devices.push_back(parse_one_device(item));
+  }
+  if (devices.empty()) throw UsageError("--devices: no device given");
+  return devices;
+}
+
+std::vector<torch::Device> first_gpus(int count) {
+  if (count <= 0) throw UsageError("--gpus: must be at least 1, got " + std::to_string(count));
+  const int available = cuda_device_count();
+  if (available < count) {
+    throw UsageError("--gpus " + std::to_string(count) + ": this machine has " +
+                     std::to_string(available) + " usable GPU(s)" +
+                     (available == 0 ? " (no CUDA device or a CPU-only LibTorch)" : ""));
+  }
+  std::vector<torch::Device> devices;
+  for (int i = 0; i < count; ++i) {
+    devices.emplace_back(torch::kCUDA, static_cast<c10::DeviceIndex>(i));
+  }
+  return devices;
+}
+
+std::vector<torch::Device> default_devices() {
+  if (cuda_device_count() > 0) return {torch::Device(torch::kCUDA, 0)};
+  return {torch::Device(torch::kCPU)};
+}
+
+std::string device_name(const torch::Device& device) {
+  if (device.is_cuda()) return "cuda:" + std::to_string(device.has_index() ? device.index() : 0);
+  return device.str();
+}
+
+std::string device_list_name(const std::vector<std::string>& names) {
+  std::string out = "[";
+  for (size_t i = 0; i < names.size(); ++i) out += (i ? ", " : "") + names[i];
+  return out + "]";
+}
+
+void synchronize(const torch::Device& device) {
+  if (device.is_cuda()) torch::cuda::synchronize(device.has_index() ? device.index() : 0);
+}
+
+}  // namespace dptrain

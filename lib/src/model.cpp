@@ -1,0 +1,130 @@
+// The book's ResNet-18 and its reference initialisation.
+#include "dptrain/model.h"
+
+#include <cmath>
+#include <string>
+
+#include <torch/nn/functional/activation.h>
+#include <torch/nn/functional/pooling.h>
+#include <torch/nn/modules/linear.h>
+
+#include "dptrain/random.h"
+
+namespace dptrain {
+namespace {
+
+torch::nn::Conv2d conv(int64_t in, int64_t out, int64_t kernel, int64_t stride, int64_t padding) {
+  // The book's convolutions keep their bias (nn.Conv2d's default), which the 11,175,818
+  // parameter count includes.
+  return torch::nn::Conv2d(
+      torch::nn::Conv2dOptions(in, out, kernel).stride(stride).padding(padding).bias(true));
+}
+
+}  // namespace
+
+// ---- ResidualBlock ----------------------------------------------------------
+
+ResidualBlockImpl::ResidualBlockImpl(int64_t in_channels, int64_t out_channels, bool use_1x1conv,
+                                     int64_t stride) {
+  conv1_ = register_module("conv1", conv(in_channels, out_channels, /*kernel=*/3, stride,
+                                         /*padding=*/1));
+  conv2_ = register_module("conv2", conv(out_channels, out_channels, /*kernel=*/3,
+                                         /*stride=*/1, /*padding=*/1));
+  if (use_1x1conv) {
+    conv3_ = register_module("conv3", conv(in_channels, out_channels, /*kernel=*/1, stride,
+                                           /*padding=*/0));
+  }
+  bn1_ = register_module("bn1", BatchNorm(out_channels));
+  bn2_ = register_module("bn2", BatchNorm(out_channels));
+}
+
+torch::Tensor ResidualBlockImpl::forward(const torch::Tensor& x) {
+  auto y = torch::relu(bn1_->forward(conv1_->forward(x)));  // (N, C_out, H', W')
+  y = bn2_->forward(conv2_->forward(y));                     // (N, C_out, H', W')
+  auto shortcut = conv3_ ? conv3_->forward(x) : x;           // (N, C_out, H', W')
+  return torch::relu(y + shortcut);
+}
+
+torch::nn::Sequential make_resnet_stage(int64_t in_channels, int64_t out_channels,
+                                        int64_t num_blocks, bool first_stage) {
+  torch::nn::Sequential stage;
+  for (int64_t i = 0; i < num_blocks; ++i) {
+    if (i == 0 && !first_stage) {
+      stage->push_back(ResidualBlock(in_channels, out_channels, /*use_1x1conv=*/true,
+                                     /*stride=*/2));
+    } else {
+      stage->push_back(ResidualBlock(out_channels, out_channels, /*use_1x1conv=*/false,
+                                     /*stride=*/1));
+    }
+  }
+  return stage;
+}
+
+// ---- ResNet -----------------------------------------------------------------
+
+ResNetImpl::ResNetImpl(const ResNetOptions& options) : options_(options) {
+  TORCH_CHECK(options.width > 0 && options.num_classes > 0 && options.in_channels > 0,
+              "ResNet options must be positive: width ", options.width, ", classes ",
+              options.num_classes, ", input channels ", options.in_channels);
+  const int64_t w = options.width;
+  // The book's nn.Sequential names the stem's layers "0" (conv), "1" (BN) and "2" (ReLU).
+  stem_conv_ = register_module("0", conv(options.in_channels, w, /*kernel=*/3, /*stride=*/1,
+                                         /*padding=*/1));
+  stem_bn_ = register_module("1", BatchNorm(w));
+  constexpr int64_t kBlocksPerStage = 2;  // ResNet-18: 4 stages x 2 blocks x 2 convs + 2
+  stage1_ = register_module("resnet_block1",
+                            make_resnet_stage(w, w, kBlocksPerStage, /*first_stage=*/true));
+  stage2_ = register_module("resnet_block2", make_resnet_stage(w, 2 * w, kBlocksPerStage, false));
+  stage3_ = register_module("resnet_block3",
+                            make_resnet_stage(2 * w, 4 * w, kBlocksPerStage, false));
+  stage4_ = register_module("resnet_block4",
+                            make_resnet_stage(4 * w, 8 * w, kBlocksPerStage, false));
+  fc_ = register_module("fc", torch::nn::Sequential(torch::nn::Flatten(),
+                                                    torch::nn::Linear(8 * w, options.num_classes)));
+}
+
+torch::Tensor ResNetImpl::forward(const torch::Tensor& x) {
+  auto y = torch::relu(stem_bn_->forward(stem_conv_->forward(x)));  // (N, w, 28, 28)
+  y = stage1_->forward(y);                                           // (N, w, 28, 28)
+  y = stage2_->forward(y);                                           // (N, 2w, 14, 14)
+  y = stage3_->forward(y);                                           // (N, 4w, 7, 7)
+  y = stage4_->forward(y);                                           // (N, 8w, 4, 4)
+  y = torch::adaptive_avg_pool2d(y, {1, 1});                         // (N, 8w, 1, 1)
+  return fc_->forward(y);                                            // (N, K)
+}
+
+// ---- Initialisation -----------------------------------------------------------
+
+void init_reference_weights(torch::nn::Module& model, uint64_t seed) {
+  torch::NoGradGuard no_grad;
+  Rng rng(seed);
+  // Module order is registration order, so the same seed fills the same weights on every rank.
+  for (auto& module : model.modules(/*include_self=*/true)) {
+    if (auto* bn = module->as<BatchNormImpl>()) {
+      bn->reset_parameters();
+      continue;
+    }
+    const bool is_conv = module->as<torch::nn::Conv2dImpl>() != nullptr;
+    const bool is_linear = module->as<torch::nn::LinearImpl>() != nullptr;
+    if (!is_conv && !is_linear) continue;
+    for (auto& item : module->named_parameters(/*recurse=*/false)) {
+      auto& tensor = item.value();
+      if (item.key() == "weight") {
+        auto values = torch::empty(tensor.sizes(), torch::kFloat32);
+        fill_normal(rng, values.data_ptr<float>(), static_cast<size_t>(values.numel()),
+                    /*mean=*/0.0, /*stddev=*/0.01);
+        tensor.copy_(values);
+      } else {
+        tensor.zero_();
+      }
+    }
+  }
+}
+
+int64_t count_parameters(const torch::nn::Module& model) {
+  int64_t total = 0;
+  for (const auto& p : model.parameters()) total += p.numel();
+  return total;
+}
+
+}  // namespace dptrain

@@ -1,0 +1,146 @@
+// The bucketed, overlapping gradient all-reduce. See reducer.h.
+#include "dptrain/reducer.h"
+
+#include <stdexcept>
+#include <string>
+
+#include <torch/csrc/autograd/function.h>
+#include <torch/csrc/autograd/utils/lambda_post_hook.h>
+#include <torch/csrc/autograd/variable.h>
+
+namespace dptrain {
+
+std::vector<std::vector<size_t>> assign_buckets(const std::vector<int64_t>& sizes_bytes,
+                                                int64_t limit_bytes) {
+  if (limit_bytes <= 0) throw std::invalid_argument("bucket size must be positive");
+  std::vector<std::vector<size_t>> buckets;
+  int64_t filled = 0;
+  for (size_t k = sizes_bytes.size(); k-- > 0;) {
+    if (buckets.empty() || (filled > 0 && filled + sizes_bytes[k] > limit_bytes)) {
+      buckets.emplace_back();
+      filled = 0;
+    }
+    buckets.back().push_back(k);
+    filled += sizes_bytes[k];
+  }
+  return buckets;
+}
+
+// Note [Gradients as bucket views]
+// Each parameter's .grad is a view into its bucket's flat tensor. Autograd's AccumulateGrad adds
+// into an existing .grad in place, so after backward the bucket already holds this rank's
+// gradients contiguously, the all-reduce works on it directly, and the optimizer reads the
+// reduced values through the same views: no packing or unpacking copies. The price is that
+// nobody may replace .grad: zero_grad() zeroes the buckets instead (LibTorch 2.x's
+// Optimizer::zero_grad would set .grad undefined and break the views).
+//
+// Note [Launch order]
+// Autograd decides when each gradient is ready; that order can differ between ranks in
+// principle, but the collectives must be issued in the same order everywhere. A bucket is
+// therefore launched only when it is complete AND every bucket before it has been launched.
+Reducer::Reducer(std::vector<torch::Tensor> parameters, Communicator& communicator,
+                 int64_t bucket_bytes)
+    : parameters_(std::move(parameters)), communicator_(communicator) {
+  TORCH_CHECK(!parameters_.empty(), "the reducer needs at least one parameter");
+  const auto options = parameters_.front().options();
+  std::vector<int64_t> sizes_bytes;
+  for (const auto& p : parameters_) {
+    TORCH_CHECK(p.requires_grad(), "reducer: every parameter must require grad");
+    TORCH_CHECK(p.dtype() == options.dtype() && p.device() == options.device(),
+                "reducer: parameters must share dtype and device");
+    sizes_bytes.push_back(p.numel() * static_cast<int64_t>(p.element_size()));
+  }
+  const auto assignment = assign_buckets(sizes_bytes, bucket_bytes);
+
+  torch::NoGradGuard no_grad;
+  bucket_of_.resize(parameters_.size());
+  ready_.assign(parameters_.size(), false);
+  for (size_t b = 0; b < assignment.size(); ++b) {
+    Bucket bucket;
+    bucket.parameters = assignment[b];
+    int64_t numel = 0;
+    for (size_t k : bucket.parameters) numel += parameters_[k].numel();
+    bucket.flat = torch::zeros({numel}, options.requires_grad(false));
+    int64_t offset = 0;
+    for (size_t k : bucket.parameters) {
+      auto& p = parameters_[k];
+      p.mutable_grad() = bucket.flat.narrow(0, offset, p.numel()).view(p.sizes());
+      offset += p.numel();
+      bucket_of_[k] = b;
+    }
+    buckets_.push_back(std::move(bucket));
+  }
+
+  for (size_t k = 0; k < parameters_.size(); ++k) {
+    auto accumulator = torch::autograd::impl::grad_accumulator(parameters_[k]);
+    accumulator->add_post_hook(std::make_unique<torch::autograd::utils::LambdaPostHook>(
+        [this, k](const torch::autograd::variable_list& outputs,
+                  const torch::autograd::variable_list& /*inputs*/) {
+          mark_ready(k);
+          return outputs;
+        }));
+    accumulators_.push_back(std::move(accumulator));
+  }
+}
+
+Reducer::~Reducer() {
+  // A pending all-reduce may still write into a bucket; let it finish before the memory goes.
+  for (auto& bucket : buckets_) {
+    try {
+      communicator_.wait(bucket.work);
+    } catch (const std::exception&) {
+      // The error was, or will be, reported by finalize_backward; a destructor must not throw.
+    }
+  }
+}
+
+void Reducer::zero_grad() {
+  torch::NoGradGuard no_grad;
+  for (auto& bucket : buckets_) bucket.flat.zero_();
+}
+
+void Reducer::prepare_for_backward() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  for (auto& bucket : buckets_) bucket.pending = bucket.parameters.size();
+  ready_.assign(parameters_.size(), false);
+  next_to_launch_ = 0;
+  armed_ = true;
+}
+
+void Reducer::mark_ready(size_t parameter) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (!armed_) return;  // a backward outside training (say, a test's own) is not ours to reduce
+  TORCH_CHECK(!ready_[parameter], "reducer: parameter ", parameter,
+              " received its gradient twice in one backward pass");
+  ready_[parameter] = true;
+  auto& bucket = buckets_[bucket_of_[parameter]];
+  if (--bucket.pending == 0) launch_ready_buckets();
+}
+
+void Reducer::launch_ready_buckets() {
+  while (next_to_launch_ < buckets_.size() && buckets_[next_to_launch_].pending == 0) {
+    auto& bucket = buckets_[next_to_launch_];
+    bucket.work = communicator_.allreduce_sum_async(
+        bucket.flat, "gradient all-reduce of bucket " + std::to_string(next_to_launch_));
+    ++next_to_launch_;
+  }
+}
+
+void Reducer::finalize_backward() {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    TORCH_CHECK(armed_, "reducer: finalize_backward without prepare_for_backward");
+    armed_ = false;
+    if (next_to_launch_ < buckets_.size()) {
+      std::string missing;
+      for (size_t k = 0; k < parameters_.size(); ++k) {
+        if (!ready_[k]) missing += (missing.empty() ? "" : ", ") + std::to_string(k);
+      }
+      throw std::logic_error("reducer: parameters without a gradient after backward: " + missing +
+                             " (every parameter must take part in the loss)");
+    }
+  }
+  for (auto& bucket : buckets_) communicator_.wait(bucket.work);
+}
+
+}  // namespace dptrain

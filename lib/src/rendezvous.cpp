@@ -1,0 +1,155 @@
+// Launcher environments, stores and the bounded store barrier. See rendezvous.h.
+#include "dptrain/rendezvous.h"
+
+#include <cstdlib>
+#include <thread>
+
+#include <torch/csrc/distributed/c10d/HashStore.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+
+#include "dptrain/errors.h"
+
+extern char** environ;
+
+namespace dptrain {
+namespace {
+
+using Env = std::map<std::string, std::string>;
+
+std::optional<std::string> lookup(const Env& env, const std::string& name) {
+  auto it = env.find(name);
+  if (it == env.end() || it->second.empty()) return std::nullopt;
+  return it->second;
+}
+
+int parse_env_int(const Env& env, const std::string& name, int min_value, int max_value) {
+  auto value = lookup(env, name);
+  if (!value) throw UsageError("environment: " + name + " is not set");
+  if (value->find_first_not_of("0123456789") != std::string::npos || value->size() > 9) {
+    throw UsageError("environment: " + name + "=" + *value + " is not a non-negative integer");
+  }
+  const int parsed = std::stoi(*value);
+  if (parsed < min_value || parsed > max_value) {
+    throw UsageError("environment: " + name + "=" + *value + " is outside " +
+                     std::to_string(min_value) + ".." + std::to_string(max_value));
+  }
+  return parsed;
+}
+
+std::vector<uint8_t> to_bytes(const std::string& s) { return {s.begin(), s.end()}; }
+std::string from_bytes(const std::vector<uint8_t>& b) { return {b.begin(), b.end()}; }
+
+}  // namespace
+
+std::optional<LaunchEnvironment> read_launch_environment(const Env& env) {
+  LaunchEnvironment launch;
+  std::string rank_var, size_var, local_var;
+  if (lookup(env, "RANK") || lookup(env, "WORLD_SIZE")) {
+    launch.launcher = "torchrun";
+    rank_var = "RANK", size_var = "WORLD_SIZE", local_var = "LOCAL_RANK";
+  } else if (lookup(env, "SLURM_PROCID") && lookup(env, "SLURM_NTASKS")) {
+    launch.launcher = "slurm";
+    rank_var = "SLURM_PROCID", size_var = "SLURM_NTASKS", local_var = "SLURM_LOCALID";
+  } else {
+    return std::nullopt;
+  }
+  constexpr int kMaxWorld = 1 << 20;
+  launch.world_size = parse_env_int(env, size_var, 1, kMaxWorld);
+  launch.rank = parse_env_int(env, rank_var, 0, launch.world_size - 1);
+  launch.local_rank = lookup(env, local_var) ? parse_env_int(env, local_var, 0, kMaxWorld) : 0;
+  auto addr = lookup(env, "MASTER_ADDR");
+  if (!addr) {
+    throw UsageError("environment: MASTER_ADDR is not set (" + launch.launcher +
+                     " launch, rank " + std::to_string(launch.rank) + ")");
+  }
+  launch.master_addr = *addr;
+  launch.master_port = parse_env_int(env, "MASTER_PORT", 1, 65535);
+  return launch;
+}
+
+std::optional<LaunchEnvironment> read_launch_environment() {
+  Env env;
+  for (char** entry = environ; entry && *entry; ++entry) {
+    std::string text = *entry;
+    const auto eq = text.find('=');
+    if (eq != std::string::npos) env[text.substr(0, eq)] = text.substr(eq + 1);
+  }
+  return read_launch_environment(env);
+}
+
+c10::intrusive_ptr<c10d::Store> make_in_process_store(std::chrono::milliseconds timeout) {
+  auto store = c10::make_intrusive<c10d::HashStore>();
+  store->setTimeout(timeout);
+  return store;
+}
+
+c10::intrusive_ptr<c10d::Store> connect_tcp_store(const LaunchEnvironment& launch,
+                                                  std::chrono::milliseconds timeout) {
+  c10d::TCPStoreOptions options;
+  options.port = static_cast<uint16_t>(launch.master_port);
+  options.isServer = launch.rank == 0;
+  options.numWorkers = launch.world_size;
+  // LibTorch 1.13's server returns silently when workers never come, 2.x throws; we wait for
+  // the workers ourselves in store_barrier, which behaves the same on both.
+  options.waitWorkers = false;
+  options.timeout = timeout;
+  try {
+    return c10::make_intrusive<c10d::TCPStore>(launch.master_addr, options);
+  } catch (const std::exception& e) {
+    std::string reason = e.what();
+    if (const auto newline = reason.find('\n'); newline != std::string::npos) reason.resize(newline);
+    throw CollectiveError("rank " + std::to_string(launch.rank) + ": rendezvous at " +
+                          launch.master_addr + ":" + std::to_string(launch.master_port) + " (" +
+                          (launch.rank == 0 ? "serving" : "connecting") + ") failed: " + reason);
+  }
+}
+
+void store_barrier(c10d::Store& store, const std::string& name, int rank, int world_size,
+                   std::chrono::milliseconds timeout) {
+  const std::string prefix = "dptrain/barrier/" + name + "/";
+  store.set(prefix + "rank/" + std::to_string(rank), to_bytes(std::to_string(world_size)));
+  std::vector<std::string> keys;
+  for (int r = 0; r < world_size; ++r) keys.push_back(prefix + "rank/" + std::to_string(r));
+
+  // Poll rather than Store::wait: on timeout we want to say which ranks are missing, and the
+  // store's own wait only says that it timed out.
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  std::vector<int> missing;
+  while (true) {
+    missing.clear();
+    for (int r = 0; r < world_size; ++r) {
+      if (!store.check({keys[static_cast<size_t>(r)]})) missing.push_back(r);
+    }
+    if (missing.empty()) break;
+    if (std::chrono::steady_clock::now() >= deadline) {
+      std::string list;
+      for (int r : missing) list += (list.empty() ? "" : ", ") + std::to_string(r);
+      throw CollectiveError("rank " + std::to_string(rank) + ": " + name + " timed out after " +
+                            std::to_string(timeout.count() / 1000.0).substr(0, 5) +
+                            " s: rank(s) " + list + " of " + std::to_string(world_size) +
+                            " never arrived");
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  for (int r = 0; r < world_size; ++r) {
+    const auto their_size = from_bytes(store.get(keys[static_cast<size_t>(r)]));
+    if (their_size != std::to_string(world_size)) {
+      throw CollectiveError("rank " + std::to_string(rank) + ": rank " + std::to_string(r) +
+                            " was started with world size " + their_size + ", this rank with " +
+                            std::to_string(world_size));
+    }
+  }
+}
+
+std::vector<std::string> all_gather_strings(c10d::Store& store, const std::string& key, int rank,
+                                            int world_size, const std::string& value,
+                                            std::chrono::milliseconds timeout) {
+  const std::string prefix = "dptrain/gather/" + key + "/";
+  store.set(prefix + std::to_string(rank), to_bytes(value));
+  store_barrier(store, "gather " + key, rank, world_size, timeout);
+  std::vector<std::string> values;
+  for (int r = 0; r < world_size; ++r) values.push_back(from_bytes(store.get(prefix + std::to_string(r))));
+  return values;
+}
+
+}  // namespace dptrain
