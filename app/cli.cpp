@@ -34,39 +34,39 @@ cxxopts::Options train_options() {
   options.add_options("Experiment")
       ("data-dir", "directory of the four Fashion-MNIST IDX files (default: $DPTRAIN_DATA, else "
                    "/usr/share/datasets/fashion-mnist, else ./data/fashion-mnist)",
-       cxxopts::value<std::string>())
-      ("epochs", "training epochs", cxxopts::value<std::string>()->default_value("10"))
+       cxxopts::value<std::string>(), "DIR")
+      ("epochs", "training epochs", cxxopts::value<std::string>()->default_value("10"), "N")
       ("batch-size", "global batch size, split over all replicas",
-       cxxopts::value<std::string>()->default_value("256"))
-      ("lr", "SGD learning rate", cxxopts::value<std::string>()->default_value("0.1"))
+       cxxopts::value<std::string>()->default_value("256"), "N")
+      ("lr", "SGD learning rate", cxxopts::value<std::string>()->default_value("0.1"), "LR")
       ("seed", "seed of the initial weights and the data order",
-       cxxopts::value<std::string>()->default_value("0"))
+       cxxopts::value<std::string>()->default_value("0"), "N")
       ("width", "channels of the first ResNet stage (64 is the book's; 8 is a narrow CPU model)",
-       cxxopts::value<std::string>()->default_value("64"))
-      ("train-limit", "use only the first N training examples", cxxopts::value<std::string>())
-      ("test-limit", "use only the first N test examples", cxxopts::value<std::string>())
+       cxxopts::value<std::string>()->default_value("64"), "N")
+      ("train-limit", "use only the first N training examples", cxxopts::value<std::string>(), "N")
+      ("test-limit", "use only the first N test examples", cxxopts::value<std::string>(), "N")
       ("max-steps", "stop after N steps in all (a short run for checks and benchmarks)",
-       cxxopts::value<std::string>())
+       cxxopts::value<std::string>(), "N")
       ("save-model", "write the final weights to FILE (torch::save)",
-       cxxopts::value<std::string>());
+       cxxopts::value<std::string>(), "FILE");
   options.add_options("Devices")
       ("devices", "comma list of devices, one replica each: cpu, cuda:0, ... (default: the "
                   "first GPU, else cpu)",
-       cxxopts::value<std::string>())
-      ("gpus", "shorthand for --devices cuda:0,...,cuda:N-1", cxxopts::value<std::string>())
+       cxxopts::value<std::string>(), "LIST")
+      ("gpus", "shorthand for --devices cuda:0,...,cuda:N-1", cxxopts::value<std::string>(), "N")
       ("threads", "intra-op CPU threads for the process, shared by its replicas (default: all "
                   "cores)",
-       cxxopts::value<std::string>());
+       cxxopts::value<std::string>(), "N");
   options.add_options("Data parallelism")
       ("backend", "collective backend: nccl or gloo (default: nccl on CUDA, gloo on cpu)",
-       cxxopts::value<std::string>())
+       cxxopts::value<std::string>(), "NAME")
       ("sync-bn", "all-reduce BatchNorm batch statistics over the replicas")
       ("bucket-mb", "gradient bucket size in MiB",
-       cxxopts::value<std::string>()->default_value("25"))
+       cxxopts::value<std::string>()->default_value("25"), "MIB")
       ("check-replicas", "verify every N steps that all replicas hold the same weights",
-       cxxopts::value<std::string>())
+       cxxopts::value<std::string>(), "N")
       ("timeout", "seconds that the rendezvous and each collective may take",
-       cxxopts::value<std::string>()->default_value("300"));
+       cxxopts::value<std::string>()->default_value("300"), "SECONDS");
   options.add_options("Output")
       ("verbose", "with several processes, every rank prints (default: rank 0 only)")
       ("h,help", "print this help");
@@ -131,7 +131,7 @@ ParsedCommandLine parse_command_line(int argc, const char* const argv[]) {
                      "'; run 'dptrain train --help'");
   }
   if (result.count("help")) {
-    parsed.help = options.help();
+    parsed.help = options.help({"Experiment", "Devices", "Data parallelism", "Output"});
     return parsed;
   }
 

@@ -31,8 +31,22 @@ message(STATUS "dptrain: LibTorch ${Torch_VERSION}, CUDA/NCCL support: ${DPTRAIN
 # ---- zlib -------------------------------------------------------------------
 find_package(ZLIB REQUIRED)
 
-# ---- Python (torchrun for the multi-process tests; the fixture script) ---------
-find_package(Python3 COMPONENTS Interpreter)
+# ---- Python with torch: torchrun for the multi-process tests ----------------------
+# The first interpreter that can import torch.distributed.run (Debian's python3-torch gives
+# one); DPTRAIN_TORCHRUN_PYTHON may name it instead. Empty when none: those tests then skip.
+if(NOT DEFINED DPTRAIN_TORCHRUN_PYTHON)
+  set(DPTRAIN_TORCHRUN_PYTHON "")
+  find_package(Python3 COMPONENTS Interpreter QUIET)
+  foreach(candidate ${Python3_EXECUTABLE} /usr/bin/python3)
+    execute_process(COMMAND ${candidate} -c "import torch.distributed.run"
+                    RESULT_VARIABLE import_failed OUTPUT_QUIET ERROR_QUIET)
+    if(NOT import_failed)
+      set(DPTRAIN_TORCHRUN_PYTHON ${candidate})
+      break()
+    endif()
+  endforeach()
+endif()
+message(STATUS "dptrain: torchrun for tests: ${DPTRAIN_TORCHRUN_PYTHON}")
 
 # ---- cxxopts ----------------------------------------------------------------
 find_package(cxxopts CONFIG QUIET)

@@ -34,9 +34,15 @@ std::string describe_type(uint8_t type) {
 std::vector<uint8_t> read_file_bytes(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   if (!in) throw DataError(path + ": cannot open: " + std::strerror(errno));
-  std::vector<uint8_t> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  if (in.bad()) throw DataError(path + ": read error");
-  return bytes;
+  try {
+    std::vector<uint8_t> bytes((std::istreambuf_iterator<char>(in)),
+                               std::istreambuf_iterator<char>());
+    if (in.bad()) throw DataError(path + ": read error");
+    return bytes;
+  } catch (const std::ios_base::failure& e) {
+    // libstdc++ reports a failed read(2) (a directory, an I/O error) by throwing.
+    throw DataError(path + ": read error: " + e.what());
+  }
 }
 
 bool is_gzip(const std::vector<uint8_t>& bytes) {
@@ -49,27 +55,37 @@ std::vector<uint8_t> gunzip(const std::vector<uint8_t>& compressed, const std::s
   if (inflateInit2(&stream, 16 + MAX_WBITS) != Z_OK) {
     throw DataError(path + ": cannot initialise zlib");
   }
-  std::vector<uint8_t> out;
-  out.resize(compressed.size() * 4 + 1024);
+  std::vector<uint8_t> out(compressed.size() * 4 + 1024);
   stream.next_in = const_cast<Bytef*>(compressed.data());
   stream.avail_in = static_cast<uInt>(compressed.size());
-  int status = Z_OK;
-  while (status != Z_STREAM_END) {
-    if (stream.total_out == out.size()) out.resize(out.size() * 2);
-    stream.next_out = out.data() + stream.total_out;
-    stream.avail_out = static_cast<uInt>(out.size() - stream.total_out);
-    status = inflate(&stream, Z_NO_FLUSH);
-    if (status == Z_BUF_ERROR && stream.avail_in == 0) {
-      inflateEnd(&stream);
-      throw DataError(path + ": gzip data is truncated");
+  const auto fail = [&](const std::string& reason) {
+    inflateEnd(&stream);
+    throw DataError(path + ": " + reason);
+  };
+  size_t produced = 0;  // not stream.total_out, which inflateReset clears between members
+  while (true) {
+    if (produced == out.size()) out.resize(out.size() * 2);
+    stream.next_out = out.data() + produced;
+    stream.avail_out = static_cast<uInt>(out.size() - produced);
+    const int status = inflate(&stream, Z_NO_FLUSH);
+    produced = static_cast<size_t>(stream.next_out - out.data());
+    if (status == Z_STREAM_END) {
+      if (stream.avail_in == 0) break;
+      // Several gzip members in a row (what `cat a.gz b.gz` makes) are one stream to gzip;
+      // anything else after the end is not ours to ignore.
+      if (stream.avail_in >= 2 && stream.next_in[0] == 0x1f && stream.next_in[1] == 0x8b) {
+        inflateReset(&stream);
+        continue;
+      }
+      fail(std::to_string(stream.avail_in) + " trailing bytes after the gzip stream");
     }
-    if (status != Z_OK && status != Z_STREAM_END && status != Z_BUF_ERROR) {
-      std::string reason = stream.msg ? stream.msg : "error " + std::to_string(status);
-      inflateEnd(&stream);
-      throw DataError(path + ": corrupt gzip data: " + reason);
+    if (status == Z_BUF_ERROR && stream.avail_in == 0) fail("gzip data is truncated");
+    if (status != Z_OK && status != Z_BUF_ERROR) {
+      fail(std::string("corrupt gzip data: ") +
+           (stream.msg ? stream.msg : "zlib error " + std::to_string(status)));
     }
   }
-  out.resize(stream.total_out);
+  out.resize(produced);
   inflateEnd(&stream);
   return out;
 }

@@ -2,6 +2,7 @@
 #include "dptrain/random.h"
 
 #include <cmath>
+#include <stdexcept>
 #include <utility>
 
 namespace dptrain {
@@ -18,6 +19,7 @@ double Rng::next_unit() {
 }
 
 uint64_t Rng::next_below(uint64_t bound) {
+  if (bound == 0) throw std::invalid_argument("Rng::next_below: the bound must be positive");
   // Rejection sampling: draws below `threshold` = 2^64 mod bound would make the low residues
   // more likely, so they are drawn again (at most half the draws, usually almost none).
   const uint64_t threshold = (0 - bound) % bound;

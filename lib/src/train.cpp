@@ -110,7 +110,7 @@ void save_model_atomically(ResNet& model, const std::string& path) {
 // ---- One rank -----------------------------------------------------------------
 
 TrainResult run_rank(const FashionMnist& data, const TrainOptions& options, const RankPlan& plan,
-                     const EpochCallback& on_epoch) {
+                     const EpochCallback& on_epoch, const StepCallback& on_step) {
   at::set_num_threads(plan.threads);  // intra-op threads are per calling thread under OpenMP
   const bool reporter = plan.rank == 0;
 
@@ -195,6 +195,10 @@ TrainResult run_rank(const FashionMnist& data, const TrainOptions& options, cons
       tally.add(loss_sum, logits, y);
       ++steps;
       ++global_step;
+      if (reporter && on_step) {
+        on_step(StepStats{epoch + 1, steps, batches_per_epoch,
+                          loss_sum.item<double>() / std::max<int64_t>(index.size(0), 1)});
+      }
       if (options.check_replicas_every > 0 && global_step % options.check_replicas_every == 0) {
         check_replicas_identical(*model, *communicator, global_step);
       }
@@ -238,7 +242,7 @@ TrainResult run_rank(const FashionMnist& data, const TrainOptions& options, cons
 // ---- The world ------------------------------------------------------------------
 
 TrainResult train(const FashionMnist& data, const TrainOptions& options, const WorldPlan& world,
-                  const EpochCallback& on_epoch) {
+                  const EpochCallback& on_epoch, const StepCallback& on_step) {
   const auto local = static_cast<int>(world.local_devices.size());
   if (local == 0) throw UsageError("no device to train on");
   if (options.batch_size < world.world_size) {
@@ -289,7 +293,7 @@ TrainResult train(const FashionMnist& data, const TrainOptions& options, const W
     RankPlan plan = base;
     plan.rank = world.first_rank;
     plan.device = world.local_devices[0];
-    return run_rank(data, options, plan, on_epoch);
+    return run_rank(data, options, plan, on_epoch, on_step);
   }
 
   // Replicas in this process: a thread each. The first failure is reported; the others usually
@@ -303,7 +307,7 @@ TrainResult train(const FashionMnist& data, const TrainOptions& options, const W
       plan.rank = world.first_rank + i;
       plan.device = world.local_devices[static_cast<size_t>(i)];
       try {
-        results[static_cast<size_t>(i)] = run_rank(data, options, plan, on_epoch);
+        results[static_cast<size_t>(i)] = run_rank(data, options, plan, on_epoch, on_step);
       } catch (...) {
         errors[static_cast<size_t>(i)] = std::current_exception();
       }

@@ -66,12 +66,22 @@ struct TrainResult {
   int64_t parameter_count = 0;
 };
 
+struct StepStats {
+  int64_t epoch = 0;        // 1-based
+  int64_t step = 0;         // 1-based, within the epoch
+  int64_t steps_in_epoch = 0;
+  double shard_loss = 0;    // mean cross-entropy over this rank's shard of the global batch
+};
+
 // Called on global rank 0 after each epoch.
 using EpochCallback = std::function<void(const EpochStats&)>;
+// Called on global rank 0 after each step. Reading the loss makes the host wait for the
+// device, so leave it null where speed matters.
+using StepCallback = std::function<void(const StepStats&)>;
 
 // Runs the whole training. Returns the result on global rank 0 (other ranks return theirs with
 // the same figures). Throws UsageError, DataError or CollectiveError.
 TrainResult train(const FashionMnist& data, const TrainOptions& options, const WorldPlan& world,
-                  const EpochCallback& on_epoch = nullptr);
+                  const EpochCallback& on_epoch = nullptr, const StepCallback& on_step = nullptr);
 
 }  // namespace dptrain

@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Installs what dptrain needs on Debian 12 (run as root, or with sudo available):
+# the compiler and CMake, Debian's CPU LibTorch 1.13 with Gloo headers, cxxopts, GoogleTest,
+# zlib, the real Fashion-MNIST, and Debian's python3-torch (torchrun for the multi-process tests).
+set -euo pipefail
+
+packages=(
+  cmake g++ make
+  libtorch-dev libgloo-dev      # LibTorch 1.13 (CPU) and the Gloo headers c10d needs
+  libcxxopts-dev libgtest-dev zlib1g-dev
+  dataset-fashion-mnist         # /usr/share/datasets/fashion-mnist
+  python3-torch                 # torchrun, for the multi-process tests
+)
+
+sudo_if_needed() { if [ "$(id -u)" -eq 0 ]; then "$@"; else sudo "$@"; fi; }
+
+missing=()
+for package in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$package" 2>/dev/null | grep -q "install ok installed" ||
+    missing+=("$package")
+done
+if [ "${#missing[@]}" -gt 0 ]; then
+  echo "install-deps: installing ${missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  sudo_if_needed apt-get update -qq
+  sudo_if_needed apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+echo "install-deps: all packages present"

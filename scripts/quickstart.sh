@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# The first of the README's two commands: installs what dptrain needs, builds it and runs the
+# main experiment on the devices present.
+#   - With an NVIDIA GPU: PyPI's CUDA LibTorch (torch==2.11.0, in ./.venv-torch) is installed
+#     and the book's reference run follows: one GPU, batch 256, lr 0.1, 10 epochs.
+#   - Without: Debian's CPU LibTorch, and a narrow model (--width 8) for one epoch, which takes
+#     a few minutes on two cores. The full-width model needs ~11 s per batch on such a CPU.
+# Arguments are passed on to `dptrain train`, after the defaults chosen here.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/install-deps.sh
+
+if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
+  if [ ! -x .venv-torch/bin/python ]; then
+    python3 -m venv .venv-torch
+    .venv-torch/bin/pip install -q torch==2.11.0
+  fi
+  torch_root=$(.venv-torch/bin/python -c 'import torch, os; print(os.path.dirname(torch.__file__))')
+  DPTRAIN_BUILD_DIR=build-cuda bash scripts/build.sh \
+    -DCMAKE_PREFIX_PATH="$torch_root/share/cmake;$torch_root" -DBUILD_TESTING=OFF
+  exec ./build-cuda/app/dptrain train --gpus 1 --batch-size 256 --lr 0.1 --epochs 10 "$@"
+fi
+
+bash scripts/build.sh -DBUILD_TESTING=OFF
+exec ./build/app/dptrain train --devices cpu --width 8 --epochs 1 --test-limit 2000 "$@"

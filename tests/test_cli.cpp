@@ -1,0 +1,717 @@
+// The dptrain command line: parse_command_line and the strict number parsers (exact values,
+// defaults, edge cases), and the dptrain binary itself run as a child process: help, exit status
+// 2 or 1 with one "error:" line for every mistake (never an abort), and short training runs.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <filesystem>
+#include <functional>
+#include <map>
+#include <regex>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "cli.h"
+#include "dptrain/data.h"
+#include "dptrain/devices.h"
+#include "dptrain/errors.h"
+#include "test_support.h"
+
+namespace dptrain {
+namespace {
+
+using testing::CommandResult;
+using testing::TempDir;
+
+// ---- Helpers ------------------------------------------------------------------------------
+
+// parse_command_line on {"dptrain", args...}.
+ParsedCommandLine parse(const std::vector<std::string>& args) {
+  std::vector<const char*> argv{"dptrain"};
+  for (const auto& arg : args) argv.push_back(arg.c_str());
+  argv.push_back(nullptr);
+  return parse_command_line(static_cast<int>(argv.size()) - 1, argv.data());
+}
+
+// Runs `body`, expecting a UsageError whose message is one line holding `substring`.
+void expect_usage_error(const std::function<void()>& body, const std::string& substring) {
+  try {
+    body();
+    ADD_FAILURE() << "no UsageError; expected one mentioning '" << substring << "'";
+  } catch (const UsageError& e) {
+    const std::string message = e.what();
+    EXPECT_NE(message.find(substring), std::string::npos)
+        << "message: " << message << "\nexpected to contain: " << substring;
+    EXPECT_EQ(message.find('\n'), std::string::npos) << "not one line: " << message;
+  } catch (const std::exception& e) {
+    ADD_FAILURE() << "threw something other than UsageError: " << e.what();
+  }
+}
+
+void expect_parse_error(const std::vector<std::string>& args, const std::string& substring) {
+  expect_usage_error([&] { parse(args); }, substring);
+}
+
+std::vector<std::string> split_lines(const std::string& text) {
+  std::vector<std::string> lines;
+  size_t begin = 0;
+  while (begin < text.size()) {
+    const size_t end = text.find('\n', begin);
+    if (end == std::string::npos) {
+      lines.push_back(text.substr(begin));
+      break;
+    }
+    lines.push_back(text.substr(begin, end - begin));
+    begin = end + 1;
+  }
+  return lines;
+}
+
+bool contains(const std::string& text, const std::string& part) {
+  return text.find(part) != std::string::npos;
+}
+
+CommandResult run_dptrain(const std::vector<std::string>& args,
+                          const std::map<std::string, std::string>& env = {},
+                          int timeout_seconds = 120) {
+  std::vector<std::string> command{testing::dptrain_binary()};
+  command.insert(command.end(), args.begin(), args.end());
+  return testing::run_command(command, env, timeout_seconds);
+}
+
+std::string describe(const CommandResult& result) {
+  return "exit " + std::to_string(result.exit_code) + (result.timed_out ? " (timed out)" : "") +
+         "\n--- stdout ---\n" + result.out + "--- stderr ---\n" + result.err;
+}
+
+// No abort, no uncaught exception, no C++ backtrace: whatever happened was handled.
+void expect_no_crash(const CommandResult& result) {
+  EXPECT_FALSE(result.timed_out) << describe(result);
+  EXPECT_GE(result.exit_code, 0) << describe(result);
+  EXPECT_LT(result.exit_code, 128) << "killed by a signal\n" << describe(result);
+  for (const char* marker : {"terminate called", "Exception raised from"}) {
+    EXPECT_FALSE(contains(result.out, marker)) << describe(result);
+    EXPECT_FALSE(contains(result.err, marker)) << describe(result);
+  }
+}
+
+// Exit status `exit_code` and exactly one line on stderr: "error: ...<substring>...".
+void expect_one_error_line(const CommandResult& result, int exit_code,
+                           const std::string& substring) {
+  expect_no_crash(result);
+  EXPECT_EQ(result.exit_code, exit_code) << describe(result);
+  const auto lines = split_lines(result.err);
+  ASSERT_EQ(lines.size(), 1u) << "stderr is not one line\n" << describe(result);
+  EXPECT_EQ(lines[0].rfind("error: ", 0), 0u) << describe(result);
+  EXPECT_TRUE(contains(lines[0], substring))
+      << "expected the error to mention '" << substring << "'\n" << describe(result);
+  EXPECT_FALSE(contains(result.out, "epoch ")) << describe(result);
+}
+
+// Fake Fashion-MNIST: `n_train` / `n_test` images of 28 x 28 bytes, labels i % 10.
+std::vector<uint8_t> fake_images(uint32_t n) {
+  std::vector<uint8_t> pixels(static_cast<size_t>(n) * 28 * 28);
+  for (size_t i = 0; i < pixels.size(); ++i) pixels[i] = static_cast<uint8_t>((i * 37) % 256);
+  return testing::make_idx(0x08, {n, 28, 28}, pixels);
+}
+
+std::vector<uint8_t> fake_labels(uint32_t n) {
+  std::vector<uint8_t> labels(n);
+  for (uint32_t i = 0; i < n; ++i) labels[i] = static_cast<uint8_t>(i % 10);
+  return testing::make_idx(0x08, {n}, labels);
+}
+
+constexpr const char* kTrainImages = "train-images-idx3-ubyte";
+constexpr const char* kTrainLabels = "train-labels-idx1-ubyte";
+constexpr const char* kTestImages = "t10k-images-idx3-ubyte";
+constexpr const char* kTestLabels = "t10k-labels-idx1-ubyte";
+
+void write_fake_data(const TempDir& dir, uint32_t n_train, uint32_t n_test) {
+  testing::write_bytes(dir.file(kTrainImages), fake_images(n_train));
+  testing::write_bytes(dir.file(kTrainLabels), fake_labels(n_train));
+  testing::write_bytes(dir.file(kTestImages), fake_images(n_test));
+  testing::write_bytes(dir.file(kTestLabels), fake_labels(n_test));
+}
+
+// A small valid data set shared by the tests that need one (removed at exit).
+const std::string& tiny_data_dir() {
+  static const TempDir dir;
+  static const bool written = (write_fake_data(dir, 16, 8), true);
+  (void)written;
+  return dir.path();
+}
+
+const std::regex kFinalLineOneCpu(
+    R"(^test acc: [0-9]\.[0-9]{2}, [0-9]+\.[0-9] sec/epoch on \[cpu\]$)");
+const std::regex kFinalLineTwoCpus(
+    R"(^test acc: [0-9]\.[0-9]{2}, [0-9]+\.[0-9] sec/epoch on \[cpu, cpu\]$)");
+
+// ---- parse_command_line --------------------------------------------------------------------
+
+TEST(CliParse, NoArgumentsAndHelpGiveTheProgramHelp) {
+  for (const auto& args : std::vector<std::vector<std::string>>{
+           {}, {"--help"}, {"-h"}, {"help"}}) {
+    const auto parsed = parse(args);
+    EXPECT_EQ(parsed.action, ParsedCommandLine::Action::kHelp);
+    EXPECT_TRUE(contains(parsed.help, "train")) << parsed.help;
+  }
+}
+
+TEST(CliParse, TrainHelpGivesTheTrainHelp) {
+  for (const char* flag : {"--help", "-h"}) {
+    const auto parsed = parse({"train", flag});
+    EXPECT_EQ(parsed.action, ParsedCommandLine::Action::kHelp);
+    EXPECT_TRUE(contains(parsed.help, "--batch-size")) << parsed.help;
+  }
+}
+
+TEST(CliParse, DefaultsAreTheBooks) {
+  const auto parsed = parse({"train"});
+  ASSERT_EQ(parsed.action, ParsedCommandLine::Action::kTrain);
+  const TrainCommand& train = parsed.train;
+  const TrainOptions& o = train.options;
+  EXPECT_EQ(o.epochs, 10);
+  EXPECT_EQ(o.batch_size, 256);
+  EXPECT_EQ(o.lr, 0.1);
+  EXPECT_EQ(o.seed, 0u);
+  EXPECT_EQ(o.width, 64);
+  EXPECT_EQ(o.threads, 0);
+  EXPECT_FALSE(o.sync_bn);
+  EXPECT_EQ(o.bucket_bytes, 25 * 1024 * 1024);
+  EXPECT_EQ(o.check_replicas_every, 0);
+  EXPECT_EQ(o.timeout, std::chrono::seconds(300));
+  EXPECT_EQ(o.max_steps, 0);
+  EXPECT_FALSE(o.save_model.has_value());
+  EXPECT_FALSE(train.data_dir.has_value());
+  EXPECT_FALSE(train.devices.has_value());
+  EXPECT_FALSE(train.gpus.has_value());
+  EXPECT_FALSE(train.backend.has_value());
+  EXPECT_EQ(train.train_limit, 0);
+  EXPECT_EQ(train.test_limit, 0);
+  EXPECT_FALSE(train.verbose);
+}
+
+TEST(CliParse, GivenValuesAreExact) {
+  const auto parsed =
+      parse({"train", "--epochs", "3", "--batch-size", "512", "--lr", "0.2", "--seed", "7",
+             "--width", "8", "--devices", "cpu,cpu", "--train-limit", "100", "--sync-bn",
+             "--bucket-mb", "2"});
+  ASSERT_EQ(parsed.action, ParsedCommandLine::Action::kTrain);
+  const TrainCommand& train = parsed.train;
+  const TrainOptions& o = train.options;
+  EXPECT_EQ(o.epochs, 3);
+  EXPECT_EQ(o.batch_size, 512);
+  EXPECT_EQ(o.lr, 0.2);
+  EXPECT_EQ(o.seed, 7u);
+  EXPECT_EQ(o.width, 8);
+  EXPECT_EQ(train.devices, std::optional<std::string>("cpu,cpu"));
+  EXPECT_EQ(train.train_limit, 100);
+  EXPECT_EQ(train.test_limit, 0);
+  EXPECT_TRUE(o.sync_bn);
+  EXPECT_EQ(o.bucket_bytes, int64_t{2} * 1024 * 1024);
+  // Untouched flags keep their defaults.
+  EXPECT_EQ(o.threads, 0);
+  EXPECT_EQ(o.timeout, std::chrono::seconds(300));
+  EXPECT_FALSE(train.gpus.has_value());
+  EXPECT_FALSE(train.verbose);
+}
+
+TEST(CliParse, EveryOtherFlag) {
+  // Devices are only named here, not checked against the machine.
+  const auto parsed =
+      parse({"train", "--data-dir", "/some/dir", "--devices", "cuda:1", "--test-limit", "50",
+             "--threads", "3", "--save-model", "model.pt", "--backend", "gloo",
+             "--check-replicas", "5", "--timeout", "60", "--max-steps", "7", "--verbose"});
+  ASSERT_EQ(parsed.action, ParsedCommandLine::Action::kTrain);
+  const TrainCommand& train = parsed.train;
+  const TrainOptions& o = train.options;
+  EXPECT_EQ(train.data_dir, std::optional<std::string>("/some/dir"));
+  EXPECT_EQ(train.devices, std::optional<std::string>("cuda:1"));
+  EXPECT_EQ(train.test_limit, 50);
+  EXPECT_EQ(o.threads, 3);
+  EXPECT_EQ(o.save_model, std::optional<std::string>("model.pt"));
+  EXPECT_EQ(train.backend, std::optional<std::string>("gloo"));
+  EXPECT_EQ(o.check_replicas_every, 5);
+  EXPECT_EQ(o.timeout, std::chrono::seconds(60));
+  EXPECT_EQ(o.max_steps, 7);
+  EXPECT_TRUE(train.verbose);
+}
+
+TEST(CliParse, GpusAndBackendNccl) {
+  const auto parsed = parse({"train", "--gpus", "2", "--backend", "nccl"});
+  EXPECT_EQ(parsed.train.gpus, std::optional<int>(2));
+  EXPECT_FALSE(parsed.train.devices.has_value());
+  EXPECT_EQ(parsed.train.backend, std::optional<std::string>("nccl"));
+}
+
+TEST(CliParse, EqualsSignForm) {
+  const auto parsed = parse({"train", "--epochs=4", "--lr=0.05", "--devices=cpu"});
+  EXPECT_EQ(parsed.train.options.epochs, 4);
+  EXPECT_EQ(parsed.train.options.lr, 0.05);
+  EXPECT_EQ(parsed.train.devices, std::optional<std::string>("cpu"));
+}
+
+TEST(CliParse, LargestValuesInRange) {
+  const auto parsed = parse({"train", "--epochs", "1000000", "--width", "4096", "--seed",
+                             "9223372036854775807", "--bucket-mb", "65536", "--gpus", "1024"});
+  EXPECT_EQ(parsed.train.options.epochs, 1000000);
+  EXPECT_EQ(parsed.train.options.width, 4096);
+  EXPECT_EQ(parsed.train.options.seed, 9223372036854775807u);
+  EXPECT_EQ(parsed.train.options.bucket_bytes, int64_t{65536} * 1024 * 1024);
+  EXPECT_EQ(parsed.train.gpus, std::optional<int>(1024));
+}
+
+TEST(CliParse, MistakesThrowUsageErrorNamingTheFlag) {
+  expect_parse_error({"frobnicate"}, "frobnicate");
+  expect_parse_error({"train", "--frobnicate"}, "frobnicate");
+  expect_parse_error({"train", "stray"}, "stray");
+  expect_parse_error({"train", "--epochs"}, "epochs");
+  expect_parse_error({"train", "--epochs", "abc"}, "--epochs");
+  expect_parse_error({"train", "--batch-size", "1.5"}, "--batch-size");
+  expect_parse_error({"train", "--lr", "nan"}, "--lr");
+  expect_parse_error({"train", "--width", "0"}, "--width");
+  expect_parse_error({"train", "--seed", "-1"}, "--seed");
+  expect_parse_error({"train", "--devices", "cpu", "--gpus", "1"}, "--gpus");
+  expect_parse_error({"train", "--backend", "mpi"}, "mpi");
+  expect_parse_error({"train", "--save-model", ""}, "--save-model");
+}
+
+// A boolean flag given "=false" must not switch the feature on.
+TEST(CliParse, BooleanFlagWithFalseIsNotTrue) {
+  for (const char* flag : {"--sync-bn=false", "--verbose=false"}) {
+    SCOPED_TRACE(flag);
+    try {
+      const auto parsed = parse({"train", flag});
+      EXPECT_FALSE(parsed.train.options.sync_bn);
+      EXPECT_FALSE(parsed.train.verbose);
+    } catch (const UsageError&) {
+      // Refusing a value for a switch is fine too.
+    }
+  }
+}
+
+// A flag followed by another flag is missing its value; the next flag is not a file name.
+TEST(CliParse, FlagIsNotTakenAsTheValueOfAnother) {
+  expect_parse_error({"train", "--save-model", "--verbose"}, "--save-model");
+  expect_parse_error({"train", "--data-dir", "--sync-bn"}, "--data-dir");
+}
+
+// ---- parse_integer_flag / parse_positive_number_flag --------------------------------------
+
+TEST(CliParse, IntegerFlagAcceptsWholeNumbersInRange) {
+  EXPECT_EQ(parse_integer_flag("n", "42", 1, 100), 42);
+  EXPECT_EQ(parse_integer_flag("n", "1", 1, 100), 1);
+  EXPECT_EQ(parse_integer_flag("n", "100", 1, 100), 100);
+  EXPECT_EQ(parse_integer_flag("n", "0", 0, 100), 0);
+  EXPECT_EQ(parse_integer_flag("n", "-5", -10, 10), -5);
+  EXPECT_EQ(parse_integer_flag("n", "9223372036854775807", 0, INT64_MAX), INT64_MAX);
+}
+
+TEST(CliParse, IntegerFlagRejectsAnythingElse) {
+  const auto bad = [](const std::string& text, const std::string& substring) {
+    SCOPED_TRACE("'" + text + "'");
+    expect_usage_error([&] { parse_integer_flag("epochs", text, 1, 1000); }, substring);
+    expect_usage_error([&] { parse_integer_flag("epochs", text, 1, 1000); }, "--epochs");
+  };
+  bad("", "not an integer");
+  bad("abc", "not an integer");
+  bad("1e3", "not an integer");
+  bad("1.5", "not an integer");
+  bad("3x", "not an integer");
+  bad("x3", "not an integer");
+  bad("0x10", "not an integer");
+  bad("5 ", "not an integer");
+  bad(" 5", "not an integer");  // the whole text must be the number
+  bad("99999999999999999999", "99999999999999999999");
+  bad("-99999999999999999999", "99999999999999999999");
+  bad("-5", "out of range");
+  bad("0", "out of range");
+  bad("1001", "out of range");
+}
+
+TEST(CliParse, PositiveNumberFlagAcceptsFinitePositiveNumbers) {
+  EXPECT_EQ(parse_positive_number_flag("lr", "0.1"), 0.1);
+  EXPECT_EQ(parse_positive_number_flag("lr", "2"), 2.0);
+  EXPECT_EQ(parse_positive_number_flag("lr", "1e-3"), 1e-3);
+  EXPECT_EQ(parse_positive_number_flag("lr", ".5"), 0.5);
+  EXPECT_EQ(parse_positive_number_flag("lr", "5."), 5.0);
+}
+
+TEST(CliParse, PositiveNumberFlagRejectsAnythingElse) {
+  const auto bad = [](const std::string& text) {
+    SCOPED_TRACE("'" + text + "'");
+    expect_usage_error([&] { parse_positive_number_flag("lr", text); }, "--lr");
+  };
+  for (const char* text : {"", "abc", "0.1x", "x0.1", "0.1 ", " 0.1", "0", "-0", "0.0", "-0.1",
+                           "nan", "NaN", "-nan", "inf", "-inf", "infinity", "1e999", "1e-400"}) {
+    bad(text);
+  }
+}
+
+// ---- Help --------------------------------------------------------------------------------
+
+TEST(CliHelp, ProgramHelpExitsZero) {
+  for (const auto& args : std::vector<std::vector<std::string>>{{}, {"--help"}, {"-h"}}) {
+    const auto result = run_dptrain(args);
+    expect_no_crash(result);
+    EXPECT_EQ(result.exit_code, 0) << describe(result);
+    EXPECT_TRUE(contains(result.out, "Usage: dptrain")) << describe(result);
+    EXPECT_TRUE(contains(result.out, "train")) << describe(result);
+    EXPECT_EQ(result.err, "") << describe(result);
+  }
+}
+
+TEST(CliHelp, TrainHelpDescribesEveryFlag) {
+  const auto result = run_dptrain({"train", "--help"});
+  expect_no_crash(result);
+  ASSERT_EQ(result.exit_code, 0) << describe(result);
+  EXPECT_EQ(result.err, "") << describe(result);
+  for (const char* flag :
+       {"--data-dir", "--epochs", "--batch-size", "--lr", "--seed", "--width", "--devices",
+        "--gpus", "--train-limit", "--test-limit", "--threads", "--save-model", "--backend",
+        "--sync-bn", "--bucket-mb", "--check-replicas", "--timeout", "--max-steps", "--verbose",
+        "--help"}) {
+    EXPECT_TRUE(contains(result.out, std::string(flag) + " ")) << flag << "\n" << result.out;
+  }
+}
+
+TEST(CliHelp, TrainHelpShowsTheDefaults) {
+  const auto result = run_dptrain({"train", "--help"});
+  ASSERT_EQ(result.exit_code, 0) << describe(result);
+  // The help wraps its lines: join them, then look at one flag's text up to the next flag.
+  const std::string help =
+      std::regex_replace(result.out, std::regex("[ \\n]+"), " ");
+  const auto text_of = [&](const std::string& flag) {
+    const size_t begin = help.find(" " + flag + " ");
+    if (begin == std::string::npos) return std::string();
+    const size_t end = help.find(" -", begin + flag.size() + 1);
+    return help.substr(begin, end == std::string::npos ? std::string::npos : end - begin);
+  };
+  EXPECT_TRUE(contains(text_of("--epochs"), "(default: 10)")) << help;
+  EXPECT_TRUE(contains(text_of("--batch-size"), "(default: 256)")) << help;
+  EXPECT_TRUE(contains(text_of("--lr"), "(default: 0.1)")) << help;
+  EXPECT_TRUE(contains(text_of("--seed"), "(default: 0)")) << help;
+  EXPECT_TRUE(contains(text_of("--width"), "(default: 64)")) << help;
+  EXPECT_TRUE(contains(text_of("--bucket-mb"), "(default: 25)")) << help;
+  EXPECT_TRUE(contains(text_of("--timeout"), "(default: 300)")) << help;
+}
+
+// ---- Usage errors: exit status 2 and one "error:" line -----------------------------------
+
+struct ErrorCase {
+  std::string name;
+  std::vector<std::string> args;
+  int exit_code;
+  std::string message;       // a part of the error line
+  bool needs_no_cuda = false;  // the mistake is only one on a machine without a GPU
+};
+
+void PrintTo(const ErrorCase& c, std::ostream* out) { *out << c.name; }
+
+constexpr int kUsage = 2;
+constexpr int kRunTime = 1;
+
+class CliErrors : public ::testing::TestWithParam<ErrorCase> {};
+
+// Usage errors are run with a small valid --data-dir (unless they name one), so that a mistake
+// the parser misses cannot hide behind missing data, and show up as a (short) successful run.
+TEST_P(CliErrors, OneErrorLineAndExitStatus) {
+  const ErrorCase& c = GetParam();
+  if (c.needs_no_cuda && cuda_device_count() > 0) {
+    GTEST_SKIP() << "this machine has CUDA, so '" << c.name << "' is not a mistake here";
+  }
+  std::vector<std::string> args = c.args;
+  if (!args.empty() && args[0] == "train") {
+    // Flags the case does not name are set to keep a wrongly accepted run short; given first,
+    // so that a flag missing its value at the end stays at the end.
+    std::vector<std::string> extra;
+    const std::vector<std::pair<std::string, std::string>> quick = {
+        {"--data-dir", tiny_data_dir()}, {"--epochs", "1"}, {"--width", "1"},
+        {"--threads", "1"}, {"--max-steps", "1"}};
+    for (const auto& [flag, value] : quick) {
+      const bool named = std::any_of(args.begin(), args.end(), [&](const std::string& arg) {
+        return arg.rfind(flag, 0) == 0;
+      });
+      if (!named) extra.insert(extra.end(), {flag, value});
+    }
+    args.insert(args.begin() + 1, extra.begin(), extra.end());
+  }
+  expect_one_error_line(run_dptrain(args), c.exit_code, c.message);
+}
+
+const std::vector<ErrorCase> kErrorCases = {
+    // Commands and flags that do not exist.
+    {"unknown_command", {"frobnicate"}, kUsage, "frobnicate"},
+    {"flag_without_command", {"--epochs", "3"}, kUsage, "--epochs"},
+    {"unknown_flag", {"train", "--frobnicate"}, kUsage, "frobnicate"},
+    {"unknown_flag_with_value", {"train", "--frobnicate=3"}, kUsage, "frobnicate"},
+    {"unknown_short_flag", {"train", "-q"}, kUsage, "q"},
+    {"stray_argument", {"train", "stray"}, kUsage, "stray"},
+    // Missing values.
+    {"epochs_missing_value", {"train", "--epochs"}, kUsage, "epochs"},
+    {"lr_missing_value", {"train", "--lr"}, kUsage, "lr"},
+    {"devices_missing_value", {"train", "--devices"}, kUsage, "devices"},
+    {"save_model_missing_value", {"train", "--save-model"}, kUsage, "save-model"},
+    {"save_model_followed_by_flag", {"train", "--save-model", "--verbose"}, kUsage,
+     "--save-model"},
+    {"epochs_empty", {"train", "--epochs="}, kUsage, "--epochs"},
+    // Not a number.
+    {"epochs_abc", {"train", "--epochs", "abc"}, kUsage, "--epochs: 'abc'"},
+    {"lr_x", {"train", "--lr", "x"}, kUsage, "--lr: 'x'"},
+    {"batch_size_fraction", {"train", "--batch-size", "1.5"}, kUsage, "--batch-size: '1.5'"},
+    {"epochs_exponent", {"train", "--epochs", "1e3"}, kUsage, "--epochs"},
+    {"epochs_trailing_garbage", {"train", "--epochs", "3x"}, kUsage, "--epochs"},
+    {"seed_overflow", {"train", "--seed", "99999999999999999999"}, kUsage, "--seed"},
+    {"threads_abc", {"train", "--threads", "abc"}, kUsage, "--threads"},
+    {"gpus_abc", {"train", "--gpus", "abc"}, kUsage, "--gpus"},
+    // Out of range.
+    {"batch_size_zero", {"train", "--batch-size", "0"}, kUsage, "--batch-size"},
+    {"batch_size_negative", {"train", "--batch-size", "-1"}, kUsage, "--batch-size"},
+    {"epochs_zero", {"train", "--epochs", "0"}, kUsage, "--epochs"},
+    {"epochs_negative", {"train", "--epochs", "-5"}, kUsage, "--epochs"},
+    {"width_zero", {"train", "--width", "0"}, kUsage, "--width"},
+    {"train_limit_zero", {"train", "--train-limit", "0"}, kUsage, "--train-limit"},
+    {"test_limit_zero", {"train", "--test-limit", "0"}, kUsage, "--test-limit"},
+    {"test_limit_negative", {"train", "--test-limit", "-3"}, kUsage, "--test-limit"},
+    {"lr_zero", {"train", "--lr", "0"}, kUsage, "--lr"},
+    {"lr_negative", {"train", "--lr", "-0.1"}, kUsage, "--lr"},
+    {"lr_nan", {"train", "--lr", "nan"}, kUsage, "--lr"},
+    {"lr_inf", {"train", "--lr", "inf"}, kUsage, "--lr"},
+    {"lr_overflow", {"train", "--lr", "1e999"}, kUsage, "--lr"},
+    {"seed_negative", {"train", "--seed", "-1"}, kUsage, "--seed"},
+    {"threads_zero", {"train", "--threads", "0"}, kUsage, "--threads"},
+    {"bucket_mb_zero", {"train", "--bucket-mb", "0"}, kUsage, "--bucket-mb"},
+    {"timeout_zero", {"train", "--timeout", "0"}, kUsage, "--timeout"},
+    {"check_replicas_zero", {"train", "--check-replicas", "0"}, kUsage, "--check-replicas"},
+    {"max_steps_zero", {"train", "--max-steps", "0"}, kUsage, "--max-steps"},
+    {"gpus_zero", {"train", "--gpus", "0"}, kUsage, "--gpus"},
+    {"save_model_empty", {"train", "--save-model", ""}, kUsage, "--save-model"},
+    // Devices and backends.
+    {"gpus_without_cuda", {"train", "--gpus", "1"}, kUsage, "--gpus", true},
+    {"devices_cuda0_without_cuda", {"train", "--devices", "cuda:0"}, kUsage, "cuda:0", true},
+    {"devices_cuda_without_cuda", {"train", "--devices", "cuda"}, kUsage, "cuda", true},
+    {"gpus_more_than_any_machine", {"train", "--gpus", "1024"}, kUsage, "--gpus"},
+    {"devices_tpu", {"train", "--devices", "tpu"}, kUsage, "tpu"},
+    {"devices_bad_cuda_index", {"train", "--devices", "cuda:x"}, kUsage, "cuda:x"},
+    {"devices_empty", {"train", "--devices", ""}, kUsage, "--devices"},
+    {"devices_empty_entry", {"train", "--devices", "cpu,,cpu"}, kUsage, "empty entry"},
+    {"devices_trailing_comma", {"train", "--devices", "cpu,"}, kUsage, "--devices"},
+    {"devices_and_gpus", {"train", "--devices", "cpu", "--gpus", "1"}, kUsage, "--gpus"},
+    {"gpus_and_devices", {"train", "--gpus", "1", "--devices", "cpu"}, kUsage, "--devices"},
+    {"backend_mpi", {"train", "--backend", "mpi"}, kUsage, "mpi"},
+    {"backend_nccl_on_cpu", {"train", "--devices", "cpu", "--backend", "nccl"}, kUsage, "nccl"},
+    {"batch_smaller_than_replicas",
+     {"train", "--devices", "cpu,cpu", "--batch-size", "1", "--width", "1"}, kUsage,
+     "--batch-size 1"},
+    // A usage mistake is reported before the data are looked at.
+    {"usage_before_missing_data", {"train", "--data-dir", "/nonexistent", "--epochs", "0"},
+     kUsage, "--epochs"},
+    // Missing data: a run-time failure.
+    {"data_dir_nonexistent", {"train", "--data-dir", "/nonexistent", "--devices", "cpu"},
+     kRunTime, "/nonexistent"},
+};
+
+INSTANTIATE_TEST_SUITE_P(, CliErrors, ::testing::ValuesIn(kErrorCases),
+                         [](const ::testing::TestParamInfo<ErrorCase>& info) {
+                           return info.param.name;
+                         });
+
+TEST(CliErrorsEnvironment, DptrainDataNonexistentIsARunTimeError) {
+  const auto result = run_dptrain({"train", "--devices", "cpu"},
+                                  {{"DPTRAIN_DATA", "/nonexistent-dptrain-data"}});
+  expect_one_error_line(result, kRunTime, "/nonexistent-dptrain-data");
+}
+
+// ---- Corrupt data: exit status 1 and one "error:" line naming the file -------------------
+
+struct DataCase {
+  std::string name;
+  std::string file;                              // which of the four files to replace
+  std::function<std::vector<uint8_t>()> bytes;   // its new contents; empty function: remove it
+  std::string message;                           // a part of the error line
+  bool gzip = false;                             // write it as FILE.gz
+};
+
+void PrintTo(const DataCase& c, std::ostream* out) { *out << c.name; }
+
+class CliDataErrors : public ::testing::TestWithParam<DataCase> {};
+
+TEST_P(CliDataErrors, OneErrorLineNamingTheFile) {
+  const DataCase& c = GetParam();
+  TempDir dir;
+  write_fake_data(dir, 16, 8);
+  std::filesystem::remove(dir.file(c.file));
+  std::string named = dir.path();  // a missing file: the directory is named
+  if (c.bytes) {
+    named = dir.file(c.file + (c.gzip ? ".gz" : ""));
+    testing::write_bytes(named, c.bytes());
+  }
+  const auto result = run_dptrain({"train", "--data-dir", dir.path(), "--devices", "cpu",
+                                   "--width", "1", "--epochs", "1", "--threads", "1"});
+  expect_one_error_line(result, kRunTime, named);
+  if (!c.message.empty()) {
+    EXPECT_TRUE(contains(result.err, c.message)) << describe(result);
+  }
+}
+
+const std::vector<DataCase> kDataCases = {
+    {"missing_file", kTestLabels, nullptr, "does not hold"},
+    {"empty_file", kTrainImages, [] { return std::vector<uint8_t>{}; }, "too short"},
+    {"bad_magic", kTrainImages, [] { return std::vector<uint8_t>{'G', 'I', 'F', '8', 0, 0}; },
+     "bad magic"},
+    {"wrong_element_type", kTrainLabels,
+     [] { return testing::make_idx(0x0D, {16}, std::vector<uint8_t>(64)); }, "element type"},
+    {"truncated_header", kTestImages,
+     [] { return std::vector<uint8_t>{0, 0, 0x08, 3, 0, 0, 0}; }, "truncated header"},
+    {"truncated_data", kTrainImages,
+     [] { return testing::make_idx(0x08, {16, 28, 28}, std::vector<uint8_t>(100)); },
+     "truncated"},
+    {"trailing_bytes", kTestLabels,
+     [] { return testing::make_idx(0x08, {8}, std::vector<uint8_t>(9)); }, "trailing"},
+    {"absurd_sizes", kTrainImages,
+     [] { return testing::make_idx(0x08, {0xFFFFFFFFu, 0xFFFFFFFFu, 28}, {}); }, "absurd"},
+    {"wrong_image_shape", kTrainImages,
+     [] { return testing::make_idx(0x08, {16, 27, 29}, std::vector<uint8_t>(16 * 27 * 29)); },
+     "(N, 28, 28)"},
+    {"label_out_of_range", kTrainLabels,
+     [] {
+       std::vector<uint8_t> labels(16, 1);
+       labels[5] = 42;
+       return testing::make_idx(0x08, {16}, labels);
+     },
+     "42"},
+    {"count_mismatch", kTestLabels, [] { return fake_labels(7); }, "7 labels"},
+    {"corrupt_gzip", kTrainImages,
+     [] {
+       auto bytes = testing::gzip_bytes(fake_images(16));
+       for (size_t i = 12; i < bytes.size(); i += 3) bytes[i] ^= 0x5A;
+       return bytes;
+     },
+     "", true},
+    {"truncated_gzip", kTrainImages,
+     [] {
+       auto bytes = testing::gzip_bytes(fake_images(16));
+       bytes.resize(bytes.size() / 2);
+       return bytes;
+     },
+     "truncated", true},
+};
+
+INSTANTIATE_TEST_SUITE_P(, CliDataErrors, ::testing::ValuesIn(kDataCases),
+                         [](const ::testing::TestParamInfo<DataCase>& info) {
+                           return info.param.name;
+                         });
+
+// ---- Runs that train ---------------------------------------------------------------------
+
+// Checks a successful run: exit 0, one "epoch i/n:" line per epoch, the final line last.
+void expect_successful_run(const CommandResult& result, int epochs, const std::regex& final_line) {
+  expect_no_crash(result);
+  ASSERT_EQ(result.exit_code, 0) << describe(result);
+  EXPECT_FALSE(contains(result.err, "error:")) << describe(result);
+  const auto lines = split_lines(result.out);
+  ASSERT_FALSE(lines.empty()) << describe(result);
+  std::vector<std::string> epoch_lines;
+  for (const auto& line : lines) {
+    if (line.rfind("epoch ", 0) == 0) epoch_lines.push_back(line);
+  }
+  ASSERT_EQ(epoch_lines.size(), static_cast<size_t>(epochs)) << describe(result);
+  for (int i = 0; i < epochs; ++i) {
+    const std::string prefix =
+        "epoch " + std::to_string(i + 1) + "/" + std::to_string(epochs) + ": ";
+    EXPECT_EQ(epoch_lines[static_cast<size_t>(i)].rfind(prefix, 0), 0u) << describe(result);
+  }
+  EXPECT_TRUE(std::regex_match(lines.back(), final_line))
+      << "last line: '" << lines.back() << "'\n" << describe(result);
+}
+
+TEST(CliRun, RealDataOneCpu) {
+  const auto data = testing::real_data_dir();
+  if (!data) GTEST_SKIP() << "no Fashion-MNIST found (set DPTRAIN_DATA or install it)";
+  const auto result = run_dptrain({"train", "--devices", "cpu", "--width", "4", "--epochs", "1",
+                                   "--train-limit", "256", "--test-limit", "128", "--batch-size",
+                                   "64", "--threads", "1"},
+                                  {}, 300);
+  expect_successful_run(result, 1, kFinalLineOneCpu);
+  EXPECT_TRUE(contains(result.out, "256 train / 128 test images")) << describe(result);
+}
+
+TEST(CliRun, RealDataTwoCpuReplicas) {
+  const auto data = testing::real_data_dir();
+  if (!data) GTEST_SKIP() << "no Fashion-MNIST found (set DPTRAIN_DATA or install it)";
+  const auto result = run_dptrain({"train", "--devices", "cpu,cpu", "--width", "4", "--epochs",
+                                   "1", "--train-limit", "256", "--test-limit", "128",
+                                   "--batch-size", "64", "--threads", "1"},
+                                  {}, 300);
+  expect_successful_run(result, 1, kFinalLineTwoCpus);
+}
+
+TEST(CliRun, TinyDataTwoEpochsSavesTheModel) {
+  TempDir out;
+  const std::string model = out.file("model.pt");
+  const auto result = run_dptrain({"train", "--data-dir", tiny_data_dir(), "--devices", "cpu",
+                                   "--width", "1", "--epochs", "2", "--batch-size", "4",
+                                   "--threads", "1", "--save-model", model});
+  expect_successful_run(result, 2, kFinalLineOneCpu);
+  EXPECT_TRUE(std::filesystem::is_regular_file(model)) << describe(result);
+  EXPECT_GT(std::filesystem::file_size(model), 0u);
+  EXPECT_FALSE(std::filesystem::exists(model + ".tmp"));
+}
+
+TEST(CliRun, MaxStepsStopsEarly) {
+  const auto result = run_dptrain({"train", "--data-dir", tiny_data_dir(), "--devices", "cpu",
+                                   "--width", "1", "--epochs", "5", "--batch-size", "4",
+                                   "--threads", "1", "--max-steps", "1"});
+  expect_no_crash(result);
+  ASSERT_EQ(result.exit_code, 0) << describe(result);
+  EXPECT_TRUE(contains(result.out, "epoch 1/5: ")) << describe(result);
+  EXPECT_FALSE(contains(result.out, "epoch 2/5: ")) << describe(result);
+}
+
+TEST(CliRun, UnwritableSaveModelIsARunTimeError) {
+  const std::string model = "/nonexistent-dptrain-dir/model.pt";
+  const auto result = run_dptrain({"train", "--data-dir", tiny_data_dir(), "--devices", "cpu",
+                                   "--width", "1", "--epochs", "1", "--batch-size", "4",
+                                   "--threads", "1", "--save-model", model});
+  expect_no_crash(result);
+  EXPECT_EQ(result.exit_code, kRunTime) << describe(result);
+  const auto lines = split_lines(result.err);
+  ASSERT_EQ(lines.size(), 1u) << describe(result);
+  EXPECT_EQ(lines[0].rfind("error: ", 0), 0u) << describe(result);
+  EXPECT_TRUE(contains(lines[0], model)) << describe(result);
+}
+
+// Rank 0 failing to save must not leave rank 1 waiting out the whole collective timeout.
+TEST(CliRun, UnwritableSaveModelWithTwoReplicasFailsPromptly) {
+  const std::string model = "/nonexistent-dptrain-dir/model.pt";
+  const auto start = std::chrono::steady_clock::now();
+  const auto result = run_dptrain({"train", "--data-dir", tiny_data_dir(), "--devices", "cpu,cpu",
+                                   "--width", "1", "--epochs", "1", "--batch-size", "4",
+                                   "--threads", "1", "--save-model", model},
+                                  {}, 120);
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  expect_no_crash(result);
+  EXPECT_EQ(result.exit_code, kRunTime) << describe(result);
+  EXPECT_LT(seconds, 60) << describe(result);
+  const auto lines = split_lines(result.err);
+  ASSERT_EQ(lines.size(), 1u) << describe(result);
+  EXPECT_TRUE(contains(lines[0], model)) << describe(result);
+}
+
+TEST(CliRun, DivergingTrainingIsARunTimeError) {
+  const auto result = run_dptrain({"train", "--data-dir", tiny_data_dir(), "--devices", "cpu",
+                                   "--width", "1", "--epochs", "1", "--batch-size", "2",
+                                   "--threads", "1", "--lr", "1e30"});
+  expect_no_crash(result);
+  EXPECT_EQ(result.exit_code, kRunTime) << describe(result);
+  const auto lines = split_lines(result.err);
+  ASSERT_EQ(lines.size(), 1u) << describe(result);
+  EXPECT_TRUE(contains(lines[0], "not finite")) << describe(result);
+}
+
+}  // namespace
+}  // namespace dptrain

@@ -1,0 +1,561 @@
+// Tests of data.h: finding the data directory (flag, $DPTRAIN_DATA, default places), loading and
+// validating a split from tiny IDX files written here, turning images into model input, and,
+// when it is installed, the real Fashion-MNIST (sizes, label range, the first labels).
+
+#include <gtest/gtest.h>
+#include <torch/cuda.h>
+#include <torch/torch.h>
+#include <unistd.h>
+
+#include <cstdint>
+#include <cstdlib>
+#include <filesystem>
+#include <functional>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "dptrain/data.h"
+#include "dptrain/errors.h"
+#include "test_support.h"
+
+namespace {
+
+using namespace dptrain;
+using dptrain::testing::gzip_bytes;
+using dptrain::testing::make_idx;
+using dptrain::testing::real_data_dir;
+using dptrain::testing::TempDir;
+using dptrain::testing::write_bytes;
+
+constexpr uint8_t kUByte = 0x08;
+constexpr int64_t kPixels = kImageSide * kImageSide;
+
+// Runs `action`, which must throw DataError whose message contains every one of `phrases`.
+void expect_data_error(const std::function<void()>& action,
+                       const std::vector<std::string>& phrases) {
+  try {
+    action();
+    ADD_FAILURE() << "expected a DataError, nothing was thrown";
+  } catch (const DataError& error) {
+    const std::string message = error.what();
+    for (const auto& phrase : phrases) {
+      EXPECT_NE(message.find(phrase), std::string::npos)
+          << "the message lacks \"" << phrase << "\"; the message is: " << message;
+    }
+  } catch (const std::exception& error) {
+    ADD_FAILURE() << "expected a DataError, got another exception: " << error.what();
+  }
+}
+
+// Sets (or, with nullopt, unsets) an environment variable for the life of the guard.
+class EnvGuard {
+ public:
+  EnvGuard(std::string name, const std::optional<std::string>& value) : name_(std::move(name)) {
+    if (const char* old = std::getenv(name_.c_str())) old_ = old;
+    if (value) {
+      setenv(name_.c_str(), value->c_str(), 1);
+    } else {
+      unsetenv(name_.c_str());
+    }
+  }
+  ~EnvGuard() {
+    if (old_) {
+      setenv(name_.c_str(), old_->c_str(), 1);
+    } else {
+      unsetenv(name_.c_str());
+    }
+  }
+  EnvGuard(const EnvGuard&) = delete;
+  EnvGuard& operator=(const EnvGuard&) = delete;
+
+ private:
+  std::string name_;
+  std::optional<std::string> old_;
+};
+
+// Changes the working directory for the life of the guard.
+class CwdGuard {
+ public:
+  explicit CwdGuard(const std::string& dir) : old_(std::filesystem::current_path()) {
+    std::filesystem::current_path(dir);
+  }
+  ~CwdGuard() {
+    std::error_code ignored;
+    std::filesystem::current_path(old_, ignored);
+  }
+  CwdGuard(const CwdGuard&) = delete;
+  CwdGuard& operator=(const CwdGuard&) = delete;
+
+ private:
+  std::filesystem::path old_;
+};
+
+// Pixel bytes of `n` images: a pattern that differs between images and positions.
+std::vector<uint8_t> image_bytes(int64_t n, int salt = 0) {
+  std::vector<uint8_t> bytes(static_cast<size_t>(n * kPixels));
+  for (size_t i = 0; i < bytes.size(); ++i) bytes[i] = static_cast<uint8_t>(i * 7 + 3 + salt);
+  return bytes;
+}
+
+void write_idx(const std::string& path, const std::vector<uint32_t>& dims,
+               const std::vector<uint8_t>& data, bool gzip) {
+  const auto bytes = make_idx(kUByte, dims, data);
+  write_bytes(path, gzip ? gzip_bytes(bytes) : bytes);
+}
+
+void write_images(const std::string& path, const std::vector<uint8_t>& pixels, bool gzip = true) {
+  write_idx(path, {static_cast<uint32_t>(pixels.size() / kPixels), 28, 28}, pixels, gzip);
+}
+
+void write_labels(const std::string& path, const std::vector<uint8_t>& labels, bool gzip = true) {
+  write_idx(path, {static_cast<uint32_t>(labels.size())}, labels, gzip);
+}
+
+// The published name without ".gz".
+std::string unpacked(const char* gz_name) {
+  const std::string name = gz_name;
+  return name.substr(0, name.size() - 3);
+}
+
+const std::vector<uint8_t> kTrainLabels{9, 0, 0, 3, 0};
+const std::vector<uint8_t> kTestLabels{9, 2, 1};
+
+// A fake data directory: 5 training and 3 test examples; `gzip` picks the published names and
+// compressed files, otherwise the unpacked names and plain files.
+void write_fake_dataset(const std::string& dir, bool gzip) {
+  auto name = [gzip](const char* gz_name) { return gzip ? gz_name : unpacked(gz_name); };
+  write_images(dir + "/" + name(kTrainImagesFile), image_bytes(5, 0), gzip);
+  write_labels(dir + "/" + name(kTrainLabelsFile), kTrainLabels, gzip);
+  write_images(dir + "/" + name(kTestImagesFile), image_bytes(3, 100), gzip);
+  write_labels(dir + "/" + name(kTestLabelsFile), kTestLabels, gzip);
+}
+
+torch::Tensor as_uint8_tensor(const std::vector<uint8_t>& bytes, std::vector<int64_t> shape) {
+  return torch::tensor(std::vector<int64_t>(bytes.begin(), bytes.end()), torch::kInt64)
+      .to(torch::kUInt8)
+      .reshape(shape);
+}
+
+std::vector<int64_t> as_vector(const torch::Tensor& labels) {
+  const auto contiguous = labels.contiguous();
+  const int64_t* begin = contiguous.data_ptr<int64_t>();
+  return std::vector<int64_t>(begin, begin + contiguous.numel());
+}
+
+// ---------------------------------------------------------------------------------------------
+// load_split
+
+TEST(DataLoadSplit, KeepsImageBytesAndLabelsExactly) {
+  TempDir dir;
+  const auto pixels = image_bytes(5);
+  write_images(dir.file("images.gz"), pixels);
+  write_labels(dir.file("labels.gz"), kTrainLabels);
+  const Dataset split = load_split(dir.file("images.gz"), dir.file("labels.gz"));
+  EXPECT_EQ(split.size(), 5);
+  ASSERT_EQ(split.images.scalar_type(), torch::kUInt8);
+  EXPECT_EQ(split.images.sizes(), (std::vector<int64_t>{5, 28, 28}));
+  EXPECT_TRUE(torch::equal(split.images, as_uint8_tensor(pixels, {5, 28, 28})));
+  ASSERT_EQ(split.labels.scalar_type(), torch::kInt64);
+  EXPECT_EQ(split.labels.sizes(), (std::vector<int64_t>{5}));
+  EXPECT_EQ(as_vector(split.labels), (std::vector<int64_t>{9, 0, 0, 3, 0}));
+}
+
+TEST(DataLoadSplit, PlainAndGzipFilesGiveEqualTensors) {
+  TempDir dir;
+  const auto pixels = image_bytes(4);
+  const std::vector<uint8_t> labels{1, 2, 3, 4};
+  write_images(dir.file("images.gz"), pixels, true);
+  write_labels(dir.file("labels.gz"), labels, true);
+  write_images(dir.file("images"), pixels, false);
+  write_labels(dir.file("labels"), labels, false);
+  const Dataset packed = load_split(dir.file("images.gz"), dir.file("labels.gz"));
+  const Dataset plain = load_split(dir.file("images"), dir.file("labels"));
+  EXPECT_TRUE(torch::equal(packed.images, plain.images));
+  EXPECT_TRUE(torch::equal(packed.labels, plain.labels));
+}
+
+TEST(DataLoadSplit, EveryLabelValueSurvives) {
+  TempDir dir;
+  const std::vector<uint8_t> labels{0, 1, 2, 3, 4, 5, 6, 7, 8, 9};
+  write_images(dir.file("images.gz"), image_bytes(10));
+  write_labels(dir.file("labels.gz"), labels);
+  const Dataset split = load_split(dir.file("images.gz"), dir.file("labels.gz"));
+  EXPECT_EQ(as_vector(split.labels), (std::vector<int64_t>{0, 1, 2, 3, 4, 5, 6, 7, 8, 9}));
+}
+
+TEST(DataLoadSplit, LimitKeepsTheFirstExamplesInOrder) {
+  TempDir dir;
+  const auto pixels = image_bytes(5);
+  write_images(dir.file("images.gz"), pixels);
+  write_labels(dir.file("labels.gz"), kTrainLabels);
+  const Dataset full = load_split(dir.file("images.gz"), dir.file("labels.gz"));
+  const Dataset two = load_split(dir.file("images.gz"), dir.file("labels.gz"), 2);
+  EXPECT_EQ(two.size(), 2);
+  EXPECT_EQ(two.images.sizes(), (std::vector<int64_t>{2, 28, 28}));
+  EXPECT_TRUE(torch::equal(two.images, full.images.narrow(0, 0, 2)));
+  EXPECT_TRUE(torch::equal(two.images, as_uint8_tensor(pixels, {5, 28, 28}).narrow(0, 0, 2)));
+  EXPECT_EQ(as_vector(two.labels), (std::vector<int64_t>{9, 0}));
+}
+
+TEST(DataLoadSplit, LimitZeroNegativeOrTooLargeKeepsEverything) {
+  TempDir dir;
+  write_images(dir.file("images.gz"), image_bytes(5));
+  write_labels(dir.file("labels.gz"), kTrainLabels);
+  const Dataset full = load_split(dir.file("images.gz"), dir.file("labels.gz"));
+  for (int64_t limit : {0, -1, 5, 6, 1000}) {
+    SCOPED_TRACE("limit " + std::to_string(limit));
+    const Dataset split = load_split(dir.file("images.gz"), dir.file("labels.gz"), limit);
+    EXPECT_EQ(split.size(), 5);
+    EXPECT_TRUE(torch::equal(split.images, full.images));
+    EXPECT_TRUE(torch::equal(split.labels, full.labels));
+  }
+}
+
+TEST(DataLoadSplit, CountMismatchNamesBothFiles) {
+  TempDir dir;
+  write_images(dir.file("images.gz"), image_bytes(3));
+  write_labels(dir.file("labels.gz"), {1, 2});
+  expect_data_error([&] { load_split(dir.file("images.gz"), dir.file("labels.gz")); },
+                    {dir.file("images.gz") + " holds 3 images",
+                     dir.file("labels.gz") + " holds 2 labels"});
+}
+
+TEST(DataLoadSplit, LabelsThatAreNotOneDimensionalAreRejected) {
+  TempDir dir;
+  write_images(dir.file("images.gz"), image_bytes(2));
+  write_idx(dir.file("labels.gz"), {2, 1}, {1, 2}, true);
+  expect_data_error([&] { load_split(dir.file("images.gz"), dir.file("labels.gz")); },
+                    {dir.file("labels.gz"), "labels have shape (2, 1), expected (N)"});
+}
+
+TEST(DataLoadSplit, LabelTenIsRejectedWithItsIndex) {
+  TempDir dir;
+  write_images(dir.file("images.gz"), image_bytes(4));
+  write_labels(dir.file("labels.gz"), {0, 9, 10, 3});
+  expect_data_error([&] { load_split(dir.file("images.gz"), dir.file("labels.gz")); },
+                    {dir.file("labels.gz"), "label 10 at index 2 is outside 0..9"});
+}
+
+TEST(DataLoadSplit, Label255IsRejectedWithItsIndex) {
+  TempDir dir;
+  write_images(dir.file("images.gz"), image_bytes(2));
+  write_labels(dir.file("labels.gz"), {0, 255});
+  expect_data_error([&] { load_split(dir.file("images.gz"), dir.file("labels.gz")); },
+                    {dir.file("labels.gz"), "label 255 at index 1"});
+}
+
+TEST(DataLoadSplit, CorruptFileErrorsPassThroughWithThePath) {
+  TempDir dir;
+  write_images(dir.file("images.gz"), image_bytes(2));
+  write_bytes(dir.file("labels.gz"), {0x12, 0x34, 0x08, 0x01});
+  expect_data_error([&] { load_split(dir.file("images.gz"), dir.file("labels.gz")); },
+                    {dir.file("labels.gz"), "bad magic number"});
+  expect_data_error([&] { load_split(dir.file("missing.gz"), dir.file("labels.gz")); },
+                    {dir.file("missing.gz"), "cannot open"});
+}
+
+// An images file of the wrong shape: its dimensions and the shape the message must show.
+struct BadImageShape {
+  std::string name;
+  std::vector<uint32_t> dims;
+  std::string shown;
+};
+
+std::ostream& operator<<(std::ostream& out, const BadImageShape& c) { return out << c.name; }
+
+class DataBadImageShape : public ::testing::TestWithParam<BadImageShape> {};
+
+TEST_P(DataBadImageShape, IsRejectedNamingTheFileAndShape) {
+  TempDir dir;
+  const auto& dims = GetParam().dims;
+  uint32_t elements = 1;
+  for (uint32_t d : dims) elements *= d;
+  write_idx(dir.file("images.gz"), dims, std::vector<uint8_t>(elements, 1), true);
+  write_labels(dir.file("labels.gz"), {1, 2});
+  expect_data_error([&] { load_split(dir.file("images.gz"), dir.file("labels.gz")); },
+                    {dir.file("images.gz"), "images have shape " + GetParam().shown,
+                     "expected (N, 28, 28)"});
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    DataShapes, DataBadImageShape,
+    ::testing::Values(BadImageShape{"one_dimension", {2}, "(2)"},
+                      BadImageShape{"two_dimensions", {2, 784}, "(2, 784)"},
+                      BadImageShape{"narrow", {2, 28, 27}, "(2, 28, 27)"},
+                      BadImageShape{"short", {2, 27, 28}, "(2, 27, 28)"},
+                      BadImageShape{"transposed_mnist_like", {28, 28, 2}, "(28, 28, 2)"},
+                      BadImageShape{"with_channel", {2, 1, 28, 28}, "(2, 1, 28, 28)"}),
+    [](const ::testing::TestParamInfo<BadImageShape>& info) { return info.param.name; });
+
+// ---------------------------------------------------------------------------------------------
+// to_model_input
+
+TEST(DataModelInput, ScalesToUnitIntervalExactly) {
+  auto images = torch::zeros({2, 28, 28}, torch::kUInt8);
+  images[0][0][0] = 255;
+  images[0][0][1] = 51;
+  images[0][5][7] = 1;
+  images[1][27][27] = 128;
+  const auto input = to_model_input(images);
+  ASSERT_EQ(input.scalar_type(), torch::kFloat32);
+  ASSERT_EQ(input.sizes(), (std::vector<int64_t>{2, 1, 28, 28}));
+  EXPECT_EQ(input[0][0][0][0].item<float>(), 1.0f);
+  EXPECT_EQ(input[0][0][0][1].item<float>(), 0.2f);
+  EXPECT_EQ(input[0][0][0][1].item<float>(), 51.0f / 255.0f);
+  EXPECT_EQ(input[0][0][5][7].item<float>(), 1.0f / 255.0f);
+  EXPECT_EQ(input[1][0][27][27].item<float>(), 128.0f / 255.0f);
+  EXPECT_EQ(input[0][0][1][1].item<float>(), 0.0f);
+  // Everything else is 0: the sum (rounded in a different order) is that of the four pixels.
+  EXPECT_FLOAT_EQ(input.sum().item<float>(), (255.0f + 51.0f + 1.0f + 128.0f) / 255.0f);
+  EXPECT_EQ(input.count_nonzero().item<int64_t>(), 4);
+}
+
+TEST(DataModelInput, EveryByteValueMapsToValueOver255) {
+  auto values = torch::arange(256, torch::kInt64).to(torch::kUInt8);
+  auto images = torch::zeros({1, 28, 28}, torch::kUInt8);
+  images.view({-1}).narrow(0, 0, 256).copy_(values);
+  const auto input = to_model_input(images).view({-1});
+  for (int v = 0; v < 256; ++v) {
+    EXPECT_EQ(input[v].item<float>(), static_cast<float>(v) / 255.0f) << "byte " << v;
+  }
+}
+
+TEST(DataModelInput, LeavesTheImagesUnchanged) {
+  const auto pixels = image_bytes(3);
+  const auto images = as_uint8_tensor(pixels, {3, 28, 28});
+  const auto copy = images.clone();
+  const auto input = to_model_input(images);
+  EXPECT_TRUE(torch::equal(images, copy));
+  EXPECT_EQ(images.scalar_type(), torch::kUInt8);
+  EXPECT_TRUE(torch::equal(input.squeeze(1), images.to(torch::kFloat32) / 255.0f));
+}
+
+TEST(DataModelInput, NonContiguousInputGivesTheSameAsContiguous) {
+  const auto images = as_uint8_tensor(image_bytes(4), {4, 28, 28});
+  const auto strided = images.transpose(1, 2).narrow(0, 1, 2);  // a view with odd strides
+  ASSERT_FALSE(strided.is_contiguous());
+  EXPECT_TRUE(torch::equal(to_model_input(strided), to_model_input(strided.contiguous())));
+}
+
+TEST(DataModelInput, EmptyBatchKeepsItsShape) {
+  const auto input = to_model_input(torch::zeros({0, 28, 28}, torch::kUInt8));
+  EXPECT_EQ(input.sizes(), (std::vector<int64_t>{0, 1, 28, 28}));
+  EXPECT_EQ(input.scalar_type(), torch::kFloat32);
+}
+
+TEST(DataModelInput, RejectsWrongTypeOrRank) {
+  EXPECT_THROW(to_model_input(torch::zeros({2, 28, 28}, torch::kFloat32)), c10::Error);
+  EXPECT_THROW(to_model_input(torch::zeros({2, 1, 28, 28}, torch::kUInt8)), c10::Error);
+  EXPECT_THROW(to_model_input(torch::zeros({28, 28}, torch::kUInt8)), c10::Error);
+}
+
+TEST(DataModelInput, StaysOnTheInputsDevice) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device to check device placement";
+  const auto cpu = as_uint8_tensor(image_bytes(2), {2, 28, 28});
+  const auto input = to_model_input(cpu.to(torch::kCUDA));
+  EXPECT_TRUE(input.is_cuda());
+  EXPECT_TRUE(torch::equal(input.cpu(), to_model_input(cpu)));
+}
+
+// ---------------------------------------------------------------------------------------------
+// resolve_data_dir
+
+TEST(DataResolveDir, ExplicitDirWithGzipFilesIsReturned) {
+  TempDir dir;
+  write_fake_dataset(dir.path(), true);
+  EnvGuard env("DPTRAIN_DATA", std::nullopt);
+  EXPECT_EQ(resolve_data_dir(dir.path()), dir.path());
+}
+
+TEST(DataResolveDir, ExplicitDirWithUnpackedNamesIsReturned) {
+  TempDir dir;
+  write_fake_dataset(dir.path(), false);
+  EXPECT_EQ(resolve_data_dir(dir.path()), dir.path());
+}
+
+TEST(DataResolveDir, FlagWinsOverTheEnvironment) {
+  TempDir flag_dir, env_dir;
+  write_fake_dataset(flag_dir.path(), true);
+  write_fake_dataset(env_dir.path(), true);
+  EnvGuard env("DPTRAIN_DATA", env_dir.path());
+  EXPECT_EQ(resolve_data_dir(flag_dir.path()), flag_dir.path());
+}
+
+TEST(DataResolveDir, EnvironmentIsUsedWithoutTheFlag) {
+  TempDir dir;
+  write_fake_dataset(dir.path(), false);
+  EnvGuard env("DPTRAIN_DATA", dir.path());
+  EXPECT_EQ(resolve_data_dir(std::nullopt), dir.path());
+}
+
+TEST(DataResolveDir, EnvironmentWithoutTheFilesIsAnError) {
+  TempDir dir;
+  EnvGuard env("DPTRAIN_DATA", dir.path());
+  expect_data_error([] { resolve_data_dir(std::nullopt); },
+                    {"DPTRAIN_DATA=" + dir.path(), "does not hold the four Fashion-MNIST files",
+                     "dataset-fashion-mnist"});
+}
+
+TEST(DataResolveDir, NonexistentFlagDirIsAnError) {
+  TempDir dir;
+  const std::string missing = dir.file("nowhere");
+  expect_data_error([&] { resolve_data_dir(missing); },
+                    {"--data-dir " + missing, "dataset-fashion-mnist", "DPTRAIN_DATA"});
+}
+
+TEST(DataResolveDir, DirectoriesNamedLikeTheFilesDoNotCount) {
+  TempDir dir;
+  write_fake_dataset(dir.path(), true);
+  std::filesystem::remove(dir.file(kTestLabelsFile));
+  std::filesystem::create_directory(dir.file(kTestLabelsFile));
+  expect_data_error([&] { resolve_data_dir(dir.path()); }, {dir.path(), "dataset-fashion-mnist"});
+}
+
+const std::string kDebianDir = "/usr/share/datasets/fashion-mnist";
+
+bool have_debian_data() {
+  return std::filesystem::exists(kDebianDir + "/" + kTrainImagesFile);
+}
+
+// Without flag or environment: the Debian package when it is there, else ./data/fashion-mnist.
+TEST(DataResolveDir, DefaultsToDebianThenTheLocalDir) {
+  TempDir work;
+  std::filesystem::create_directories(work.file("data/fashion-mnist"));
+  write_fake_dataset(work.file("data/fashion-mnist"), true);
+  EnvGuard env("DPTRAIN_DATA", std::nullopt);
+  CwdGuard cwd(work.path());
+  const std::string expected = have_debian_data() ? kDebianDir : "data/fashion-mnist";
+  EXPECT_EQ(resolve_data_dir(std::nullopt), expected);
+}
+
+TEST(DataResolveDir, EmptyEnvironmentIsIgnored) {
+  TempDir work;
+  std::filesystem::create_directories(work.file("data/fashion-mnist"));
+  write_fake_dataset(work.file("data/fashion-mnist"), false);
+  EnvGuard env("DPTRAIN_DATA", std::string());
+  CwdGuard cwd(work.path());
+  const std::string expected = have_debian_data() ? kDebianDir : "data/fashion-mnist";
+  EXPECT_EQ(resolve_data_dir(std::nullopt), expected);
+}
+
+TEST(DataResolveDir, NoDataAnywhereSaysHowToGetIt) {
+  if (have_debian_data()) {
+    GTEST_SKIP() << "Debian's dataset-fashion-mnist is installed, so the data is always found";
+  }
+  TempDir work;
+  EnvGuard env("DPTRAIN_DATA", std::nullopt);
+  CwdGuard cwd(work.path());
+  expect_data_error([] { resolve_data_dir(std::nullopt); },
+                    {"no Fashion-MNIST data found", "dataset-fashion-mnist"});
+}
+
+// Each of the four files missing in turn.
+class DataMissingFile : public ::testing::TestWithParam<int> {};
+
+const char* file_of(int index) {
+  const char* const names[] = {kTrainImagesFile, kTrainLabelsFile, kTestImagesFile,
+                               kTestLabelsFile};
+  return names[index];
+}
+
+TEST_P(DataMissingFile, FlagDirIsRejectedSayingHowToGetTheFiles) {
+  TempDir dir;
+  write_fake_dataset(dir.path(), true);
+  std::filesystem::remove(dir.file(file_of(GetParam())));
+  expect_data_error([&] { resolve_data_dir(dir.path()); },
+                    {"--data-dir " + dir.path(), "does not hold the four Fashion-MNIST files",
+                     "dataset-fashion-mnist"});
+}
+
+TEST_P(DataMissingFile, LoadingNamesTheMissingFile) {
+  TempDir dir;
+  write_fake_dataset(dir.path(), false);
+  const std::string missing = file_of(GetParam());
+  std::filesystem::remove(dir.file(unpacked(missing.c_str())));
+  expect_data_error([&] { load_fashion_mnist(dir.path()); },
+                    {dir.path(), missing + " (or its unpacked form) is missing"});
+}
+
+INSTANTIATE_TEST_SUITE_P(DataFiles, DataMissingFile, ::testing::Values(0, 1, 2, 3));
+
+// ---------------------------------------------------------------------------------------------
+// load_fashion_mnist
+
+TEST(DataLoadFashionMnist, LoadsBothSplitsOfAFakeDir) {
+  for (bool gzip : {true, false}) {
+    SCOPED_TRACE(gzip ? "gzip files" : "plain files");
+    TempDir dir;
+    write_fake_dataset(dir.path(), gzip);
+    const FashionMnist data = load_fashion_mnist(dir.path());
+    EXPECT_EQ(data.train.size(), 5);
+    EXPECT_EQ(data.test.size(), 3);
+    EXPECT_EQ(as_vector(data.train.labels), (std::vector<int64_t>{9, 0, 0, 3, 0}));
+    EXPECT_EQ(as_vector(data.test.labels), (std::vector<int64_t>{9, 2, 1}));
+    EXPECT_TRUE(torch::equal(data.train.images, as_uint8_tensor(image_bytes(5, 0), {5, 28, 28})));
+    EXPECT_TRUE(torch::equal(data.test.images, as_uint8_tensor(image_bytes(3, 100), {3, 28, 28})));
+  }
+}
+
+TEST(DataLoadFashionMnist, LimitsApplyToEachSplit) {
+  TempDir dir;
+  write_fake_dataset(dir.path(), true);
+  const FashionMnist data = load_fashion_mnist(dir.path(), 4, 1);
+  EXPECT_EQ(as_vector(data.train.labels), (std::vector<int64_t>{9, 0, 0, 3}));
+  EXPECT_EQ(as_vector(data.test.labels), (std::vector<int64_t>{9}));
+  EXPECT_EQ(data.train.images.size(0), 4);
+  EXPECT_EQ(data.test.images.size(0), 1);
+}
+
+TEST(DataLoadFashionMnist, PublishedNameIsPreferredOverTheUnpackedOne) {
+  TempDir dir;
+  write_fake_dataset(dir.path(), true);
+  write_labels(dir.file(unpacked(kTrainLabelsFile)), {1, 1, 1, 1, 1}, false);
+  const FashionMnist data = load_fashion_mnist(dir.path());
+  EXPECT_EQ(as_vector(data.train.labels), (std::vector<int64_t>{9, 0, 0, 3, 0}));
+}
+
+// ---------------------------------------------------------------------------------------------
+// The real Fashion-MNIST (Debian's dataset-fashion-mnist, $DPTRAIN_DATA or ./data/fashion-mnist)
+
+TEST(DataRealFashionMnist, SizesLabelsAndFirstExamples) {
+  const auto dir = real_data_dir();
+  if (!dir) GTEST_SKIP() << "the real Fashion-MNIST is not installed (dataset-fashion-mnist)";
+  const FashionMnist data = load_fashion_mnist(*dir);
+  ASSERT_EQ(data.train.size(), 60000);
+  ASSERT_EQ(data.test.size(), 10000);
+  EXPECT_EQ(data.train.images.sizes(), (std::vector<int64_t>{60000, 28, 28}));
+  EXPECT_EQ(data.test.images.sizes(), (std::vector<int64_t>{10000, 28, 28}));
+  EXPECT_EQ(data.train.labels.min().item<int64_t>(), 0);
+  EXPECT_EQ(data.train.labels.max().item<int64_t>(), 9);
+  // Read independently with Python's gzip module.
+  EXPECT_EQ(as_vector(data.train.labels.narrow(0, 0, 10)),
+            (std::vector<int64_t>{9, 0, 0, 3, 0, 2, 7, 2, 5, 5}));
+  EXPECT_EQ(as_vector(data.test.labels.narrow(0, 0, 10)),
+            (std::vector<int64_t>{9, 2, 1, 1, 6, 1, 4, 6, 5, 7}));
+  // Balanced classes: 6,000 per class in training, 1,000 in test.
+  EXPECT_TRUE(torch::equal(torch::bincount(data.train.labels),
+                           torch::full({10}, 6000, torch::kInt64)));
+  EXPECT_TRUE(torch::equal(torch::bincount(data.test.labels),
+                           torch::full({10}, 1000, torch::kInt64)));
+  // The first training image (an ankle boot): pixel sum and one row, also read with Python.
+  EXPECT_EQ(data.train.images[0].to(torch::kInt64).sum().item<int64_t>(), 76247);
+  const std::vector<uint8_t> row10{0,    0,    0,    0,    0,    0,    0,    0,    0,    0,
+                                   0,    0,    0,    0xc1, 0xe4, 0xda, 0xd5, 0xc6, 0xb4, 0xd4,
+                                   0xd2, 0xd3, 0xd5, 0xdf, 0xdc, 0xf3, 0xca, 0};
+  EXPECT_TRUE(torch::equal(data.train.images[0][10], as_uint8_tensor(row10, {28})));
+}
+
+TEST(DataRealFashionMnist, LimitEqualsThePrefixOfTheFullSplit) {
+  const auto dir = real_data_dir();
+  if (!dir) GTEST_SKIP() << "the real Fashion-MNIST is not installed (dataset-fashion-mnist)";
+  const FashionMnist full = load_fashion_mnist(*dir, 0, 0);
+  const FashionMnist small = load_fashion_mnist(*dir, 1000, 300);
+  EXPECT_TRUE(torch::equal(small.train.images, full.train.images.narrow(0, 0, 1000)));
+  EXPECT_TRUE(torch::equal(small.train.labels, full.train.labels.narrow(0, 0, 1000)));
+  EXPECT_TRUE(torch::equal(small.test.images, full.test.images.narrow(0, 0, 300)));
+  EXPECT_TRUE(torch::equal(small.test.labels, full.test.labels.narrow(0, 0, 300)));
+}
+
+}  // namespace

@@ -1,0 +1,216 @@
+// Tests of the collectives, the rendezvous and the replica helpers (distributed.h,
+// rendezvous.h, replicas.h) over thread ranks, including timeouts that must fire, not hang.
+#include <gtest/gtest.h>
+
+#include <chrono>
+
+#include "dptrain/model.h"
+#include "dptrain/rendezvous.h"
+#include "dptrain/replicas.h"
+#include "test_support.h"
+
+namespace {
+
+using namespace dptrain;
+using dptrain::testing::run_thread_ranks;
+using namespace std::chrono_literals;
+
+TEST(Communicator, WorldOfOneIsTheIdentity) {
+  Communicator single;
+  auto t = torch::tensor({1.0f, 2.0f});
+  single.allreduce_sum(t, "test");
+  single.broadcast(t, 0, "test");
+  single.barrier("test");
+  EXPECT_TRUE(torch::equal(t, torch::tensor({1.0f, 2.0f})));
+  EXPECT_EQ(single.world_size(), 1);
+  EXPECT_EQ(single.rank(), 0);
+}
+
+TEST(Communicator, CollectivesOverThreeRanks) {
+  run_thread_ranks(3, [](Communicator& c) {
+    const auto r = static_cast<float>(c.rank());
+    auto sum = torch::tensor({r, 10 * r});
+    c.allreduce_sum(sum, "sum");
+    EXPECT_TRUE(torch::equal(sum, torch::tensor({3.0f, 30.0f})));
+    auto max = torch::tensor({r, -r}, torch::kInt64);
+    c.allreduce_max(max, "max");
+    EXPECT_TRUE(torch::equal(max, torch::tensor({2, 0}, torch::kInt64)));
+    auto b = torch::full({4}, r);
+    c.broadcast(b, /*root=*/1, "broadcast");
+    EXPECT_TRUE(torch::all(b == 1).item<bool>());
+    c.barrier("barrier");
+  });
+}
+
+TEST(Communicator, MissingPeerTimesOutWithRankInMessage) {
+  const auto start = std::chrono::steady_clock::now();
+  try {
+    run_thread_ranks(
+        2,
+        [](Communicator& c) {
+          if (c.rank() == 1) return;  // rank 1 never joins the all-reduce
+          auto t = torch::ones({3});
+          c.allreduce_sum(t, "the test all-reduce");
+        },
+        2s);
+    FAIL() << "expected a CollectiveError";
+  } catch (const CollectiveError& e) {
+    const std::string message = e.what();
+    EXPECT_NE(message.find("rank 0 of 2"), std::string::npos) << message;
+    EXPECT_NE(message.find("the test all-reduce"), std::string::npos) << message;
+  }
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 30s);
+}
+
+TEST(Rendezvous, BarrierNamesTheRanksThatNeverArrived) {
+  auto store = make_in_process_store(2s);
+  const auto start = std::chrono::steady_clock::now();
+  try {
+    store_barrier(*store, "rendezvous", /*rank=*/0, /*world_size=*/3, 500ms);
+    FAIL() << "expected a CollectiveError";
+  } catch (const CollectiveError& e) {
+    EXPECT_NE(std::string(e.what()).find("rank(s) 1, 2 of 3 never arrived"), std::string::npos)
+        << e.what();
+  }
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 5s);
+}
+
+TEST(Rendezvous, BarrierRejectsDisagreeingWorldSizes) {
+  auto store = make_in_process_store(2s);
+  store_barrier(*store, "warm", 0, 1, 1s);  // a world of one passes alone
+  store->set("dptrain/barrier/b/rank/1", {'3'});  // rank 1 believes in a world of 3
+  EXPECT_THROW(store_barrier(*store, "b", 0, 2, 1s), CollectiveError);
+}
+
+TEST(Rendezvous, AllGatherStrings) {
+  auto store = make_in_process_store(5s);
+  std::vector<std::vector<std::string>> seen(3);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 3; ++r) {
+    threads.emplace_back([&, r] {
+      seen[static_cast<size_t>(r)] =
+          all_gather_strings(*store, "names", r, 3, "dev" + std::to_string(r), 5s);
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (const auto& values : seen) {
+    EXPECT_EQ(values, (std::vector<std::string>{"dev0", "dev1", "dev2"}));
+  }
+}
+
+// ---- Launcher environments ---------------------------------------------------------
+
+TEST(LaunchEnvironment, NoneWithoutLauncherVariables) {
+  EXPECT_FALSE(read_launch_environment({{"HOME", "/root"}}).has_value());
+}
+
+TEST(LaunchEnvironment, Torchrun) {
+  const auto launch = read_launch_environment({{"RANK", "3"}, {"WORLD_SIZE", "4"},
+                                               {"LOCAL_RANK", "1"}, {"MASTER_ADDR", "10.1.2.3"},
+                                               {"MASTER_PORT", "29501"}});
+  ASSERT_TRUE(launch.has_value());
+  EXPECT_EQ(launch->launcher, "torchrun");
+  EXPECT_EQ(launch->rank, 3);
+  EXPECT_EQ(launch->world_size, 4);
+  EXPECT_EQ(launch->local_rank, 1);
+  EXPECT_EQ(launch->master_addr, "10.1.2.3");
+  EXPECT_EQ(launch->master_port, 29501);
+}
+
+TEST(LaunchEnvironment, Slurm) {
+  const auto launch = read_launch_environment({{"SLURM_PROCID", "5"}, {"SLURM_NTASKS", "8"},
+                                               {"SLURM_LOCALID", "1"}, {"MASTER_ADDR", "node1"},
+                                               {"MASTER_PORT", "1234"}});
+  ASSERT_TRUE(launch.has_value());
+  EXPECT_EQ(launch->launcher, "slurm");
+  EXPECT_EQ(launch->rank, 5);
+  EXPECT_EQ(launch->world_size, 8);
+  EXPECT_EQ(launch->local_rank, 1);
+}
+
+struct BadEnvironment {
+  const char* name;
+  std::map<std::string, std::string> env;
+  const char* expected;  // in the message
+};
+
+class LaunchEnvironmentErrors : public ::testing::TestWithParam<BadEnvironment> {};
+
+TEST_P(LaunchEnvironmentErrors, NamesTheVariable) {
+  try {
+    read_launch_environment(GetParam().env);
+    FAIL() << "expected a UsageError";
+  } catch (const UsageError& e) {
+    EXPECT_NE(std::string(e.what()).find(GetParam().expected), std::string::npos) << e.what();
+  }
+}
+
+const std::map<std::string, std::string> kGood{{"RANK", "0"}, {"WORLD_SIZE", "2"},
+                                               {"MASTER_ADDR", "127.0.0.1"},
+                                               {"MASTER_PORT", "29500"}};
+std::map<std::string, std::string> with(std::map<std::string, std::string> env,
+                                        const std::string& name, const std::string& value) {
+  if (value.empty()) {
+    env.erase(name);
+  } else {
+    env[name] = value;
+  }
+  return env;
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Cases, LaunchEnvironmentErrors,
+    ::testing::Values(BadEnvironment{"RankNotNumber", with(kGood, "RANK", "abc"), "RANK=abc"},
+                      BadEnvironment{"RankTooLarge", with(kGood, "RANK", "2"), "RANK=2"},
+                      BadEnvironment{"NoWorldSize", with(kGood, "WORLD_SIZE", ""), "WORLD_SIZE"},
+                      BadEnvironment{"ZeroWorld", with(kGood, "WORLD_SIZE", "0"), "WORLD_SIZE=0"},
+                      BadEnvironment{"NoMaster", with(kGood, "MASTER_ADDR", ""), "MASTER_ADDR"},
+                      BadEnvironment{"BadPort", with(kGood, "MASTER_PORT", "70000"),
+                                     "MASTER_PORT=70000"}),
+    [](const auto& info) { return std::string(info.param.name); });
+
+// ---- Replica helpers ----------------------------------------------------------------
+
+TEST(Replicas, BroadcastMakesReplicasIdenticalAndChecksumAgrees) {
+  run_thread_ranks(3, [](Communicator& c) {
+    ResNet model(ResNetOptions{10, 1, 2});
+    init_reference_weights(*model, /*seed=*/100 + static_cast<uint64_t>(c.rank()));
+    {
+      torch::NoGradGuard no_grad;
+      model->named_buffers()["1.running_mean"].fill_(static_cast<float>(c.rank()));
+    }
+    EXPECT_THROW(check_replicas_identical(*model, c, 0), CollectiveError);
+    broadcast_from_rank0(*model, c);
+    check_replicas_identical(*model, c, 1);
+    ResNet rank0(ResNetOptions{10, 1, 2});
+    init_reference_weights(*rank0, 100);
+    EXPECT_EQ(parameter_checksum(*model), parameter_checksum(*rank0));
+    EXPECT_TRUE(torch::all(model->named_buffers()["1.running_mean"] == 0).item<bool>());
+  });
+}
+
+TEST(Replicas, AverageBuffersTakesTheMean) {
+  run_thread_ranks(2, [](Communicator& c) {
+    ResNet model(ResNetOptions{10, 1, 2});
+    {
+      torch::NoGradGuard no_grad;
+      model->named_buffers()["1.running_var"].fill_(c.rank() == 0 ? 1.0f : 3.0f);
+    }
+    average_buffers(*model, c);
+    EXPECT_TRUE(torch::all(model->named_buffers()["1.running_var"] == 2.0f).item<bool>());
+  });
+}
+
+TEST(Replicas, ChecksumSeesOneBit) {
+  ResNet model(ResNetOptions{10, 1, 2});
+  init_reference_weights(*model, 1);
+  const auto before = parameter_checksum(*model);
+  {
+    torch::NoGradGuard no_grad;
+    auto w = model->parameters().back();
+    w.view(-1)[0] = std::nextafter(w.view(-1)[0].item<float>(), 1.0f);
+  }
+  EXPECT_NE(parameter_checksum(*model), before);
+}
+
+}  // namespace

@@ -1,0 +1,250 @@
+// Shared test helpers; see test_support.h.
+#include "test_support.h"
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+#include <zlib.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <stdexcept>
+
+#include <exception>
+#include <sstream>
+#include <thread>
+
+#include "dptrain/data.h"
+#include "dptrain/rendezvous.h"
+
+namespace dptrain::testing {
+
+TempDir::TempDir() {
+  const char* base = std::getenv("TMPDIR");
+  std::string pattern = std::string(base && *base ? base : "/tmp") + "/dptrain-test-XXXXXX";
+  if (mkdtemp(pattern.data()) == nullptr) throw std::runtime_error("mkdtemp failed");
+  path_ = pattern;
+}
+
+TempDir::~TempDir() {
+  std::error_code ignored;
+  std::filesystem::remove_all(path_, ignored);
+}
+
+void write_bytes(const std::string& path, const std::vector<uint8_t>& bytes) {
+  std::ofstream out(path, std::ios::binary);
+  out.write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
+  if (!out) throw std::runtime_error("cannot write " + path);
+}
+
+std::vector<uint8_t> gzip_bytes(const std::vector<uint8_t>& bytes) {
+  z_stream stream{};
+  // 16 + MAX_WBITS asks deflate for a gzip wrapper.
+  if (deflateInit2(&stream, Z_DEFAULT_COMPRESSION, Z_DEFLATED, 16 + MAX_WBITS, 8,
+                   Z_DEFAULT_STRATEGY) != Z_OK) {
+    throw std::runtime_error("deflateInit2 failed");
+  }
+  std::vector<uint8_t> out(deflateBound(&stream, bytes.size()) + 64);
+  stream.next_in = const_cast<Bytef*>(bytes.data());
+  stream.avail_in = static_cast<uInt>(bytes.size());
+  stream.next_out = out.data();
+  stream.avail_out = static_cast<uInt>(out.size());
+  if (deflate(&stream, Z_FINISH) != Z_STREAM_END) throw std::runtime_error("deflate failed");
+  out.resize(stream.total_out);
+  deflateEnd(&stream);
+  return out;
+}
+
+std::vector<uint8_t> make_idx(uint8_t type, const std::vector<uint32_t>& dims,
+                              const std::vector<uint8_t>& data) {
+  std::vector<uint8_t> bytes{0, 0, type, static_cast<uint8_t>(dims.size())};
+  for (uint32_t d : dims) {
+    for (int shift = 24; shift >= 0; shift -= 8) bytes.push_back(static_cast<uint8_t>(d >> shift));
+  }
+  bytes.insert(bytes.end(), data.begin(), data.end());
+  return bytes;
+}
+
+std::optional<std::string> real_data_dir() {
+  try {
+    return resolve_data_dir(std::nullopt);
+  } catch (const std::exception&) {
+    return std::nullopt;
+  }
+}
+
+namespace {
+
+void drain(int fd, std::string& into) {
+  char buffer[4096];
+  const ssize_t n = read(fd, buffer, sizeof buffer);
+  if (n > 0) into.append(buffer, static_cast<size_t>(n));
+}
+
+}  // namespace
+
+CommandResult run_command(const std::vector<std::string>& args,
+                          const std::map<std::string, std::string>& extra_env,
+                          int timeout_seconds) {
+  int out_pipe[2], err_pipe[2];
+  if (pipe(out_pipe) != 0 || pipe(err_pipe) != 0) throw std::runtime_error("pipe failed");
+  const pid_t pid = fork();
+  if (pid < 0) throw std::runtime_error("fork failed");
+  if (pid == 0) {
+    setpgid(0, 0);  // its own process group, so a timeout kills its children too
+    dup2(out_pipe[1], STDOUT_FILENO);
+    dup2(err_pipe[1], STDERR_FILENO);
+    close(out_pipe[0]), close(err_pipe[0]), close(out_pipe[1]), close(err_pipe[1]);
+    for (const auto& [name, value] : extra_env) setenv(name.c_str(), value.c_str(), 1);
+    std::vector<char*> argv;
+    for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+    argv.push_back(nullptr);
+    execvp(argv[0], argv.data());
+    std::fprintf(stderr, "exec %s: %s\n", argv[0], std::strerror(errno));
+    _exit(127);
+  }
+  setpgid(pid, pid);
+  close(out_pipe[1]), close(err_pipe[1]);
+  CommandResult result;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(timeout_seconds);
+  pollfd fds[2] = {{out_pipe[0], POLLIN, 0}, {err_pipe[0], POLLIN, 0}};
+  int open_fds = 2;
+  while (open_fds > 0) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+        deadline - std::chrono::steady_clock::now());
+    if (left.count() <= 0) {
+      result.timed_out = true;
+      kill(-pid, SIGKILL);
+      break;
+    }
+    if (poll(fds, 2, static_cast<int>(std::min<int64_t>(left.count(), 1000))) < 0) break;
+    for (int i = 0; i < 2; ++i) {
+      if (fds[i].fd >= 0 && (fds[i].revents & (POLLIN | POLLHUP))) {
+        char buffer[4096];
+        const ssize_t n = read(fds[i].fd, buffer, sizeof buffer);
+        if (n > 0) {
+          (i == 0 ? result.out : result.err).append(buffer, static_cast<size_t>(n));
+        } else {
+          close(fds[i].fd);
+          fds[i].fd = -1;
+          --open_fds;
+        }
+      }
+    }
+  }
+  for (auto& fd : fds) {
+    if (fd.fd >= 0) {
+      drain(fd.fd, fd.fd == out_pipe[0] ? result.out : result.err);
+      close(fd.fd);
+    }
+  }
+  int status = 0;
+  waitpid(pid, &status, 0);
+  result.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  return result;
+}
+
+std::string dptrain_binary() { return DPTRAIN_BINARY; }
+
+int free_port() {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  address.sin_port = 0;
+  socklen_t length = sizeof address;
+  if (bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof address) != 0 ||
+      getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length) != 0) {
+    close(fd);
+    throw std::runtime_error("cannot find a free port");
+  }
+  const int port = ntohs(address.sin_port);
+  close(fd);
+  return port;
+}
+
+ChildProcess spawn_command(const std::vector<std::string>& args,
+                           const std::map<std::string, std::string>& extra_env,
+                           const std::string& log_prefix) {
+  ChildProcess child;
+  child.out_path = log_prefix + ".out";
+  child.err_path = log_prefix + ".err";
+  const pid_t pid = fork();
+  if (pid < 0) throw std::runtime_error("fork failed");
+  if (pid == 0) {
+    setpgid(0, 0);
+    const int out = open(child.out_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    const int err = open(child.err_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    dup2(out, STDOUT_FILENO);
+    dup2(err, STDERR_FILENO);
+    for (const auto& [name, value] : extra_env) setenv(name.c_str(), value.c_str(), 1);
+    std::vector<char*> argv;
+    for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+    argv.push_back(nullptr);
+    execvp(argv[0], argv.data());
+    _exit(127);
+  }
+  setpgid(pid, pid);
+  child.pid = pid;
+  return child;
+}
+
+CommandResult wait_command(const ChildProcess& child, int timeout_seconds) {
+  CommandResult result;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(timeout_seconds);
+  int status = 0;
+  while (true) {
+    const pid_t done = waitpid(child.pid, &status, WNOHANG);
+    if (done == child.pid) break;
+    if (std::chrono::steady_clock::now() >= deadline) {
+      result.timed_out = true;
+      kill(-child.pid, SIGKILL);
+      waitpid(child.pid, &status, 0);
+      break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  result.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  const auto slurp = [](const std::string& path) {
+    std::ifstream in(path);
+    std::stringstream text;
+    text << in.rdbuf();
+    return text.str();
+  };
+  result.out = slurp(child.out_path);
+  result.err = slurp(child.err_path);
+  return result;
+}
+
+void run_thread_ranks(int world_size, const std::function<void(Communicator&)>& fn,
+                      std::chrono::milliseconds timeout) {
+  auto store = make_in_process_store(timeout);
+  std::vector<std::exception_ptr> errors(static_cast<size_t>(world_size));
+  std::vector<std::thread> threads;
+  for (int rank = 0; rank < world_size; ++rank) {
+    threads.emplace_back([&, rank] {
+      try {
+        WorldOptions options;
+        options.timeout = timeout;
+        Communicator communicator(store, rank, world_size, options);
+        fn(communicator);
+      } catch (...) {
+        errors[static_cast<size_t>(rank)] = std::current_exception();
+      }
+    });
+  }
+  for (auto& thread : threads) thread.join();
+  for (auto& error : errors) {
+    if (error) std::rethrow_exception(error);
+  }
+}
+
+}  // namespace dptrain::testing

@@ -1,0 +1,76 @@
+// Helpers shared by the tests: temporary directories, hand-made IDX files, the real data set,
+// and running the dptrain binary (or torchrun) as a child process with a time limit.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "dptrain/distributed.h"
+
+namespace dptrain::testing {
+
+// A fresh directory under $TMPDIR, removed with everything in it on destruction.
+class TempDir {
+ public:
+  TempDir();
+  ~TempDir();
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+  const std::string& path() const { return path_; }
+  std::string file(const std::string& name) const { return path_ + "/" + name; }
+
+ private:
+  std::string path_;
+};
+
+void write_bytes(const std::string& path, const std::vector<uint8_t>& bytes);
+std::vector<uint8_t> gzip_bytes(const std::vector<uint8_t>& bytes);
+
+// An IDX file image: header (0, 0, type, dims.size(), big-endian dims) then `data` as given.
+std::vector<uint8_t> make_idx(uint8_t type, const std::vector<uint32_t>& dims,
+                              const std::vector<uint8_t>& data);
+
+// Where the real Fashion-MNIST is (resolve_data_dir without a flag), or nullopt.
+std::optional<std::string> real_data_dir();
+
+struct CommandResult {
+  int exit_code = -1;   // the exit status; 128 + N when killed by signal N
+  bool timed_out = false;
+  std::string out;      // standard output
+  std::string err;      // standard error
+};
+
+// Runs `args` (args[0] is the program path) with `extra_env` added to the environment, killing
+// it after `timeout_seconds`.
+CommandResult run_command(const std::vector<std::string>& args,
+                          const std::map<std::string, std::string>& extra_env = {},
+                          int timeout_seconds = 600);
+
+// The dptrain binary under test.
+std::string dptrain_binary();
+
+// A TCP port on 127.0.0.1 that was free a moment ago.
+int free_port();
+
+// A child process started in the background, its output going to files.
+struct ChildProcess {
+  int pid = -1;
+  std::string out_path, err_path;
+};
+ChildProcess spawn_command(const std::vector<std::string>& args,
+                           const std::map<std::string, std::string>& extra_env,
+                           const std::string& log_prefix);
+// Waits for the child, killing it after `timeout_seconds`; collects its output files.
+CommandResult wait_command(const ChildProcess& child, int timeout_seconds);
+
+// Runs fn(communicator) on `world_size` threads, each one rank of a Gloo world over loopback
+// with the given timeout. Rethrows the first failure after all threads have ended.
+void run_thread_ranks(int world_size, const std::function<void(Communicator&)>& fn,
+                      std::chrono::milliseconds timeout = std::chrono::seconds(60));
+
+}  // namespace dptrain::testing
