@@ -1,6 +1,7 @@
 // The dptrain command line, on cxxopts. See cli.h.
 #include "cli.h"
 
+#include <cctype>
 #include <cerrno>
 #include <cmath>
 #include <cstdlib>
@@ -60,7 +61,8 @@ cxxopts::Options train_options() {
   options.add_options("Data parallelism")
       ("backend", "collective backend: nccl or gloo (default: nccl on CUDA, gloo on cpu)",
        cxxopts::value<std::string>(), "NAME")
-      ("sync-bn", "all-reduce BatchNorm batch statistics over the replicas")
+      ("sync-bn", "all-reduce BatchNorm batch statistics over the replicas",
+       cxxopts::value<bool>()->default_value("false")->implicit_value("true"))
       ("bucket-mb", "gradient bucket size in MiB",
        cxxopts::value<std::string>()->default_value("25"), "MIB")
       ("check-replicas", "verify every N steps that all replicas hold the same weights",
@@ -68,7 +70,8 @@ cxxopts::Options train_options() {
       ("timeout", "seconds that the rendezvous and each collective may take",
        cxxopts::value<std::string>()->default_value("300"), "SECONDS");
   options.add_options("Output")
-      ("verbose", "with several processes, every rank prints (default: rank 0 only)")
+      ("verbose", "with several processes, every rank prints (default: rank 0 only)",
+       cxxopts::value<bool>()->default_value("false")->implicit_value("true"))
       ("h,help", "print this help");
   return options;
 }
@@ -80,7 +83,9 @@ int64_t parse_integer_flag(const std::string& flag, const std::string& text, int
   errno = 0;
   char* end = nullptr;
   const long long value = std::strtoll(text.c_str(), &end, 10);
-  if (text.empty() || end != text.c_str() + text.size() || errno == ERANGE) {
+  // strtoll skips leading blanks; the whole text must be the number.
+  if (text.empty() || std::isspace(static_cast<unsigned char>(text[0])) ||
+      end != text.c_str() + text.size() || errno == ERANGE) {
     throw UsageError("--" + flag + ": '" + text + "' is not an integer");
   }
   if (value < min_value || value > max_value) {
@@ -94,7 +99,8 @@ double parse_positive_number_flag(const std::string& flag, const std::string& te
   errno = 0;
   char* end = nullptr;
   const double value = std::strtod(text.c_str(), &end);
-  if (text.empty() || end != text.c_str() + text.size()) {
+  if (text.empty() || std::isspace(static_cast<unsigned char>(text[0])) ||
+      end != text.c_str() + text.size()) {
     throw UsageError("--" + flag + ": '" + text + "' is not a number");
   }
   if (!std::isfinite(value) || value <= 0) {
@@ -136,7 +142,14 @@ ParsedCommandLine parse_command_line(int argc, const char* const argv[]) {
   }
 
   constexpr int64_t kMax = std::numeric_limits<int32_t>::max();
-  const auto text = [&](const char* flag) { return result[flag].as<std::string>(); };
+  const auto text = [&](const char* flag) {
+    auto value = result[flag].as<std::string>();
+    // cxxopts takes whatever follows a flag as its value, even the next flag.
+    if (!value.empty() && value[0] == '-' && value.size() > 1 && value[1] == '-') {
+      throw UsageError(std::string("--") + flag + ": missing value (got '" + value + "')");
+    }
+    return value;
+  };
   TrainCommand& train = parsed.train;
   TrainOptions& o = train.options;
   o.epochs = parse_integer_flag("epochs", text("epochs"), 1, 1000000);
@@ -147,7 +160,7 @@ ParsedCommandLine parse_command_line(int argc, const char* const argv[]) {
   o.width = parse_integer_flag("width", text("width"), 1, 4096);
   o.bucket_bytes = parse_integer_flag("bucket-mb", text("bucket-mb"), 1, 65536) * 1024 * 1024;
   o.timeout = std::chrono::seconds(parse_integer_flag("timeout", text("timeout"), 1, 86400 * 7));
-  o.sync_bn = result.count("sync-bn") > 0;
+  o.sync_bn = result["sync-bn"].as<bool>();
   if (result.count("threads")) o.threads = parse_integer_flag("threads", text("threads"), 1, 4096);
   if (result.count("check-replicas")) {
     o.check_replicas_every = parse_integer_flag("check-replicas", text("check-replicas"), 1, kMax);
@@ -175,7 +188,7 @@ ParsedCommandLine parse_command_line(int argc, const char* const argv[]) {
       throw UsageError("--backend: '" + *train.backend + "' is not a backend; expected nccl or gloo");
     }
   }
-  train.verbose = result.count("verbose") > 0;
+  train.verbose = result["verbose"].as<bool>();
   parsed.action = ParsedCommandLine::Action::kTrain;
   return parsed;
 }

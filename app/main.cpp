@@ -42,8 +42,7 @@ dptrain::WorldPlan plan_world(const dptrain::TrainCommand& command) {
   world.multi_process = true;
   world.first_rank = launch->rank;
   world.world_size = launch->world_size;
-  world.master_addr = launch->master_addr;
-  world.master_port = launch->master_port;
+  world.launch = *launch;
   const auto local = static_cast<size_t>(launch->local_rank);
   if (devices.empty()) {
     const int gpus = dptrain::cuda_device_count();
@@ -83,6 +82,7 @@ int run_train(dptrain::TrainCommand command) {
                           ? dptrain::Backend::kNccl
                           : dptrain::Backend::kGloo;
   }
+  dptrain::check_world(options, world);  // usage mistakes before the data is loaded
   const bool reporter = world.first_rank == 0 || command.verbose;
 
   const auto data_dir = dptrain::resolve_data_dir(command.data_dir);

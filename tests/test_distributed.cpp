@@ -78,7 +78,7 @@ TEST(Rendezvous, BarrierNamesTheRanksThatNeverArrived) {
 TEST(Rendezvous, BarrierRejectsDisagreeingWorldSizes) {
   auto store = make_in_process_store(2s);
   store_barrier(*store, "warm", 0, 1, 1s);  // a world of one passes alone
-  store->set("dptrain/barrier/b/rank/1", {'3'});  // rank 1 believes in a world of 3
+  store->set("dptrain/barrier/b/rank/1", std::vector<uint8_t>{'3'});  // rank 1: a world of 3
   EXPECT_THROW(store_barrier(*store, "b", 0, 2, 1s), CollectiveError);
 }
 

@@ -46,6 +46,9 @@ torch::Device parse_one_device(const std::string& text) {
 
 std::vector<torch::Device> parse_device_list(const std::string& list) {
   std::vector<torch::Device> devices;
+  if (!list.empty() && list.back() == ',') {
+    throw UsageError("--devices: empty entry in '" + list + "'");
+  }
   std::stringstream stream(list);
   std::string item;
   while (std::getline(stream, item, ',')) {

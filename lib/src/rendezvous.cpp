@@ -5,6 +5,7 @@
 #include <thread>
 
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
 #include "dptrain/errors.h"
@@ -64,6 +65,10 @@ std::optional<LaunchEnvironment> read_launch_environment(const Env& env) {
   }
   launch.master_addr = *addr;
   launch.master_port = parse_env_int(env, "MASTER_PORT", 1, 65535);
+  launch.agent_store = lookup(env, "TORCHELASTIC_USE_AGENT_STORE").value_or("") == "True";
+  if (lookup(env, "TORCHELASTIC_RESTART_COUNT")) {
+    launch.restart_count = parse_env_int(env, "TORCHELASTIC_RESTART_COUNT", 0, kMaxWorld);
+  }
   return launch;
 }
 
@@ -87,20 +92,22 @@ c10::intrusive_ptr<c10d::Store> connect_tcp_store(const LaunchEnvironment& launc
                                                   std::chrono::milliseconds timeout) {
   c10d::TCPStoreOptions options;
   options.port = static_cast<uint16_t>(launch.master_port);
-  options.isServer = launch.rank == 0;
+  options.isServer = launch.rank == 0 && !launch.agent_store;
   options.numWorkers = launch.world_size;
   // LibTorch 1.13's server returns silently when workers never come, 2.x throws; we wait for
   // the workers ourselves in store_barrier, which behaves the same on both.
   options.waitWorkers = false;
   options.timeout = timeout;
   try {
-    return c10::make_intrusive<c10d::TCPStore>(launch.master_addr, options);
+    auto store = c10::make_intrusive<c10d::TCPStore>(launch.master_addr, options);
+    return c10::make_intrusive<c10d::PrefixStore>(
+        "dptrain/attempt" + std::to_string(launch.restart_count), std::move(store));
   } catch (const std::exception& e) {
     std::string reason = e.what();
     if (const auto newline = reason.find('\n'); newline != std::string::npos) reason.resize(newline);
     throw CollectiveError("rank " + std::to_string(launch.rank) + ": rendezvous at " +
                           launch.master_addr + ":" + std::to_string(launch.master_port) + " (" +
-                          (launch.rank == 0 ? "serving" : "connecting") + ") failed: " + reason);
+                          (options.isServer ? "serving" : "connecting") + ") failed: " + reason);
   }
 }
 

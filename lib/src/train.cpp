@@ -241,10 +241,8 @@ TrainResult run_rank(const FashionMnist& data, const TrainOptions& options, cons
 
 // ---- The world ------------------------------------------------------------------
 
-TrainResult train(const FashionMnist& data, const TrainOptions& options, const WorldPlan& world,
-                  const EpochCallback& on_epoch, const StepCallback& on_step) {
-  const auto local = static_cast<int>(world.local_devices.size());
-  if (local == 0) throw UsageError("no device to train on");
+void check_world(const TrainOptions& options, const WorldPlan& world) {
+  if (world.local_devices.empty()) throw UsageError("no device to train on");
   if (options.batch_size < world.world_size) {
     throw UsageError("--batch-size " + std::to_string(options.batch_size) +
                      " is smaller than the number of replicas (" +
@@ -268,7 +266,12 @@ TrainResult train(const FashionMnist& data, const TrainOptions& options, const W
       }
     }
   }
+}
 
+TrainResult train(const FashionMnist& data, const TrainOptions& options, const WorldPlan& world,
+                  const EpochCallback& on_epoch, const StepCallback& on_step) {
+  check_world(options, world);
+  const auto local = static_cast<int>(world.local_devices.size());
   const int total_threads = options.threads > 0 ? static_cast<int>(options.threads)
                                                  : at::get_num_threads();
   RankPlan base;
@@ -277,13 +280,9 @@ TrainResult train(const FashionMnist& data, const TrainOptions& options, const W
   base.loopback = !world.multi_process;
   if (world.world_size > 1) {
     if (world.multi_process) {
-      LaunchEnvironment launch;
-      launch.rank = world.first_rank;
-      launch.world_size = world.world_size;
-      launch.master_addr = world.master_addr;
-      launch.master_port = world.master_port;
-      base.store = connect_tcp_store(launch, options.timeout);
-      base.loopback = world.master_addr == "127.0.0.1" || world.master_addr == "localhost";
+      base.store = connect_tcp_store(world.launch, options.timeout);
+      base.loopback = world.launch.master_addr == "127.0.0.1" ||
+                      world.launch.master_addr == "localhost";
     } else {
       base.store = make_in_process_store(options.timeout);
     }

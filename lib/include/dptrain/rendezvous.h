@@ -22,6 +22,10 @@ struct LaunchEnvironment {
   int local_rank = 0;
   std::string master_addr;
   int master_port = 0;
+  // torchrun's agent already serves a TCPStore at MASTER_ADDR:MASTER_PORT
+  // (TORCHELASTIC_USE_AGENT_STORE=True); every rank is then its client.
+  bool agent_store = false;
+  int restart_count = 0;  // TORCHELASTIC_RESTART_COUNT: keys of earlier attempts are ignored
 };
 
 // Reads torchrun's RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and MASTER_PORT, else Slurm's
@@ -36,8 +40,9 @@ std::optional<LaunchEnvironment> read_launch_environment();
 // A store in memory, for ranks that are threads of one process.
 c10::intrusive_ptr<c10d::Store> make_in_process_store(std::chrono::milliseconds timeout);
 
-// Rank 0 serves a TCPStore on MASTER_PORT, the others connect to MASTER_ADDR, all bounded by
-// `timeout`. Throws CollectiveError naming the address and the cause.
+// Rank 0 serves a TCPStore on MASTER_PORT (unless torchrun's agent does), the others connect to
+// MASTER_ADDR, all bounded by `timeout`. The store returned puts dptrain's keys under a prefix
+// of their own. Throws CollectiveError naming the address and the cause.
 c10::intrusive_ptr<c10d::Store> connect_tcp_store(const LaunchEnvironment& launch,
                                                   std::chrono::milliseconds timeout);
 

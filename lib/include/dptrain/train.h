@@ -16,6 +16,7 @@
 #include "dptrain/data.h"
 #include "dptrain/distributed.h"
 #include "dptrain/reducer.h"
+#include "dptrain/rendezvous.h"
 
 namespace dptrain {
 
@@ -43,8 +44,7 @@ struct WorldPlan {
   int first_rank = 0;                        // global rank of local_devices[0]
   int world_size = 1;
   bool multi_process = false;
-  std::string master_addr;                   // multi-process only
-  int master_port = 0;                       // multi-process only
+  LaunchEnvironment launch;                  // multi-process only: where the ranks meet
 };
 
 struct EpochStats {
@@ -78,6 +78,10 @@ using EpochCallback = std::function<void(const EpochStats&)>;
 // Called on global rank 0 after each step. Reading the loss makes the host wait for the
 // device, so leave it null where speed matters.
 using StepCallback = std::function<void(const StepStats&)>;
+
+// Checks that `options` can run on `world` (batch size, backend against devices) without
+// touching data or devices; throws UsageError. train() checks the same.
+void check_world(const TrainOptions& options, const WorldPlan& world);
 
 // Runs the whole training. Returns the result on global rank 0 (other ranks return theirs with
 // the same figures). Throws UsageError, DataError or CollectiveError.
