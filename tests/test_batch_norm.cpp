@@ -4,6 +4,8 @@
 
 #include <torch/nn/modules/batchnorm.h>
 
+#include <mutex>
+
 #include "dptrain/batch_norm.h"
 #include "dptrain/batching.h"
 #include "test_support.h"
@@ -15,6 +17,9 @@ using dptrain::testing::run_thread_ranks;
 
 // A BatchNorm with non-trivial affine parameters and running statistics.
 BatchNorm make_batch_norm(int64_t channels) {
+  // LibTorch's default generator is one per process: thread ranks must take turns with it.
+  static std::mutex generator_mutex;
+  std::lock_guard<std::mutex> lock(generator_mutex);
   BatchNorm bn(channels);
   torch::NoGradGuard no_grad;
   torch::manual_seed(11);
