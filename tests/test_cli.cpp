@@ -6,7 +6,6 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
-#include <filesystem>
 #include <functional>
 #include <map>
 #include <regex>
@@ -543,7 +542,7 @@ TEST_P(CliDataErrors, OneErrorLineNamingTheFile) {
   const DataCase& c = GetParam();
   TempDir dir;
   write_fake_data(dir, 16, 8);
-  std::filesystem::remove(dir.file(c.file));
+  dptrain::testing::remove_path(dir.file(c.file));
   std::string named = dir.path();  // a missing file: the directory is named
   if (c.bytes) {
     named = dir.file(c.file + (c.gzip ? ".gz" : ""));
@@ -656,9 +655,9 @@ TEST(CliRun, TinyDataTwoEpochsSavesTheModel) {
                                    "--width", "1", "--epochs", "2", "--batch-size", "4",
                                    "--threads", "1", "--save-model", model});
   expect_successful_run(result, 2, kFinalLineOneCpu);
-  EXPECT_TRUE(std::filesystem::is_regular_file(model)) << describe(result);
-  EXPECT_GT(std::filesystem::file_size(model), 0u);
-  EXPECT_FALSE(std::filesystem::exists(model + ".tmp"));
+  EXPECT_TRUE(dptrain::testing::is_regular_file(model)) << describe(result);
+  EXPECT_GT(dptrain::testing::file_size(model), 0);
+  EXPECT_FALSE(dptrain::testing::path_exists(model + ".tmp"));
 }
 
 TEST(CliRun, MaxStepsStopsEarly) {

@@ -9,7 +9,6 @@
 
 #include <cstdint>
 #include <cstdlib>
-#include <filesystem>
 #include <functional>
 #include <optional>
 #include <string>
@@ -78,18 +77,21 @@ class EnvGuard {
 // Changes the working directory for the life of the guard.
 class CwdGuard {
  public:
-  explicit CwdGuard(const std::string& dir) : old_(std::filesystem::current_path()) {
-    std::filesystem::current_path(dir);
+  explicit CwdGuard(const std::string& dir) : old_(dptrain::testing::current_directory()) {
+    dptrain::testing::change_directory(dir);
   }
   ~CwdGuard() {
-    std::error_code ignored;
-    std::filesystem::current_path(old_, ignored);
+    try {
+      dptrain::testing::change_directory(old_);
+    } catch (const std::exception&) {
+      // A destructor must not throw; the next test starts wherever it was.
+    }
   }
   CwdGuard(const CwdGuard&) = delete;
   CwdGuard& operator=(const CwdGuard&) = delete;
 
  private:
-  std::filesystem::path old_;
+  std::string old_;
 };
 
 // Pixel bytes of `n` images: a pattern that differs between images and positions.
@@ -408,21 +410,21 @@ TEST(DataResolveDir, NonexistentFlagDirIsAnError) {
 TEST(DataResolveDir, DirectoriesNamedLikeTheFilesDoNotCount) {
   TempDir dir;
   write_fake_dataset(dir.path(), true);
-  std::filesystem::remove(dir.file(kTestLabelsFile));
-  std::filesystem::create_directory(dir.file(kTestLabelsFile));
+  dptrain::testing::remove_path(dir.file(kTestLabelsFile));
+  dptrain::testing::make_directories(dir.file(kTestLabelsFile));
   expect_data_error([&] { resolve_data_dir(dir.path()); }, {dir.path(), "dataset-fashion-mnist"});
 }
 
 const std::string kDebianDir = "/usr/share/datasets/fashion-mnist";
 
 bool have_debian_data() {
-  return std::filesystem::exists(kDebianDir + "/" + kTrainImagesFile);
+  return dptrain::testing::path_exists(kDebianDir + "/" + kTrainImagesFile);
 }
 
 // Without flag or environment: the Debian package when it is there, else ./data/fashion-mnist.
 TEST(DataResolveDir, DefaultsToDebianThenTheLocalDir) {
   TempDir work;
-  std::filesystem::create_directories(work.file("data/fashion-mnist"));
+  dptrain::testing::make_directories(work.file("data/fashion-mnist"));
   write_fake_dataset(work.file("data/fashion-mnist"), true);
   EnvGuard env("DPTRAIN_DATA", std::nullopt);
   CwdGuard cwd(work.path());
@@ -432,7 +434,7 @@ TEST(DataResolveDir, DefaultsToDebianThenTheLocalDir) {
 
 TEST(DataResolveDir, EmptyEnvironmentIsIgnored) {
   TempDir work;
-  std::filesystem::create_directories(work.file("data/fashion-mnist"));
+  dptrain::testing::make_directories(work.file("data/fashion-mnist"));
   write_fake_dataset(work.file("data/fashion-mnist"), false);
   EnvGuard env("DPTRAIN_DATA", std::string());
   CwdGuard cwd(work.path());
@@ -463,7 +465,7 @@ const char* file_of(int index) {
 TEST_P(DataMissingFile, FlagDirIsRejectedSayingHowToGetTheFiles) {
   TempDir dir;
   write_fake_dataset(dir.path(), true);
-  std::filesystem::remove(dir.file(file_of(GetParam())));
+  dptrain::testing::remove_path(dir.file(file_of(GetParam())));
   expect_data_error([&] { resolve_data_dir(dir.path()); },
                     {"--data-dir " + dir.path(), "does not hold the four Fashion-MNIST files",
                      "dataset-fashion-mnist"});
@@ -473,7 +475,7 @@ TEST_P(DataMissingFile, LoadingNamesTheMissingFile) {
   TempDir dir;
   write_fake_dataset(dir.path(), false);
   const std::string missing = file_of(GetParam());
-  std::filesystem::remove(dir.file(unpacked(missing.c_str())));
+  dptrain::testing::remove_path(dir.file(unpacked(missing.c_str())));
   expect_data_error([&] { load_fashion_mnist(dir.path()); },
                     {dir.path(), missing + " (or its unpacked form) is missing"});
 }

@@ -5,7 +5,6 @@
 #include <gtest/gtest.h>
 
 #include <cstdint>
-#include <filesystem>
 #include <functional>
 #include <string>
 #include <vector>
@@ -170,7 +169,7 @@ TEST(IdxReader, MissingFileIsDataErrorNamingThePath) {
 TEST(IdxReader, DirectoryIsDataErrorNamingThePath) {
   TempDir dir;
   const std::string path = dir.file("subdir");
-  std::filesystem::create_directory(path);
+  dptrain::testing::make_directories(path);
   expect_data_error([&] { read_idx_file(path); }, {path});
 }
 

@@ -3,10 +3,12 @@
 
 #include <arpa/inet.h>
 #include <fcntl.h>
+#include <ftw.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 #include <zlib.h>
@@ -14,7 +16,6 @@
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
-#include <filesystem>
 #include <fstream>
 #include <stdexcept>
 
@@ -34,9 +35,54 @@ TempDir::TempDir() {
   path_ = pattern;
 }
 
-TempDir::~TempDir() {
-  std::error_code ignored;
-  std::filesystem::remove_all(path_, ignored);
+TempDir::~TempDir() { remove_tree(path_); }
+
+bool path_exists(const std::string& path) {
+  struct stat info {};
+  return ::lstat(path.c_str(), &info) == 0;
+}
+
+bool is_regular_file(const std::string& path) {
+  struct stat info {};
+  return ::stat(path.c_str(), &info) == 0 && S_ISREG(info.st_mode);
+}
+
+int64_t file_size(const std::string& path) {
+  struct stat info {};
+  return ::stat(path.c_str(), &info) == 0 ? static_cast<int64_t>(info.st_size) : -1;
+}
+
+void remove_path(const std::string& path) { std::remove(path.c_str()); }
+
+void remove_tree(const std::string& path) {
+  // Depth first, without following symbolic links: children before their directory.
+  nftw(
+      path.c_str(),
+      [](const char* entry, const struct stat*, int, struct FTW*) {
+        std::remove(entry);
+        return 0;
+      },
+      /*nopenfd=*/16, FTW_DEPTH | FTW_PHYS);
+}
+
+void make_directories(const std::string& path) {
+  for (size_t slash = path.find('/', 1);; slash = path.find('/', slash + 1)) {
+    const std::string prefix = path.substr(0, slash);
+    if (::mkdir(prefix.c_str(), 0755) != 0 && errno != EEXIST) {
+      throw std::runtime_error("mkdir " + prefix + ": " + std::strerror(errno));
+    }
+    if (slash == std::string::npos) break;
+  }
+}
+
+std::string current_directory() {
+  char buffer[4096];
+  if (::getcwd(buffer, sizeof buffer) == nullptr) throw std::runtime_error("getcwd failed");
+  return buffer;
+}
+
+void change_directory(const std::string& path) {
+  if (::chdir(path.c_str()) != 0) throw std::runtime_error("chdir " + path + " failed");
 }
 
 void write_bytes(const std::string& path, const std::vector<uint8_t>& bytes) {

@@ -29,6 +29,17 @@ class TempDir {
 };
 
 void write_bytes(const std::string& path, const std::vector<uint8_t>& bytes);
+
+// Small file-system helpers on POSIX calls. Not std::filesystem: PyPI's libtorch.so exports its
+// own copy of those symbols, which stand in for the standard library's and have crashed.
+bool path_exists(const std::string& path);
+bool is_regular_file(const std::string& path);
+int64_t file_size(const std::string& path);  // -1 when missing
+void remove_path(const std::string& path);    // a file or an empty directory; missing is fine
+void remove_tree(const std::string& path);    // a directory and everything in it
+void make_directories(const std::string& path);
+std::string current_directory();
+void change_directory(const std::string& path);
 std::vector<uint8_t> gzip_bytes(const std::vector<uint8_t>& bytes);
 
 // An IDX file image: header (0, 0, type, dims.size(), big-endian dims) then `data` as given.

@@ -3,7 +3,7 @@
 
 #include <cstdlib>
 #include <cstring>
-#include <filesystem>
+#include <sys/stat.h>
 #include <vector>
 
 #include "dptrain/idx.h"
@@ -17,18 +17,22 @@ const char* const kTestLabelsFile = "t10k-labels-idx1-ubyte.gz";
 
 namespace {
 
-namespace fs = std::filesystem;
-
 constexpr const char* kDebianDataDir = "/usr/share/datasets/fashion-mnist";  // dataset-fashion-mnist
 constexpr const char* kLocalDataDir = "data/fashion-mnist";
 
+// POSIX stat rather than std::filesystem: PyPI's libtorch.so exports its own copy of the
+// std::filesystem symbols, which then stand in for ours and have crashed.
+bool is_regular_file(const std::string& path) {
+  struct stat info {};
+  return ::stat(path.c_str(), &info) == 0 && S_ISREG(info.st_mode);
+}
+
 // The published name, or the same without ".gz" (a user may have unpacked the files).
 std::optional<std::string> find_file(const std::string& dir, const std::string& gz_name) {
-  const fs::path gz = fs::path(dir) / gz_name;
-  std::error_code error;
-  if (fs::is_regular_file(gz, error)) return gz.string();
-  const fs::path plain = fs::path(dir) / gz_name.substr(0, gz_name.size() - 3);
-  if (fs::is_regular_file(plain, error)) return plain.string();
+  const std::string gz = dir + "/" + gz_name;
+  if (is_regular_file(gz)) return gz;
+  const std::string plain = gz.substr(0, gz.size() - 3);
+  if (is_regular_file(plain)) return plain;
   return std::nullopt;
 }
 

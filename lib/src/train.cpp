@@ -9,10 +9,11 @@
 #include <algorithm>
 #include <array>
 #include <chrono>
+#include <cerrno>
 #include <cmath>
+#include <cstring>
 #include <cstdio>
 #include <exception>
-#include <filesystem>
 #include <mutex>
 #include <thread>
 
@@ -99,11 +100,11 @@ void save_model_atomically(ResNet& model, const std::string& path) {
     std::remove(temporary.c_str());
     throw DataError("--save-model " + path + ": cannot write: " + e.what());
   }
-  std::error_code error;
-  std::filesystem::rename(temporary, path, error);
-  if (error) {
+  // std::rename, not std::filesystem: see data.cpp on PyPI's libtorch.so.
+  if (std::rename(temporary.c_str(), path.c_str()) != 0) {
+    const std::string reason = std::strerror(errno);
     std::remove(temporary.c_str());
-    throw DataError("--save-model " + path + ": cannot write: " + error.message());
+    throw DataError("--save-model " + path + ": cannot write: " + reason);
   }
 }
 
