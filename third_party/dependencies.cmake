@@ -32,15 +32,25 @@ message(STATUS "dptrain: LibTorch ${Torch_VERSION}, CUDA/NCCL support: ${DPTRAIN
 find_package(ZLIB REQUIRED)
 
 # ---- Python with torch: torchrun for the multi-process tests ----------------------
-# The first interpreter that can import torch.distributed.run (Debian's python3-torch gives
-# one); DPTRAIN_TORCHRUN_PYTHON may name it instead. Empty when none: those tests then skip.
+# The first interpreter whose torch has the same major.minor version as the LibTorch found:
+# torchrun's store and ours must speak the same protocol (1.13 and 2.x do not). Candidates:
+# the interpreter of the environment LibTorch came from (a PyPI wheel in a venv), the default
+# Python, Debian's. DPTRAIN_TORCHRUN_PYTHON may name it instead. Empty when none: those tests
+# then skip, saying so.
 if(NOT DEFINED DPTRAIN_TORCHRUN_PYTHON)
   set(DPTRAIN_TORCHRUN_PYTHON "")
   find_package(Python3 COMPONENTS Interpreter QUIET)
-  foreach(candidate ${Python3_EXECUTABLE} /usr/bin/python3)
-    execute_process(COMMAND ${candidate} -c "import torch.distributed.run"
-                    RESULT_VARIABLE import_failed OUTPUT_QUIET ERROR_QUIET)
-    if(NOT import_failed)
+  get_filename_component(torch_env "${TORCH_INSTALL_PREFIX}/../../../.." ABSOLUTE)
+  string(REGEX MATCH "^[0-9]+\\.[0-9]+" torch_major_minor "${Torch_VERSION}")
+  foreach(candidate "${torch_env}/bin/python" ${Python3_EXECUTABLE} /usr/bin/python3)
+    if(NOT EXISTS "${candidate}")
+      continue()
+    endif()
+    execute_process(COMMAND ${candidate} -c
+                    "import torch.distributed.run, torch; print(torch.__version__)"
+                    RESULT_VARIABLE import_failed OUTPUT_VARIABLE candidate_version
+                    ERROR_QUIET OUTPUT_STRIP_TRAILING_WHITESPACE)
+    if(NOT import_failed AND candidate_version MATCHES "^${torch_major_minor}\\.")
       set(DPTRAIN_TORCHRUN_PYTHON ${candidate})
       break()
     endif()
