@@ -5,6 +5,7 @@
 
 #include <cstdlib>
 #include <sstream>
+#include <thread>
 #include <utility>
 
 #include <torch/csrc/distributed/c10d/Store.hpp>
@@ -84,6 +85,7 @@ Communicator::~Communicator() = default;
 Communicator::Communicator(c10::intrusive_ptr<c10d::Store> store, int rank, int world_size,
                            const WorldOptions& options)
     : group_(std::make_unique<ProcessGroup>()),
+      store_(store),
       rank_(rank),
       world_size_(world_size),
       timeout_(options.timeout) {
@@ -152,9 +154,41 @@ void Communicator::wait(Pending& pending) {
     }
     std::ostringstream message;
     message << "rank " << rank_ << " of " << world_size_ << ": " << pending.what_
-            << " failed (timeout " << timeout_.count() / 1000.0
-            << " s; a peer rank died, stalled or never arrived): " << reason;
+            << " failed (timeout " << timeout_.count() / 1000.0 << " s): " << reason
+            << diagnose_peers();
     throw CollectiveError(message.str());
+  }
+}
+
+// Note [Naming the missing rank]
+// Gloo reports a failed collective as a closed connection or a timeout, naming at best a peer's
+// address. To name the rank, every rank that sees a collective fail checks in under a key of
+// the rendezvous store and waits a few seconds for the others: a rank that died or stalls
+// never checks in. Only the first failure is diagnosed; the store may be gone as well (it lives
+// in rank 0's process, or in torchrun's agent), which is then what the message says.
+std::string Communicator::diagnose_peers() {
+  if (!store_ || world_size_ == 1 || diagnosed_) return "";
+  diagnosed_ = true;
+  constexpr auto kGrace = std::chrono::seconds(3);
+  try {
+    const std::string prefix = "dptrain/failure/";
+    store_->set(prefix + std::to_string(rank_), std::vector<uint8_t>{'1'});
+    const auto deadline = std::chrono::steady_clock::now() + kGrace;
+    std::vector<int> silent;
+    do {
+      silent.clear();
+      for (int r = 0; r < world_size_; ++r) {
+        if (!store_->check({prefix + std::to_string(r)})) silent.push_back(r);
+      }
+      if (silent.empty()) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    } while (std::chrono::steady_clock::now() < deadline);
+    if (silent.empty()) return "; every rank is still alive";
+    std::string list;
+    for (int r : silent) list += (list.empty() ? "" : ", ") + std::to_string(r);
+    return "; rank(s) " + list + " did not answer: died or stalled";
+  } catch (const std::exception&) {
+    return "; the rendezvous store is unreachable too (rank 0 or the launcher may have died)";
   }
 }
 

@@ -2,6 +2,7 @@
 #include "dptrain/train.h"
 
 #include <ATen/Parallel.h>
+#include <c10/core/DeviceGuard.h>
 #include <torch/nn/functional/loss.h>
 #include <torch/optim/sgd.h>
 #include <torch/serialize.h>
@@ -113,6 +114,8 @@ void save_model_atomically(ResNet& model, const std::string& path) {
 TrainResult run_rank(const FashionMnist& data, const TrainOptions& options, const RankPlan& plan,
                      const EpochCallback& on_epoch, const StepCallback& on_step) {
   at::set_num_threads(plan.threads);  // intra-op threads are per calling thread under OpenMP
+  // This thread's current device: new tensors, NCCL and cuDNN handles go where the replica is.
+  const c10::DeviceGuard device_guard(plan.device);
   const bool reporter = plan.rank == 0;
 
   // Rendezvous: every rank present, agreeing on the world, then the process group.

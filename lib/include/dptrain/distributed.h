@@ -78,7 +78,13 @@ class Communicator {
 
  private:
   struct ProcessGroup;  // hides the c10d class, whose base differs between 1.13 and 2.x
+  // After a failed collective: which ranks still answer through the store (Note [Naming the
+  // missing rank] in distributed.cpp).
+  std::string diagnose_peers();
+
   std::unique_ptr<ProcessGroup> group_;
+  c10::intrusive_ptr<c10d::Store> store_;
+  bool diagnosed_ = false;
   int rank_ = 0;
   int world_size_ = 1;
   std::chrono::milliseconds timeout_{0};
