@@ -1,10 +1,10 @@
 // dptrain's entry point: parse the command line, wire the library's pieces together, and turn
 // every failure into one "error:" line and an exit status (2 for usage, 1 for run time).
+#include <c10/util/Exception.h>
+
 #include <cstdio>
 #include <exception>
 #include <string>
-
-#include <c10/util/Exception.h>
 
 #include "cli.h"
 #include "dptrain/data.h"
@@ -70,11 +70,13 @@ int run_train(dptrain::TrainCommand command) {
   const auto world = plan_world(command);
   auto& options = command.options;
   if (command.backend) {
-    options.backend = *command.backend == "nccl" ? dptrain::Backend::kNccl : dptrain::Backend::kGloo;
+    options.backend =
+        *command.backend == "nccl" ? dptrain::Backend::kNccl : dptrain::Backend::kGloo;
     if (options.backend == dptrain::Backend::kNccl &&
         !dptrain::backend_available(dptrain::Backend::kNccl)) {
-      throw UsageError("--backend nccl: this build of dptrain has no NCCL (it needs a CUDA "
-                       "LibTorch with NCCL at build time); use --backend gloo");
+      throw UsageError(
+          "--backend nccl: this build of dptrain has no NCCL (it needs a CUDA "
+          "LibTorch with NCCL at build time); use --backend gloo");
     }
   } else {
     const bool all_cuda = world.local_devices.front().is_cuda();
@@ -84,30 +86,32 @@ int run_train(dptrain::TrainCommand command) {
   }
   dptrain::check_world(options, world);  // usage mistakes before the data is loaded
   const bool reporter = world.first_rank == 0 || command.verbose;
+  // With every rank of a launch printing, each line says whose it is.
+  const std::string prefix = world.multi_process && command.verbose
+                                 ? "[rank " + std::to_string(world.first_rank) + "] "
+                                 : "";
 
   const auto data_dir = dptrain::resolve_data_dir(command.data_dir);
   const auto data = dptrain::load_fashion_mnist(data_dir, command.train_limit, command.test_limit);
   if (reporter) {
-    std::printf("dptrain: %lld train / %lld test images from %s; width %lld; rank %d of %d\n",
-                static_cast<long long>(data.train.size()), static_cast<long long>(data.test.size()),
-                data_dir.c_str(), static_cast<long long>(options.width), world.first_rank,
-                world.world_size);
+    std::printf("%sdptrain: %lld train / %lld test images from %s; width %lld; rank %d of %d\n",
+                prefix.c_str(), static_cast<long long>(data.train.size()),
+                static_cast<long long>(data.test.size()), data_dir.c_str(),
+                static_cast<long long>(options.width), world.first_rank, world.world_size);
     std::fflush(stdout);
   }
 
   const auto result = dptrain::train(data, options, world, [&](const dptrain::EpochStats& stats) {
     if (!reporter) return;
-    std::printf("%s\n", dptrain::format_epoch_line(stats).c_str());
+    std::printf("%s%s\n", prefix.c_str(), dptrain::format_epoch_line(stats).c_str());
     std::fflush(stdout);
   });
-  if (reporter) std::printf("%s\n", dptrain::format_final_line(result).c_str());
+  if (reporter) std::printf("%s%s\n", prefix.c_str(), dptrain::format_final_line(result).c_str());
   return 0;
 }
 
 // One line: c10 errors carry a C++ backtrace after the first line, which is not for users.
-std::string first_line(const std::string& text) {
-  return text.substr(0, text.find('\n'));
-}
+std::string first_line(const std::string& text) { return text.substr(0, text.find('\n')); }
 
 }  // namespace
 

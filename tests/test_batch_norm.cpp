@@ -1,7 +1,6 @@
 // Tests of our BatchNorm (batch_norm.h): identical to torch::nn::BatchNorm2d per replica, and in
 // synchronised mode N thread ranks on shards compute what one replica computes on the batch.
 #include <gtest/gtest.h>
-
 #include <torch/nn/modules/batchnorm.h>
 
 #include <mutex>

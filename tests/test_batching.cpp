@@ -119,10 +119,8 @@ TEST_P(BatchingCount, CountsBatchesAndKeepsThePartialLastOne) {
 }
 
 INSTANTIATE_TEST_SUITE_P(BatchingCounts, BatchingCount,
-                         ::testing::Values(BatchCountCase{10, 4, 3, 2},
-                                           BatchCountCase{8, 4, 2, 4},
-                                           BatchCountCase{0, 4, 0, 0},
-                                           BatchCountCase{1, 100, 1, 1},
+                         ::testing::Values(BatchCountCase{10, 4, 3, 2}, BatchCountCase{8, 4, 2, 4},
+                                           BatchCountCase{0, 4, 0, 0}, BatchCountCase{1, 100, 1, 1},
                                            BatchCountCase{7, 1, 7, 1},
                                            BatchCountCase{60000, 256, 235, 96},
                                            BatchCountCase{10000, 256, 40, 16}));
@@ -229,7 +227,6 @@ TEST_P(BatchingShardWorld, ConcatenatedShardsAreTheGlobalBatch) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(BatchingWorlds, BatchingShardWorld,
-                         ::testing::Values(1, 2, 3, 4, 8));
+INSTANTIATE_TEST_SUITE_P(BatchingWorlds, BatchingShardWorld, ::testing::Values(1, 2, 3, 4, 8));
 
 }  // namespace

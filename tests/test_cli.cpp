@@ -106,7 +106,8 @@ void expect_one_error_line(const CommandResult& result, int exit_code,
   ASSERT_EQ(lines.size(), 1u) << "stderr is not one line\n" << describe(result);
   EXPECT_EQ(lines[0].rfind("error: ", 0), 0u) << describe(result);
   EXPECT_TRUE(contains(lines[0], substring))
-      << "expected the error to mention '" << substring << "'\n" << describe(result);
+      << "expected the error to mention '" << substring << "'\n"
+      << describe(result);
   EXPECT_FALSE(contains(result.out, "epoch ")) << describe(result);
 }
 
@@ -151,8 +152,7 @@ const std::regex kFinalLineTwoCpus(
 // ---- parse_command_line --------------------------------------------------------------------
 
 TEST(CliParse, NoArgumentsAndHelpGiveTheProgramHelp) {
-  for (const auto& args : std::vector<std::vector<std::string>>{
-           {}, {"--help"}, {"-h"}, {"help"}}) {
+  for (const auto& args : std::vector<std::vector<std::string>>{{}, {"--help"}, {"-h"}, {"help"}}) {
     const auto parsed = parse(args);
     EXPECT_EQ(parsed.action, ParsedCommandLine::Action::kHelp);
     EXPECT_TRUE(contains(parsed.help, "train")) << parsed.help;
@@ -194,10 +194,9 @@ TEST(CliParse, DefaultsAreTheBooks) {
 }
 
 TEST(CliParse, GivenValuesAreExact) {
-  const auto parsed =
-      parse({"train", "--epochs", "3", "--batch-size", "512", "--lr", "0.2", "--seed", "7",
-             "--width", "8", "--devices", "cpu,cpu", "--train-limit", "100", "--sync-bn",
-             "--bucket-mb", "2"});
+  const auto parsed = parse({"train", "--epochs", "3", "--batch-size", "512", "--lr", "0.2",
+                             "--seed", "7", "--width", "8", "--devices", "cpu,cpu", "--train-limit",
+                             "100", "--sync-bn", "--bucket-mb", "2"});
   ASSERT_EQ(parsed.action, ParsedCommandLine::Action::kTrain);
   const TrainCommand& train = parsed.train;
   const TrainOptions& o = train.options;
@@ -221,9 +220,10 @@ TEST(CliParse, GivenValuesAreExact) {
 TEST(CliParse, EveryOtherFlag) {
   // Devices are only named here, not checked against the machine.
   const auto parsed =
-      parse({"train", "--data-dir", "/some/dir", "--devices", "cuda:1", "--test-limit", "50",
-             "--threads", "3", "--save-model", "model.pt", "--backend", "gloo",
-             "--check-replicas", "5", "--timeout", "60", "--max-steps", "7", "--verbose"});
+      parse({"train", "--data-dir",       "/some/dir", "--devices",    "cuda:1",   "--test-limit",
+             "50",    "--threads",        "3",         "--save-model", "model.pt", "--backend",
+             "gloo",  "--check-replicas", "5",         "--timeout",    "60",       "--max-steps",
+             "7",     "--verbose"});
   ASSERT_EQ(parsed.action, ParsedCommandLine::Action::kTrain);
   const TrainCommand& train = parsed.train;
   const TrainOptions& o = train.options;
@@ -369,10 +369,10 @@ TEST(CliHelp, TrainHelpDescribesEveryFlag) {
   ASSERT_EQ(result.exit_code, 0) << describe(result);
   EXPECT_EQ(result.err, "") << describe(result);
   for (const char* flag :
-       {"--data-dir", "--epochs", "--batch-size", "--lr", "--seed", "--width", "--devices",
-        "--gpus", "--train-limit", "--test-limit", "--threads", "--save-model", "--backend",
-        "--sync-bn", "--bucket-mb", "--check-replicas", "--timeout", "--max-steps", "--verbose",
-        "--help"}) {
+       {"--data-dir",       "--epochs",     "--batch-size", "--lr",          "--seed",
+        "--width",          "--devices",    "--gpus",       "--train-limit", "--test-limit",
+        "--threads",        "--save-model", "--backend",    "--sync-bn",     "--bucket-mb",
+        "--check-replicas", "--timeout",    "--max-steps",  "--verbose",     "--help"}) {
     EXPECT_TRUE(contains(result.out, std::string(flag) + " ")) << flag << "\n" << result.out;
   }
 }
@@ -381,8 +381,7 @@ TEST(CliHelp, TrainHelpShowsTheDefaults) {
   const auto result = run_dptrain({"train", "--help"});
   ASSERT_EQ(result.exit_code, 0) << describe(result);
   // The help wraps its lines: join them, then look at one flag's text up to the next flag.
-  const std::string help =
-      std::regex_replace(result.out, std::regex("[ \\n]+"), " ");
+  const std::string help = std::regex_replace(result.out, std::regex("[ \\n]+"), " ");
   const auto text_of = [&](const std::string& flag) {
     const size_t begin = help.find(" " + flag + " ");
     if (begin == std::string::npos) return std::string();
@@ -404,7 +403,7 @@ struct ErrorCase {
   std::string name;
   std::vector<std::string> args;
   int exit_code;
-  std::string message;       // a part of the error line
+  std::string message;         // a part of the error line
   bool needs_no_cuda = false;  // the mistake is only one on a machine without a GPU
 };
 
@@ -427,9 +426,11 @@ TEST_P(CliErrors, OneErrorLineAndExitStatus) {
     // Flags the case does not name are set to keep a wrongly accepted run short; given first,
     // so that a flag missing its value at the end stays at the end.
     std::vector<std::string> extra;
-    const std::vector<std::pair<std::string, std::string>> quick = {
-        {"--data-dir", tiny_data_dir()}, {"--epochs", "1"}, {"--width", "1"},
-        {"--threads", "1"}, {"--max-steps", "1"}};
+    const std::vector<std::pair<std::string, std::string>> quick = {{"--data-dir", tiny_data_dir()},
+                                                                    {"--epochs", "1"},
+                                                                    {"--width", "1"},
+                                                                    {"--threads", "1"},
+                                                                    {"--max-steps", "1"}};
     for (const auto& [flag, value] : quick) {
       const bool named = std::any_of(args.begin(), args.end(), [&](const std::string& arg) {
         return arg.rfind(flag, 0) == 0;
@@ -454,8 +455,7 @@ const std::vector<ErrorCase> kErrorCases = {
     {"lr_missing_value", {"train", "--lr"}, kUsage, "lr"},
     {"devices_missing_value", {"train", "--devices"}, kUsage, "devices"},
     {"save_model_missing_value", {"train", "--save-model"}, kUsage, "save-model"},
-    {"save_model_followed_by_flag", {"train", "--save-model", "--verbose"}, kUsage,
-     "--save-model"},
+    {"save_model_followed_by_flag", {"train", "--save-model", "--verbose"}, kUsage, "--save-model"},
     {"epochs_empty", {"train", "--epochs="}, kUsage, "--epochs"},
     // Not a number.
     {"epochs_abc", {"train", "--epochs", "abc"}, kUsage, "--epochs: 'abc'"},
@@ -503,14 +503,19 @@ const std::vector<ErrorCase> kErrorCases = {
     {"backend_mpi", {"train", "--backend", "mpi"}, kUsage, "mpi"},
     {"backend_nccl_on_cpu", {"train", "--devices", "cpu", "--backend", "nccl"}, kUsage, "nccl"},
     {"batch_smaller_than_replicas",
-     {"train", "--devices", "cpu,cpu", "--batch-size", "1", "--width", "1"}, kUsage,
+     {"train", "--devices", "cpu,cpu", "--batch-size", "1", "--width", "1"},
+     kUsage,
      "--batch-size 1"},
     // A usage mistake is reported before the data are looked at.
-    {"usage_before_missing_data", {"train", "--data-dir", "/nonexistent", "--epochs", "0"},
-     kUsage, "--epochs"},
+    {"usage_before_missing_data",
+     {"train", "--data-dir", "/nonexistent", "--epochs", "0"},
+     kUsage,
+     "--epochs"},
     // Missing data: a run-time failure.
-    {"data_dir_nonexistent", {"train", "--data-dir", "/nonexistent", "--devices", "cpu"},
-     kRunTime, "/nonexistent"},
+    {"data_dir_nonexistent",
+     {"train", "--data-dir", "/nonexistent", "--devices", "cpu"},
+     kRunTime,
+     "/nonexistent"},
 };
 
 INSTANTIATE_TEST_SUITE_P(, CliErrors, ::testing::ValuesIn(kErrorCases),
@@ -519,8 +524,8 @@ INSTANTIATE_TEST_SUITE_P(, CliErrors, ::testing::ValuesIn(kErrorCases),
                          });
 
 TEST(CliErrorsEnvironment, DptrainDataNonexistentIsARunTimeError) {
-  const auto result = run_dptrain({"train", "--devices", "cpu"},
-                                  {{"DPTRAIN_DATA", "/nonexistent-dptrain-data"}});
+  const auto result =
+      run_dptrain({"train", "--devices", "cpu"}, {{"DPTRAIN_DATA", "/nonexistent-dptrain-data"}});
   expect_one_error_line(result, kRunTime, "/nonexistent-dptrain-data");
 }
 
@@ -528,10 +533,10 @@ TEST(CliErrorsEnvironment, DptrainDataNonexistentIsARunTimeError) {
 
 struct DataCase {
   std::string name;
-  std::string file;                              // which of the four files to replace
-  std::function<std::vector<uint8_t>()> bytes;   // its new contents; empty function: remove it
-  std::string message;                           // a part of the error line
-  bool gzip = false;                             // write it as FILE.gz
+  std::string file;                             // which of the four files to replace
+  std::function<std::vector<uint8_t>()> bytes;  // its new contents; empty function: remove it
+  std::string message;                          // a part of the error line
+  bool gzip = false;                            // write it as FILE.gz
 };
 
 void PrintTo(const DataCase& c, std::ostream* out) { *out << c.name; }
@@ -548,8 +553,8 @@ TEST_P(CliDataErrors, OneErrorLineNamingTheFile) {
     named = dir.file(c.file + (c.gzip ? ".gz" : ""));
     testing::write_bytes(named, c.bytes());
   }
-  const auto result = run_dptrain({"train", "--data-dir", dir.path(), "--devices", "cpu",
-                                   "--width", "1", "--epochs", "1", "--threads", "1"});
+  const auto result = run_dptrain({"train", "--data-dir", dir.path(), "--devices", "cpu", "--width",
+                                   "1", "--epochs", "1", "--threads", "1"});
   expect_one_error_line(result, kRunTime, named);
   if (!c.message.empty()) {
     EXPECT_TRUE(contains(result.err, c.message)) << describe(result);
@@ -563,17 +568,24 @@ const std::vector<DataCase> kDataCases = {
      "bad magic"},
     {"wrong_element_type", kTrainLabels,
      [] { return testing::make_idx(0x0D, {16}, std::vector<uint8_t>(64)); }, "element type"},
-    {"truncated_header", kTestImages,
-     [] { return std::vector<uint8_t>{0, 0, 0x08, 3, 0, 0, 0}; }, "truncated header"},
+    {"truncated_header", kTestImages, [] { return std::vector<uint8_t>{0, 0, 0x08, 3, 0, 0, 0}; },
+     "truncated header"},
     {"truncated_data", kTrainImages,
-     [] { return testing::make_idx(0x08, {16, 28, 28}, std::vector<uint8_t>(100)); },
+     [] {
+       return testing::make_idx(0x08, {16, 28, 28}, std::vector<uint8_t>(100));
+     },
      "truncated"},
     {"trailing_bytes", kTestLabels,
      [] { return testing::make_idx(0x08, {8}, std::vector<uint8_t>(9)); }, "trailing"},
     {"absurd_sizes", kTrainImages,
-     [] { return testing::make_idx(0x08, {0xFFFFFFFFu, 0xFFFFFFFFu, 28}, {}); }, "absurd"},
+     [] {
+       return testing::make_idx(0x08, {0xFFFFFFFFu, 0xFFFFFFFFu, 28}, {});
+     },
+     "absurd"},
     {"wrong_image_shape", kTrainImages,
-     [] { return testing::make_idx(0x08, {16, 27, 29}, std::vector<uint8_t>(16 * 27 * 29)); },
+     [] {
+       return testing::make_idx(0x08, {16, 27, 29}, std::vector<uint8_t>(16 * 27 * 29));
+     },
      "(N, 28, 28)"},
     {"label_out_of_range", kTrainLabels,
      [] {
@@ -623,17 +635,17 @@ void expect_successful_run(const CommandResult& result, int epochs, const std::r
         "epoch " + std::to_string(i + 1) + "/" + std::to_string(epochs) + ": ";
     EXPECT_EQ(epoch_lines[static_cast<size_t>(i)].rfind(prefix, 0), 0u) << describe(result);
   }
-  EXPECT_TRUE(std::regex_match(lines.back(), final_line))
-      << "last line: '" << lines.back() << "'\n" << describe(result);
+  EXPECT_TRUE(std::regex_match(lines.back(), final_line)) << "last line: '" << lines.back() << "'\n"
+                                                          << describe(result);
 }
 
 TEST(CliRun, RealDataOneCpu) {
   const auto data = testing::real_data_dir();
   if (!data) GTEST_SKIP() << "no Fashion-MNIST found (set DPTRAIN_DATA or install it)";
-  const auto result = run_dptrain({"train", "--devices", "cpu", "--width", "4", "--epochs", "1",
-                                   "--train-limit", "256", "--test-limit", "128", "--batch-size",
-                                   "64", "--threads", "1"},
-                                  {}, 300);
+  const auto result =
+      run_dptrain({"train", "--devices", "cpu", "--width", "4", "--epochs", "1", "--train-limit",
+                   "256", "--test-limit", "128", "--batch-size", "64", "--threads", "1"},
+                  {}, 300);
   expect_successful_run(result, 1, kFinalLineOneCpu);
   EXPECT_TRUE(contains(result.out, "256 train / 128 test images")) << describe(result);
 }
@@ -641,19 +653,19 @@ TEST(CliRun, RealDataOneCpu) {
 TEST(CliRun, RealDataTwoCpuReplicas) {
   const auto data = testing::real_data_dir();
   if (!data) GTEST_SKIP() << "no Fashion-MNIST found (set DPTRAIN_DATA or install it)";
-  const auto result = run_dptrain({"train", "--devices", "cpu,cpu", "--width", "4", "--epochs",
-                                   "1", "--train-limit", "256", "--test-limit", "128",
-                                   "--batch-size", "64", "--threads", "1"},
-                                  {}, 300);
+  const auto result = run_dptrain(
+      {"train", "--devices", "cpu,cpu", "--width", "4", "--epochs", "1", "--train-limit", "256",
+       "--test-limit", "128", "--batch-size", "64", "--threads", "1"},
+      {}, 300);
   expect_successful_run(result, 1, kFinalLineTwoCpus);
 }
 
 TEST(CliRun, TinyDataTwoEpochsSavesTheModel) {
   TempDir out;
   const std::string model = out.file("model.pt");
-  const auto result = run_dptrain({"train", "--data-dir", tiny_data_dir(), "--devices", "cpu",
-                                   "--width", "1", "--epochs", "2", "--batch-size", "4",
-                                   "--threads", "1", "--save-model", model});
+  const auto result =
+      run_dptrain({"train", "--data-dir", tiny_data_dir(), "--devices", "cpu", "--width", "1",
+                   "--epochs", "2", "--batch-size", "4", "--threads", "1", "--save-model", model});
   expect_successful_run(result, 2, kFinalLineOneCpu);
   EXPECT_TRUE(dptrain::testing::is_regular_file(model)) << describe(result);
   EXPECT_GT(dptrain::testing::file_size(model), 0);
@@ -661,9 +673,9 @@ TEST(CliRun, TinyDataTwoEpochsSavesTheModel) {
 }
 
 TEST(CliRun, MaxStepsStopsEarly) {
-  const auto result = run_dptrain({"train", "--data-dir", tiny_data_dir(), "--devices", "cpu",
-                                   "--width", "1", "--epochs", "5", "--batch-size", "4",
-                                   "--threads", "1", "--max-steps", "1"});
+  const auto result =
+      run_dptrain({"train", "--data-dir", tiny_data_dir(), "--devices", "cpu", "--width", "1",
+                   "--epochs", "5", "--batch-size", "4", "--threads", "1", "--max-steps", "1"});
   expect_no_crash(result);
   ASSERT_EQ(result.exit_code, 0) << describe(result);
   EXPECT_TRUE(contains(result.out, "epoch 1/5: ")) << describe(result);
@@ -672,9 +684,9 @@ TEST(CliRun, MaxStepsStopsEarly) {
 
 TEST(CliRun, UnwritableSaveModelIsARunTimeError) {
   const std::string model = "/nonexistent-dptrain-dir/model.pt";
-  const auto result = run_dptrain({"train", "--data-dir", tiny_data_dir(), "--devices", "cpu",
-                                   "--width", "1", "--epochs", "1", "--batch-size", "4",
-                                   "--threads", "1", "--save-model", model});
+  const auto result =
+      run_dptrain({"train", "--data-dir", tiny_data_dir(), "--devices", "cpu", "--width", "1",
+                   "--epochs", "1", "--batch-size", "4", "--threads", "1", "--save-model", model});
   expect_no_crash(result);
   EXPECT_EQ(result.exit_code, kRunTime) << describe(result);
   const auto lines = split_lines(result.err);
@@ -687,10 +699,10 @@ TEST(CliRun, UnwritableSaveModelIsARunTimeError) {
 TEST(CliRun, UnwritableSaveModelWithTwoReplicasFailsPromptly) {
   const std::string model = "/nonexistent-dptrain-dir/model.pt";
   const auto start = std::chrono::steady_clock::now();
-  const auto result = run_dptrain({"train", "--data-dir", tiny_data_dir(), "--devices", "cpu,cpu",
-                                   "--width", "1", "--epochs", "1", "--batch-size", "4",
-                                   "--threads", "1", "--save-model", model},
-                                  {}, 120);
+  const auto result =
+      run_dptrain({"train", "--data-dir", tiny_data_dir(), "--devices", "cpu,cpu", "--width", "1",
+                   "--epochs", "1", "--batch-size", "4", "--threads", "1", "--save-model", model},
+                  {}, 120);
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   expect_no_crash(result);
@@ -702,9 +714,9 @@ TEST(CliRun, UnwritableSaveModelWithTwoReplicasFailsPromptly) {
 }
 
 TEST(CliRun, DivergingTrainingIsARunTimeError) {
-  const auto result = run_dptrain({"train", "--data-dir", tiny_data_dir(), "--devices", "cpu",
-                                   "--width", "1", "--epochs", "1", "--batch-size", "2",
-                                   "--threads", "1", "--lr", "1e30"});
+  const auto result =
+      run_dptrain({"train", "--data-dir", tiny_data_dir(), "--devices", "cpu", "--width", "1",
+                   "--epochs", "1", "--batch-size", "2", "--threads", "1", "--lr", "1e30"});
   expect_no_crash(result);
   EXPECT_EQ(result.exit_code, kRunTime) << describe(result);
   const auto lines = split_lines(result.err);

@@ -22,6 +22,7 @@
 namespace {
 
 using namespace dptrain;
+using dptrain::testing::expect_data_error;
 using dptrain::testing::gzip_bytes;
 using dptrain::testing::make_idx;
 using dptrain::testing::real_data_dir;
@@ -30,23 +31,6 @@ using dptrain::testing::write_bytes;
 
 constexpr uint8_t kUByte = 0x08;
 constexpr int64_t kPixels = kImageSide * kImageSide;
-
-// Runs `action`, which must throw DataError whose message contains every one of `phrases`.
-void expect_data_error(const std::function<void()>& action,
-                       const std::vector<std::string>& phrases) {
-  try {
-    action();
-    ADD_FAILURE() << "expected a DataError, nothing was thrown";
-  } catch (const DataError& error) {
-    const std::string message = error.what();
-    for (const auto& phrase : phrases) {
-      EXPECT_NE(message.find(phrase), std::string::npos)
-          << "the message lacks \"" << phrase << "\"; the message is: " << message;
-    }
-  } catch (const std::exception& error) {
-    ADD_FAILURE() << "expected a DataError, got another exception: " << error.what();
-  }
-}
 
 // Sets (or, with nullopt, unsets) an environment variable for the life of the guard.
 class EnvGuard {
@@ -219,9 +203,9 @@ TEST(DataLoadSplit, CountMismatchNamesBothFiles) {
   TempDir dir;
   write_images(dir.file("images.gz"), image_bytes(3));
   write_labels(dir.file("labels.gz"), {1, 2});
-  expect_data_error([&] { load_split(dir.file("images.gz"), dir.file("labels.gz")); },
-                    {dir.file("images.gz") + " holds 3 images",
-                     dir.file("labels.gz") + " holds 2 labels"});
+  expect_data_error(
+      [&] { load_split(dir.file("images.gz"), dir.file("labels.gz")); },
+      {dir.file("images.gz") + " holds 3 images", dir.file("labels.gz") + " holds 2 labels"});
 }
 
 TEST(DataLoadSplit, LabelsThatAreNotOneDimensionalAreRejected) {
@@ -276,9 +260,9 @@ TEST_P(DataBadImageShape, IsRejectedNamingTheFileAndShape) {
   for (uint32_t d : dims) elements *= d;
   write_idx(dir.file("images.gz"), dims, std::vector<uint8_t>(elements, 1), true);
   write_labels(dir.file("labels.gz"), {1, 2});
-  expect_data_error([&] { load_split(dir.file("images.gz"), dir.file("labels.gz")); },
-                    {dir.file("images.gz"), "images have shape " + GetParam().shown,
-                     "expected (N, 28, 28)"});
+  expect_data_error(
+      [&] { load_split(dir.file("images.gz"), dir.file("labels.gz")); },
+      {dir.file("images.gz"), "images have shape " + GetParam().shown, "expected (N, 28, 28)"});
 }
 
 INSTANTIATE_TEST_SUITE_P(
@@ -537,10 +521,10 @@ TEST(DataRealFashionMnist, SizesLabelsAndFirstExamples) {
   EXPECT_EQ(as_vector(data.test.labels.narrow(0, 0, 10)),
             (std::vector<int64_t>{9, 2, 1, 1, 6, 1, 4, 6, 5, 7}));
   // Balanced classes: 6,000 per class in training, 1,000 in test.
-  EXPECT_TRUE(torch::equal(torch::bincount(data.train.labels),
-                           torch::full({10}, 6000, torch::kInt64)));
-  EXPECT_TRUE(torch::equal(torch::bincount(data.test.labels),
-                           torch::full({10}, 1000, torch::kInt64)));
+  EXPECT_TRUE(
+      torch::equal(torch::bincount(data.train.labels), torch::full({10}, 6000, torch::kInt64)));
+  EXPECT_TRUE(
+      torch::equal(torch::bincount(data.test.labels), torch::full({10}, 1000, torch::kInt64)));
   // The first training image (an ankle boot): pixel sum and one row, also read with Python.
   EXPECT_EQ(data.train.images[0].to(torch::kInt64).sum().item<int64_t>(), 76247);
   const std::vector<uint8_t> row10{0,    0,    0,    0,    0,    0,    0,    0,    0,    0,

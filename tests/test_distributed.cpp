@@ -77,7 +77,7 @@ TEST(Rendezvous, BarrierNamesTheRanksThatNeverArrived) {
 
 TEST(Rendezvous, BarrierRejectsDisagreeingWorldSizes) {
   auto store = make_in_process_store(2s);
-  store_barrier(*store, "warm", 0, 1, 1s);  // a world of one passes alone
+  store_barrier(*store, "warm", 0, 1, 1s);                            // a world of one passes alone
   store->set("dptrain/barrier/b/rank/1", std::vector<uint8_t>{'3'});  // rank 1: a world of 3
   EXPECT_THROW(store_barrier(*store, "b", 0, 2, 1s), CollectiveError);
 }
@@ -105,8 +105,10 @@ TEST(LaunchEnvironment, NoneWithoutLauncherVariables) {
 }
 
 TEST(LaunchEnvironment, Torchrun) {
-  const auto launch = read_launch_environment({{"RANK", "3"}, {"WORLD_SIZE", "4"},
-                                               {"LOCAL_RANK", "1"}, {"MASTER_ADDR", "10.1.2.3"},
+  const auto launch = read_launch_environment({{"RANK", "3"},
+                                               {"WORLD_SIZE", "4"},
+                                               {"LOCAL_RANK", "1"},
+                                               {"MASTER_ADDR", "10.1.2.3"},
                                                {"MASTER_PORT", "29501"}});
   ASSERT_TRUE(launch.has_value());
   EXPECT_EQ(launch->launcher, "torchrun");
@@ -118,8 +120,10 @@ TEST(LaunchEnvironment, Torchrun) {
 }
 
 TEST(LaunchEnvironment, Slurm) {
-  const auto launch = read_launch_environment({{"SLURM_PROCID", "5"}, {"SLURM_NTASKS", "8"},
-                                               {"SLURM_LOCALID", "1"}, {"MASTER_ADDR", "node1"},
+  const auto launch = read_launch_environment({{"SLURM_PROCID", "5"},
+                                               {"SLURM_NTASKS", "8"},
+                                               {"SLURM_LOCALID", "1"},
+                                               {"MASTER_ADDR", "node1"},
                                                {"MASTER_PORT", "1234"}});
   ASSERT_TRUE(launch.has_value());
   EXPECT_EQ(launch->launcher, "slurm");
@@ -145,9 +149,8 @@ TEST_P(LaunchEnvironmentErrors, NamesTheVariable) {
   }
 }
 
-const std::map<std::string, std::string> kGood{{"RANK", "0"}, {"WORLD_SIZE", "2"},
-                                               {"MASTER_ADDR", "127.0.0.1"},
-                                               {"MASTER_PORT", "29500"}};
+const std::map<std::string, std::string> kGood{
+    {"RANK", "0"}, {"WORLD_SIZE", "2"}, {"MASTER_ADDR", "127.0.0.1"}, {"MASTER_PORT", "29500"}};
 std::map<std::string, std::string> with(std::map<std::string, std::string> env,
                                         const std::string& name, const std::string& value) {
   if (value.empty()) {

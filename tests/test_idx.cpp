@@ -16,29 +16,13 @@
 namespace {
 
 using namespace dptrain;
+using dptrain::testing::expect_data_error;
 using dptrain::testing::gzip_bytes;
 using dptrain::testing::make_idx;
 using dptrain::testing::TempDir;
 using dptrain::testing::write_bytes;
 
 constexpr uint8_t kUByte = 0x08;
-
-// Runs `action`, which must throw DataError whose message contains every one of `phrases`.
-void expect_data_error(const std::function<void()>& action,
-                       const std::vector<std::string>& phrases) {
-  try {
-    action();
-    ADD_FAILURE() << "expected a DataError, nothing was thrown";
-  } catch (const DataError& error) {
-    const std::string message = error.what();
-    for (const auto& phrase : phrases) {
-      EXPECT_NE(message.find(phrase), std::string::npos)
-          << "the message lacks \"" << phrase << "\"; the message is: " << message;
-    }
-  } catch (const std::exception& error) {
-    ADD_FAILURE() << "expected a DataError, got another exception: " << error.what();
-  }
-}
 
 std::vector<uint8_t> iota_bytes(size_t count, uint8_t step = 1) {
   std::vector<uint8_t> bytes(count);
@@ -74,7 +58,7 @@ TEST(IdxReader, GzipIsRecognisedByContentNotByName) {
   const std::vector<uint8_t> labels{9, 0, 0, 3, 0};
   const auto file = make_idx(kUByte, {5}, labels);
   write_bytes(dir.file("looks-plain"), gzip_bytes(file));  // gzip without ".gz"
-  write_bytes(dir.file("looks-packed.gz"), file);           // plain with ".gz"
+  write_bytes(dir.file("looks-packed.gz"), file);          // plain with ".gz"
   EXPECT_EQ(read_idx_file(dir.file("looks-plain")).data, labels);
   EXPECT_EQ(read_idx_file(dir.file("looks-packed.gz")).data, labels);
   EXPECT_EQ(read_idx_file(dir.file("looks-plain")).dims, (std::vector<int64_t>{5}));
@@ -152,8 +136,11 @@ TEST(IdxReader, ParseIdxEqualsReadingTheFile) {
 }
 
 TEST(IdxReader, ParseIdxErrorsUseTheGivenName) {
-  expect_data_error([] { parse_idx({0x12, 0x34, 0x08, 0x01, 0, 0, 0, 0}, "my-buffer"); },
-                    {"my-buffer", "bad magic number"});
+  expect_data_error(
+      [] {
+        parse_idx({0x12, 0x34, 0x08, 0x01, 0, 0, 0, 0}, "my-buffer");
+      },
+      {"my-buffer", "bad magic number"});
   expect_data_error([] { parse_idx({}, "empty-buffer"); },
                     {"empty-buffer", "too short for an IDX header (0 bytes)"});
 }
@@ -247,9 +234,8 @@ INSTANTIATE_TEST_SUITE_P(
         CorruptionCase{"unknown_element_type",
                        make_idx(0x42, {6}, kSixBytes),
                        {"element type 0x42 (unknown) is not supported"}},
-        CorruptionCase{"zero_dimensions",
-                       make_idx(kUByte, {}, {}),
-                       {"0 dimensions, expected 1 to 8"}},
+        CorruptionCase{
+            "zero_dimensions", make_idx(kUByte, {}, {}), {"0 dimensions, expected 1 to 8"}},
         CorruptionCase{"nine_dimensions",
                        make_idx(kUByte, {1, 1, 1, 1, 1, 1, 1, 1, 1}, {5}),
                        {"9 dimensions, expected 1 to 8"}},
@@ -265,9 +251,8 @@ INSTANTIATE_TEST_SUITE_P(
         CorruptionCase{"trailing_bytes",
                        with_trailing(make_idx(kUByte, {2, 3}, kSixBytes), {9, 9}),
                        {"need 6 bytes of data, the file has 8 (trailing bytes)"}},
-        CorruptionCase{"absurd_sizes",
-                       make_idx(kUByte, {65536, 65536, 65536}, {}),
-                       {"absurdly large"}},
+        CorruptionCase{
+            "absurd_sizes", make_idx(kUByte, {65536, 65536, 65536}, {}), {"absurdly large"}},
         CorruptionCase{"gzip_bad_block_type", gzip_with_bad_block_type(), {"corrupt gzip data"}},
         CorruptionCase{"gzip_bad_crc", gzip_with_bad_crc(), {"corrupt gzip data"}},
         CorruptionCase{"gzip_bad_length", gzip_with_bad_length(), {"corrupt gzip data"}},

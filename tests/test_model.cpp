@@ -15,12 +15,12 @@ int64_t expected_parameters(int64_t width, int64_t in_channels, int64_t classes)
   const auto conv = [](int64_t in, int64_t out, int64_t k) { return in * out * k * k + out; };
   const auto bn = [](int64_t c) { return 2 * c; };
   const auto block = [&](int64_t in, int64_t out, bool projection) {
-    return conv(in, out, 3) + conv(out, out, 3) + (projection ? conv(in, out, 1) : 0) +
-           2 * bn(out);
+    return conv(in, out, 3) + conv(out, out, 3) + (projection ? conv(in, out, 1) : 0) + 2 * bn(out);
   };
   int64_t total = conv(in_channels, width, 3) + bn(width);
   total += 2 * block(width, width, false);
-  for (int64_t c = width; c < 8 * width; c *= 2) total += block(c, 2 * c, true) + block(2 * c, 2 * c, false);
+  for (int64_t c = width; c < 8 * width; c *= 2)
+    total += block(c, 2 * c, true) + block(2 * c, 2 * c, false);
   return total + 8 * width * classes + classes;
 }
 
@@ -57,10 +57,10 @@ TEST(ResNet, NamesFollowTheBook) {
   std::set<std::string> names;
   for (const auto& item : model->named_parameters()) names.insert(item.key());
   for (const auto& item : model->named_buffers()) names.insert(item.key());
-  for (const char* name : {"0.weight", "0.bias", "1.weight", "1.running_mean", "1.running_var",
-                           "resnet_block1.0.conv1.weight", "resnet_block1.1.bn2.bias",
-                           "resnet_block2.0.conv3.weight", "resnet_block4.1.conv2.bias",
-                           "fc.1.weight", "fc.1.bias"}) {
+  for (const char* name :
+       {"0.weight", "0.bias", "1.weight", "1.running_mean", "1.running_var",
+        "resnet_block1.0.conv1.weight", "resnet_block1.1.bn2.bias", "resnet_block2.0.conv3.weight",
+        "resnet_block4.1.conv2.bias", "fc.1.weight", "fc.1.bias"}) {
     EXPECT_EQ(names.count(name), 1u) << name;
   }
   // Only the first block of stages 2-4 projects its shortcut.

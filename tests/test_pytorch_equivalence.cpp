@@ -2,6 +2,7 @@
 // with the same weights and batch, one training step must give PyTorch's logits, loss, gradients
 // and BatchNorm running statistics, and eval mode PyTorch's logits. Names must match one to one.
 #include <gtest/gtest.h>
+#include <torch/torch.h>
 
 #include <algorithm>
 #include <cstdint>
@@ -15,8 +16,6 @@
 #include <stdexcept>
 #include <string>
 #include <vector>
-
-#include <torch/torch.h>
 
 #include "dptrain/batch_norm.h"
 #include "dptrain/model.h"
@@ -71,7 +70,8 @@ using Fixture = std::map<std::string, torch::Tensor>;
 Fixture load_fixture(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   if (!in) {
-    throw std::runtime_error(path + ": cannot open (regenerate with "
+    throw std::runtime_error(path +
+                             ": cannot open (regenerate with "
                              "/usr/bin/python3 tests/make_pytorch_fixture.py)");
   }
   ByteReader reader(std::vector<unsigned char>(std::istreambuf_iterator<char>(in), {}), path);
@@ -182,8 +182,8 @@ double expect_close(const std::string& name, const torch::Tensor& actual,
   }
   const double max_abs = a.numel() == 0 ? 0.0 : (a - e).abs().max().item<double>();
   EXPECT_TRUE(torch::allclose(a, e, kRtol, kAtol))
-      << name << ": max |C++ - PyTorch| = " << max_abs
-      << " (largest |PyTorch| value " << e.abs().max().item<double>() << ")";
+      << name << ": max |C++ - PyTorch| = " << max_abs << " (largest |PyTorch| value "
+      << e.abs().max().item<double>() << ")";
   return max_abs;
 }
 
@@ -202,8 +202,8 @@ struct MaxDiff {
 // A width-8 model carrying the fixture's initial parameters and running statistics. Fails the
 // test (and returns false) when a name exists on only one side or a shape differs.
 bool load_model(dptrain::ResNet& model) {
-  model = dptrain::ResNet(dptrain::ResNetOptions{/*num_classes=*/10, /*in_channels=*/1,
-                                                 kFixtureWidth});
+  model =
+      dptrain::ResNet(dptrain::ResNetOptions{/*num_classes=*/10, /*in_channels=*/1, kFixtureWidth});
   bool ok = true;
   const auto cpp_params = parameter_names(model);
   const auto py_params = fixture_names("param/");

@@ -4,6 +4,7 @@
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <ftw.h>
+#include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
@@ -16,14 +17,14 @@
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
-#include <fstream>
-#include <stdexcept>
-
 #include <exception>
+#include <fstream>
 #include <sstream>
+#include <stdexcept>
 #include <thread>
 
 #include "dptrain/data.h"
+#include "dptrain/errors.h"
 #include "dptrain/rendezvous.h"
 
 namespace dptrain::testing {
@@ -87,7 +88,8 @@ void change_directory(const std::string& path) {
 
 void write_bytes(const std::string& path, const std::vector<uint8_t>& bytes) {
   std::ofstream out(path, std::ios::binary);
-  out.write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
+  out.write(reinterpret_cast<const char*>(bytes.data()),
+            static_cast<std::streamsize>(bytes.size()));
   if (!out) throw std::runtime_error("cannot write " + path);
 }
 
@@ -117,6 +119,22 @@ std::vector<uint8_t> make_idx(uint8_t type, const std::vector<uint32_t>& dims,
   }
   bytes.insert(bytes.end(), data.begin(), data.end());
   return bytes;
+}
+
+void expect_data_error(const std::function<void()>& action,
+                       const std::vector<std::string>& phrases) {
+  try {
+    action();
+    ADD_FAILURE() << "expected a DataError, nothing was thrown";
+  } catch (const DataError& error) {
+    const std::string message = error.what();
+    for (const auto& phrase : phrases) {
+      EXPECT_NE(message.find(phrase), std::string::npos)
+          << "the message lacks \"" << phrase << "\"; the message is: " << message;
+    }
+  } catch (const std::exception& error) {
+    ADD_FAILURE() << "expected a DataError, got another exception: " << error.what();
+  }
 }
 
 std::optional<std::string> real_data_dir() {

@@ -35,8 +35,8 @@ void write_bytes(const std::string& path, const std::vector<uint8_t>& bytes);
 bool path_exists(const std::string& path);
 bool is_regular_file(const std::string& path);
 int64_t file_size(const std::string& path);  // -1 when missing
-void remove_path(const std::string& path);    // a file or an empty directory; missing is fine
-void remove_tree(const std::string& path);    // a directory and everything in it
+void remove_path(const std::string& path);   // a file or an empty directory; missing is fine
+void remove_tree(const std::string& path);   // a directory and everything in it
 void make_directories(const std::string& path);
 std::string current_directory();
 void change_directory(const std::string& path);
@@ -46,14 +46,19 @@ std::vector<uint8_t> gzip_bytes(const std::vector<uint8_t>& bytes);
 std::vector<uint8_t> make_idx(uint8_t type, const std::vector<uint32_t>& dims,
                               const std::vector<uint8_t>& data);
 
+// Runs `action`, which must throw DataError whose message contains every one of `phrases`;
+// records a test failure otherwise.
+void expect_data_error(const std::function<void()>& action,
+                       const std::vector<std::string>& phrases);
+
 // Where the real Fashion-MNIST is (resolve_data_dir without a flag), or nullopt.
 std::optional<std::string> real_data_dir();
 
 struct CommandResult {
-  int exit_code = -1;   // the exit status; 128 + N when killed by signal N
+  int exit_code = -1;  // the exit status; 128 + N when killed by signal N
   bool timed_out = false;
-  std::string out;      // standard output
-  std::string err;      // standard error
+  std::string out;  // standard output
+  std::string err;  // standard error
 };
 
 // Runs `args` (args[0] is the program path) with `extra_env` added to the environment, killing

@@ -2,14 +2,11 @@
 // pinned, N replicas with sync-bn match one replica, replicas stay bit-identical without it,
 // and several processes under torchrun match the same world in threads.
 #include <gtest/gtest.h>
-
-#include <torch/serialize.h>
-
 #include <signal.h>
+#include <torch/serialize.h>
 
 #include <fstream>
 #include <numeric>
-#include <sstream>
 #include <sstream>
 #include <thread>
 
@@ -141,7 +138,8 @@ TEST(Training, PinnedFirstLosses) {
   ASSERT_EQ(losses.size(), expected.size()) << "losses: " << printed.str();
   for (size_t i = 0; i < losses.size(); ++i) {
     // Far below what any change to the model, the data order or the update would move.
-    EXPECT_NEAR(losses[i], expected[i], tolerance[i]) << "step " << i + 1 << "; losses: " << printed.str();
+    EXPECT_NEAR(losses[i], expected[i], tolerance[i])
+        << "step " << i + 1 << "; losses: " << printed.str();
   }
 }
 
@@ -240,10 +238,10 @@ class MultiProcess : public ::testing::Test {
     if (!data_dir_) GTEST_SKIP() << "the real Fashion-MNIST is not installed";
   }
   std::vector<std::string> train_args(const std::string& save) const {
-    return {dptrain_binary(), "train",         "--width",       "4",      "--epochs",
-            "1",              "--batch-size",  "64",            "--train-limit", "300",
-            "--test-limit",   "100",           "--seed",        "9",      "--timeout",
-            "20",             "--save-model",  save,            "--data-dir", *data_dir_};
+    return {dptrain_binary(), "train",   "--width",       "4",   "--epochs",     "1",
+            "--batch-size",   "64",      "--train-limit", "300", "--test-limit", "100",
+            "--seed",         "9",       "--timeout",     "20",  "--save-model", save,
+            "--data-dir",     *data_dir_};
   }
   std::optional<std::string> data_dir_;
 };
@@ -261,9 +259,14 @@ TEST_F(MultiProcess, TorchrunMatchesThreadsBitForBit) {
   // Underscored flags: Debian's torchrun (1.13) knows only those, 2.x accepts both spellings.
   // The redirect and tee mappings work around Debian's torchrun 1.13 under Python 3.11, whose
   // default "0" parses to None there (IntFlag no longer iterates its zero member).
-  std::vector<std::string> launch{DPTRAIN_TORCHRUN_PYTHON, "-m", "torch.distributed.run",
-                                  "--no_python", "--nnodes=1", "--nproc_per_node=2",
-                                  "--redirects=0:2,1:2", "--tee=0:2,1:2",
+  std::vector<std::string> launch{DPTRAIN_TORCHRUN_PYTHON,
+                                  "-m",
+                                  "torch.distributed.run",
+                                  "--no_python",
+                                  "--nnodes=1",
+                                  "--nproc_per_node=2",
+                                  "--redirects=0:2,1:2",
+                                  "--tee=0:2,1:2",
                                   "--master_addr=127.0.0.1",
                                   "--master_port=" + std::to_string(free_port())};
   for (const auto& a : train_args(dir.file("torchrun.pt"))) launch.push_back(a);
@@ -277,8 +280,10 @@ TEST_F(MultiProcess, TorchrunMatchesThreadsBitForBit) {
 }
 
 std::map<std::string, std::string> rank_env(int rank, int world, int port) {
-  return {{"RANK", std::to_string(rank)}, {"WORLD_SIZE", std::to_string(world)},
-          {"LOCAL_RANK", std::to_string(rank)}, {"MASTER_ADDR", "127.0.0.1"},
+  return {{"RANK", std::to_string(rank)},
+          {"WORLD_SIZE", std::to_string(world)},
+          {"LOCAL_RANK", std::to_string(rank)},
+          {"MASTER_ADDR", "127.0.0.1"},
           {"MASTER_PORT", std::to_string(port)}};
 }
 

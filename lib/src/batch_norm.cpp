@@ -82,12 +82,12 @@ torch::Tensor BatchNormImpl::forward_synchronised(const torch::Tensor& x) {
   const int64_t c = options_.num_features;
   const auto local_count = static_cast<double>(x.numel() / c);
   // (3C): per-channel sums of x and x^2, and the element count, summed over all replicas.
-  auto stats = torch::cat({x.sum({0, 2, 3}), (x * x).sum({0, 2, 3}),
-                           torch::full({1}, local_count, x.options())});
+  auto stats = torch::cat(
+      {x.sum({0, 2, 3}), (x * x).sum({0, 2, 3}), torch::full({1}, local_count, x.options())});
   stats = AllReduceSum::apply(stats, static_cast<int64_t>(reinterpret_cast<intptr_t>(sync_)));
   const auto count = stats[2 * c].item<double>();
   TORCH_CHECK(count > 1, "sync-bn needs more than one value per channel in the global batch");
-  auto mean = stats.narrow(0, 0, c) / count;                         // (C)
+  auto mean = stats.narrow(0, 0, c) / count;                              // (C)
   auto var = (stats.narrow(0, c, c) / count - mean * mean).clamp_min(0);  // (C), biased
   {
     torch::NoGradGuard no_grad;

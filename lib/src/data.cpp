@@ -1,9 +1,10 @@
 // Fashion-MNIST: locating, loading and validating the four IDX files. See data.h.
 #include "dptrain/data.h"
 
+#include <sys/stat.h>
+
 #include <cstdlib>
 #include <cstring>
-#include <sys/stat.h>
 #include <vector>
 
 #include "dptrain/idx.h"
@@ -17,7 +18,8 @@ const char* const kTestLabelsFile = "t10k-labels-idx1-ubyte.gz";
 
 namespace {
 
-constexpr const char* kDebianDataDir = "/usr/share/datasets/fashion-mnist";  // dataset-fashion-mnist
+constexpr const char* kDebianDataDir =
+    "/usr/share/datasets/fashion-mnist";  // dataset-fashion-mnist
 constexpr const char* kLocalDataDir = "data/fashion-mnist";
 
 // POSIX stat rather than std::filesystem: PyPI's libtorch.so exports its own copy of the
@@ -86,8 +88,7 @@ std::string resolve_data_dir(const std::optional<std::string>& flag_value) {
                   kLocalDataDir + "; " + kHowToGet);
 }
 
-Dataset load_split(const std::string& images_path, const std::string& labels_path,
-                   int64_t limit) {
+Dataset load_split(const std::string& images_path, const std::string& labels_path, int64_t limit) {
   IdxArray images = read_idx_file(images_path);
   IdxArray labels = read_idx_file(labels_path);
   if (images.dims.size() != 3 || images.dims[1] != kImageSide || images.dims[2] != kImageSide) {
@@ -104,17 +105,17 @@ Dataset load_split(const std::string& images_path, const std::string& labels_pat
   }
   for (size_t i = 0; i < labels.data.size(); ++i) {
     if (labels.data[i] >= kNumClasses) {
-      throw DataError(labels_path + ": label " + std::to_string(labels.data[i]) +
-                      " at index " + std::to_string(i) + " is outside 0..9");
+      throw DataError(labels_path + ": label " + std::to_string(labels.data[i]) + " at index " +
+                      std::to_string(i) + " is outside 0..9");
     }
   }
   int64_t n = images.dims[0];
   if (limit > 0 && limit < n) n = limit;
   Dataset split;
-  split.images = torch::from_blob(images.data.data(), {images.dims[0], kImageSide, kImageSide},
-                                  torch::kUInt8)
-                     .narrow(0, 0, n)
-                     .clone();
+  split.images =
+      torch::from_blob(images.data.data(), {images.dims[0], kImageSide, kImageSide}, torch::kUInt8)
+          .narrow(0, 0, n)
+          .clone();
   split.labels = torch::from_blob(labels.data.data(), {labels.dims[0]}, torch::kUInt8)
                      .narrow(0, 0, n)
                      .to(torch::kInt64);
@@ -123,8 +124,8 @@ Dataset load_split(const std::string& images_path, const std::string& labels_pat
 
 FashionMnist load_fashion_mnist(const std::string& dir, int64_t train_limit, int64_t test_limit) {
   FashionMnist data;
-  data.train = load_split(required_file(dir, kTrainImagesFile), required_file(dir, kTrainLabelsFile),
-                          train_limit);
+  data.train = load_split(required_file(dir, kTrainImagesFile),
+                          required_file(dir, kTrainLabelsFile), train_limit);
   data.test = load_split(required_file(dir, kTestImagesFile), required_file(dir, kTestLabelsFile),
                          test_limit);
   return data;

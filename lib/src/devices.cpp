@@ -1,9 +1,9 @@
 // Device lists for --devices and --gpus. See devices.h.
 #include "dptrain/devices.h"
 
-#include <sstream>
-
 #include <torch/cuda.h>
+
+#include <sstream>
 
 #include "dptrain/errors.h"
 
@@ -36,8 +36,8 @@ torch::Device parse_one_device(const std::string& text) {
   }
   if (index >= available) {
     throw UsageError("--devices: '" + text + "' does not exist; this machine has " +
-                     std::to_string(available) + " GPU(s), cuda:0 to cuda:" +
-                     std::to_string(available - 1));
+                     std::to_string(available) +
+                     " GPU(s), cuda:0 to cuda:" + std::to_string(available - 1));
   }
   return torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(index));
 }

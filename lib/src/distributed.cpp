@@ -3,15 +3,15 @@
 // 2.x from c10d::Backend; the difference stays inside this file.
 #include "dptrain/distributed.h"
 
+#include <torch/version.h>
+
 #include <cstdlib>
 #include <sstream>
 #include <thread>
-#include <utility>
-
 #include <torch/csrc/distributed/c10d/Store.hpp>
 #include <torch/csrc/distributed/c10d/Types.hpp>
 #include <torch/csrc/distributed/c10d/Work.hpp>
-#include <torch/version.h>
+#include <utility>
 
 #if defined(USE_C10D_GLOO) && __has_include(<gloo/algorithm.h>)
 #define DPTRAIN_HAVE_GLOO 1
@@ -40,9 +40,7 @@ struct Communicator::ProcessGroup {
   c10::intrusive_ptr<ProcessGroupBase> group;
 };
 
-std::string backend_name(Backend backend) {
-  return backend == Backend::kNccl ? "nccl" : "gloo";
-}
+std::string backend_name(Backend backend) { return backend == Backend::kNccl ? "nccl" : "gloo"; }
 
 bool backend_available(Backend backend) {
 #if defined(DPTRAIN_HAVE_NCCL)
@@ -101,8 +99,8 @@ Communicator::Communicator(c10::intrusive_ptr<c10d::Store> store, int rank, int 
     if (options.backend == Backend::kNccl) {
       auto nccl_options = c10d::ProcessGroupNCCL::Options::create();
       nccl_options->timeout = options.timeout;
-      group_->group = c10::make_intrusive<c10d::ProcessGroupNCCL>(store, rank, world_size,
-                                                                   nccl_options);
+      group_->group =
+          c10::make_intrusive<c10d::ProcessGroupNCCL>(store, rank, world_size, nccl_options);
       return;
     }
 #endif
@@ -110,8 +108,8 @@ Communicator::Communicator(c10::intrusive_ptr<c10d::Store> store, int rank, int 
     auto gloo_options = c10d::ProcessGroupGloo::Options::create(options.timeout);
     gloo_options->devices.push_back(make_gloo_device(options.loopback));
     gloo_options->threads = 2;  // two in-flight collectives per rank: buckets overlap each other
-    group_->group = c10::make_intrusive<c10d::ProcessGroupGloo>(store, rank, world_size,
-                                                                 gloo_options);
+    group_->group =
+        c10::make_intrusive<c10d::ProcessGroupGloo>(store, rank, world_size, gloo_options);
 #endif
   } catch (const std::exception& e) {
     std::ostringstream message;

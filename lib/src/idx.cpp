@@ -17,12 +17,18 @@ constexpr int kMaxDims = 8;              // IDX allows up to 255; anything past 
 
 std::string describe_type(uint8_t type) {
   switch (type) {
-    case 0x08: return "0x08 (unsigned byte)";
-    case 0x09: return "0x09 (signed byte)";
-    case 0x0B: return "0x0B (short)";
-    case 0x0C: return "0x0C (int)";
-    case 0x0D: return "0x0D (float)";
-    case 0x0E: return "0x0E (double)";
+    case 0x08:
+      return "0x08 (unsigned byte)";
+    case 0x09:
+      return "0x09 (signed byte)";
+    case 0x0B:
+      return "0x0B (short)";
+    case 0x0C:
+      return "0x0C (int)";
+    case 0x0D:
+      return "0x0D (float)";
+    case 0x0E:
+      return "0x0E (double)";
     default: {
       std::ostringstream out;
       out << "0x" << std::hex << static_cast<int>(type) << " (unknown)";
@@ -119,8 +125,8 @@ IdxArray parse_idx(const std::vector<uint8_t>& bytes, const std::string& name) {
   }
   const size_t header = 4 + 4 * static_cast<size_t>(num_dims);
   if (bytes.size() < header) {
-    throw DataError(name + ": truncated header: " + std::to_string(num_dims) +
-                    " dimensions need " + std::to_string(header) + " bytes, the file has " +
+    throw DataError(name + ": truncated header: " + std::to_string(num_dims) + " dimensions need " +
+                    std::to_string(header) + " bytes, the file has " +
                     std::to_string(bytes.size()));
   }
   IdxArray array;

@@ -1,12 +1,12 @@
 // The book's ResNet-18 and its reference initialisation.
 #include "dptrain/model.h"
 
-#include <cmath>
-#include <string>
-
 #include <torch/nn/functional/activation.h>
 #include <torch/nn/functional/pooling.h>
 #include <torch/nn/modules/linear.h>
+
+#include <cmath>
+#include <string>
 
 #include "dptrain/random.h"
 
@@ -40,8 +40,8 @@ ResidualBlockImpl::ResidualBlockImpl(int64_t in_channels, int64_t out_channels, 
 
 torch::Tensor ResidualBlockImpl::forward(const torch::Tensor& x) {
   auto y = torch::relu(bn1_->forward(conv1_->forward(x)));  // (N, C_out, H', W')
-  y = bn2_->forward(conv2_->forward(y));                     // (N, C_out, H', W')
-  auto shortcut = conv3_ ? conv3_->forward(x) : x;           // (N, C_out, H', W')
+  y = bn2_->forward(conv2_->forward(y));                    // (N, C_out, H', W')
+  auto shortcut = conv3_ ? conv3_->forward(x) : x;          // (N, C_out, H', W')
   return torch::relu(y + shortcut);
 }
 
@@ -75,22 +75,22 @@ ResNetImpl::ResNetImpl(const ResNetOptions& options) : options_(options) {
   stage1_ = register_module("resnet_block1",
                             make_resnet_stage(w, w, kBlocksPerStage, /*first_stage=*/true));
   stage2_ = register_module("resnet_block2", make_resnet_stage(w, 2 * w, kBlocksPerStage, false));
-  stage3_ = register_module("resnet_block3",
-                            make_resnet_stage(2 * w, 4 * w, kBlocksPerStage, false));
-  stage4_ = register_module("resnet_block4",
-                            make_resnet_stage(4 * w, 8 * w, kBlocksPerStage, false));
+  stage3_ =
+      register_module("resnet_block3", make_resnet_stage(2 * w, 4 * w, kBlocksPerStage, false));
+  stage4_ =
+      register_module("resnet_block4", make_resnet_stage(4 * w, 8 * w, kBlocksPerStage, false));
   fc_ = register_module("fc", torch::nn::Sequential(torch::nn::Flatten(),
                                                     torch::nn::Linear(8 * w, options.num_classes)));
 }
 
 torch::Tensor ResNetImpl::forward(const torch::Tensor& x) {
   auto y = torch::relu(stem_bn_->forward(stem_conv_->forward(x)));  // (N, w, 28, 28)
-  y = stage1_->forward(y);                                           // (N, w, 28, 28)
-  y = stage2_->forward(y);                                           // (N, 2w, 14, 14)
-  y = stage3_->forward(y);                                           // (N, 4w, 7, 7)
-  y = stage4_->forward(y);                                           // (N, 8w, 4, 4)
-  y = torch::adaptive_avg_pool2d(y, {1, 1});                         // (N, 8w, 1, 1)
-  return fc_->forward(y);                                            // (N, K)
+  y = stage1_->forward(y);                                          // (N, w, 28, 28)
+  y = stage2_->forward(y);                                          // (N, 2w, 14, 14)
+  y = stage3_->forward(y);                                          // (N, 4w, 7, 7)
+  y = stage4_->forward(y);                                          // (N, 8w, 4, 4)
+  y = torch::adaptive_avg_pool2d(y, {1, 1});                        // (N, 8w, 1, 1)
+  return fc_->forward(y);                                           // (N, K)
 }
 
 // ---- Initialisation -----------------------------------------------------------

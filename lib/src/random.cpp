@@ -14,9 +14,7 @@ uint64_t Rng::next_u64() {
   return z ^ (z >> 31);
 }
 
-double Rng::next_unit() {
-  return static_cast<double>(next_u64() >> 11) * 0x1.0p-53;
-}
+double Rng::next_unit() { return static_cast<double>(next_u64() >> 11) * 0x1.0p-53; }
 
 uint64_t Rng::next_below(uint64_t bound) {
   if (bound == 0) throw std::invalid_argument("Rng::next_below: the bound must be positive");

@@ -1,12 +1,12 @@
 // The bucketed, overlapping gradient all-reduce. See reducer.h.
 #include "dptrain/reducer.h"
 
-#include <stdexcept>
-#include <string>
-
 #include <torch/csrc/autograd/function.h>
 #include <torch/csrc/autograd/utils/lambda_post_hook.h>
 #include <torch/csrc/autograd/variable.h>
+
+#include <stdexcept>
+#include <string>
 
 namespace dptrain {
 

@@ -3,7 +3,6 @@
 
 #include <cstdlib>
 #include <thread>
-
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
@@ -60,8 +59,8 @@ std::optional<LaunchEnvironment> read_launch_environment(const Env& env) {
   launch.local_rank = lookup(env, local_var) ? parse_env_int(env, local_var, 0, kMaxWorld) : 0;
   auto addr = lookup(env, "MASTER_ADDR");
   if (!addr) {
-    throw UsageError("environment: MASTER_ADDR is not set (" + launch.launcher +
-                     " launch, rank " + std::to_string(launch.rank) + ")");
+    throw UsageError("environment: MASTER_ADDR is not set (" + launch.launcher + " launch, rank " +
+                     std::to_string(launch.rank) + ")");
   }
   launch.master_addr = *addr;
   launch.master_port = parse_env_int(env, "MASTER_PORT", 1, 65535);
@@ -104,7 +103,8 @@ c10::intrusive_ptr<c10d::Store> connect_tcp_store(const LaunchEnvironment& launc
         "dptrain/attempt" + std::to_string(launch.restart_count), std::move(store));
   } catch (const std::exception& e) {
     std::string reason = e.what();
-    if (const auto newline = reason.find('\n'); newline != std::string::npos) reason.resize(newline);
+    if (const auto newline = reason.find('\n'); newline != std::string::npos)
+      reason.resize(newline);
     throw CollectiveError("rank " + std::to_string(launch.rank) + ": rendezvous at " +
                           launch.master_addr + ":" + std::to_string(launch.master_port) + " (" +
                           (options.isServer ? "serving" : "connecting") + ") failed: " + reason);
@@ -132,9 +132,8 @@ void store_barrier(c10d::Store& store, const std::string& name, int rank, int wo
       std::string list;
       for (int r : missing) list += (list.empty() ? "" : ", ") + std::to_string(r);
       throw CollectiveError("rank " + std::to_string(rank) + ": " + name + " timed out after " +
-                            std::to_string(timeout.count() / 1000.0).substr(0, 5) +
-                            " s: rank(s) " + list + " of " + std::to_string(world_size) +
-                            " never arrived");
+                            std::to_string(timeout.count() / 1000.0).substr(0, 5) + " s: rank(s) " +
+                            list + " of " + std::to_string(world_size) + " never arrived");
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
@@ -155,7 +154,8 @@ std::vector<std::string> all_gather_strings(c10d::Store& store, const std::strin
   store.set(prefix + std::to_string(rank), to_bytes(value));
   store_barrier(store, "gather " + key, rank, world_size, timeout);
   std::vector<std::string> values;
-  for (int r = 0; r < world_size; ++r) values.push_back(from_bytes(store.get(prefix + std::to_string(r))));
+  for (int r = 0; r < world_size; ++r)
+    values.push_back(from_bytes(store.get(prefix + std::to_string(r))));
   return values;
 }
 

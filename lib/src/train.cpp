@@ -9,11 +9,11 @@
 
 #include <algorithm>
 #include <array>
-#include <chrono>
 #include <cerrno>
+#include <chrono>
 #include <cmath>
-#include <cstring>
 #include <cstdio>
+#include <cstring>
 #include <exception>
 #include <mutex>
 #include <thread>
@@ -39,6 +39,7 @@ struct RankPlan {
   int threads = 1;
   c10::intrusive_ptr<c10d::Store> store;  // null for a world of one
   bool loopback = true;
+  bool first_local = true;  // the first replica of this process: it calls the callbacks
 };
 
 // The data one rank trains and evaluates on, moved to its device once: 55 MB as bytes, so that
@@ -55,9 +56,11 @@ struct DeviceData {
 struct Tally {
   torch::Tensor sums;  // (3): loss sum, correct, count
 
-  explicit Tally(const torch::Device& device) : sums(torch::zeros({3}, torch::dtype(torch::kFloat64).device(device))) {}
+  explicit Tally(const torch::Device& device)
+      : sums(torch::zeros({3}, torch::dtype(torch::kFloat64).device(device))) {}
 
-  void add(const torch::Tensor& loss_sum, const torch::Tensor& logits, const torch::Tensor& labels) {
+  void add(const torch::Tensor& loss_sum, const torch::Tensor& logits,
+           const torch::Tensor& labels) {
     sums[0] += loss_sum.detach().to(torch::kFloat64);
     sums[1] += logits.argmax(1).eq(labels).sum().to(torch::kFloat64);
     sums[2] += static_cast<double>(labels.size(0));
@@ -77,8 +80,8 @@ std::array<double, 3> evaluate(ResNet& model, const DeviceData& data, int64_t ba
                                Communicator& communicator) {
   torch::NoGradGuard no_grad;
   model->eval();
-  const auto [begin, end] = shard_range(data.test_labels.size(0), communicator.world_size(),
-                                        communicator.rank());
+  const auto [begin, end] =
+      shard_range(data.test_labels.size(0), communicator.world_size(), communicator.rank());
   Tally tally(data.test_labels.device());
   for (int64_t i = begin; i < end; i += batch_size) {
     const int64_t n = std::min(batch_size, end - i);
@@ -116,7 +119,9 @@ TrainResult run_rank(const FashionMnist& data, const TrainOptions& options, cons
   at::set_num_threads(plan.threads);  // intra-op threads are per calling thread under OpenMP
   // This thread's current device: new tensors, NCCL and cuDNN handles go where the replica is.
   const c10::DeviceGuard device_guard(plan.device);
-  const bool reporter = plan.rank == 0;
+  // The callbacks run on one rank per process, the first of this process's replicas; whether
+  // anything is printed is the caller's choice. The model is saved by global rank 0 only.
+  const bool reporter = plan.first_local;
 
   // Rendezvous: every rank present, agreeing on the world, then the process group.
   TrainResult result;
@@ -133,8 +138,8 @@ TrainResult run_rank(const FashionMnist& data, const TrainOptions& options, cons
     world_options.backend = options.backend;
     world_options.timeout = options.timeout;
     world_options.loopback = plan.loopback;
-    communicator = std::make_unique<Communicator>(plan.store, plan.rank, plan.world_size,
-                                                  world_options);
+    communicator =
+        std::make_unique<Communicator>(plan.store, plan.rank, plan.world_size, world_options);
   }
 
   // The replica: the same seed on every rank, and rank 0's state broadcast to make sure.
@@ -170,8 +175,9 @@ TrainResult run_rank(const FashionMnist& data, const TrainOptions& options, cons
       const int64_t global_batch = end - begin;
       const auto [shard_begin, shard_end] = shard_range(global_batch, plan.world_size, plan.rank);
       const auto index = order.narrow(0, begin + shard_begin, shard_end - shard_begin);  // (n)
-      const auto x = to_model_input(device_data.train_images.index_select(0, index));  // (n,1,28,28)
-      const auto y = device_data.train_labels.index_select(0, index);                  // (n)
+      const auto x =
+          to_model_input(device_data.train_images.index_select(0, index));  // (n,1,28,28)
+      const auto y = device_data.train_labels.index_select(0, index);       // (n)
 
       // zero grad -> forward -> loss -> backward (buckets all-reduce as they fill) -> wait -> step
       reducer.zero_grad();
@@ -221,10 +227,9 @@ TrainResult run_rank(const FashionMnist& data, const TrainOptions& options, cons
     stats.train_acc = train_totals[1];
     stats.images_per_second = seconds > 0 ? train_totals[2] / seconds : 0;
     if (!std::isfinite(stats.train_loss)) {
-      throw std::runtime_error("epoch " + std::to_string(epoch + 1) +
-                               ": the training loss is not finite (" +
-                               std::to_string(stats.train_loss) +
-                               "); the learning rate may be too high");
+      throw std::runtime_error(
+          "epoch " + std::to_string(epoch + 1) + ": the training loss is not finite (" +
+          std::to_string(stats.train_loss) + "); the learning rate may be too high");
     }
     // Every rank must evaluate the same model: average the per-replica running statistics.
     average_buffers(*model, *communicator);
@@ -234,8 +239,9 @@ TrainResult run_rank(const FashionMnist& data, const TrainOptions& options, cons
     result.epochs.push_back(stats);
     if (reporter && on_epoch) on_epoch(stats);
   }
-  if (options.check_replicas_every > 0) check_replicas_identical(*model, *communicator, global_step);
-  if (reporter && options.save_model) save_model_atomically(model, *options.save_model);
+  if (options.check_replicas_every > 0)
+    check_replicas_identical(*model, *communicator, global_step);
+  if (plan.rank == 0 && options.save_model) save_model_atomically(model, *options.save_model);
   // No rank leaves while others may still talk to it.
   communicator->barrier("final barrier");
   return result;
@@ -276,8 +282,8 @@ TrainResult train(const FashionMnist& data, const TrainOptions& options, const W
                   const EpochCallback& on_epoch, const StepCallback& on_step) {
   check_world(options, world);
   const auto local = static_cast<int>(world.local_devices.size());
-  const int total_threads = options.threads > 0 ? static_cast<int>(options.threads)
-                                                 : at::get_num_threads();
+  const int total_threads =
+      options.threads > 0 ? static_cast<int>(options.threads) : at::get_num_threads();
   RankPlan base;
   base.world_size = world.world_size;
   base.threads = std::max(1, total_threads / local);
@@ -285,8 +291,8 @@ TrainResult train(const FashionMnist& data, const TrainOptions& options, const W
   if (world.world_size > 1) {
     if (world.multi_process) {
       base.store = connect_tcp_store(world.launch, options.timeout);
-      base.loopback = world.launch.master_addr == "127.0.0.1" ||
-                      world.launch.master_addr == "localhost";
+      base.loopback =
+          world.launch.master_addr == "127.0.0.1" || world.launch.master_addr == "localhost";
     } else {
       base.store = make_in_process_store(options.timeout);
     }
@@ -308,6 +314,7 @@ TrainResult train(const FashionMnist& data, const TrainOptions& options, const W
     threads.emplace_back([&, i] {
       RankPlan plan = base;
       plan.rank = world.first_rank + i;
+      plan.first_local = i == 0;
       plan.device = world.local_devices[static_cast<size_t>(i)];
       try {
         results[static_cast<size_t>(i)] = run_rank(data, options, plan, on_epoch, on_step);

@@ -4,10 +4,10 @@
 // Not here: how the sums travel between replicas (Communicator, distributed.h).
 #pragma once
 
-#include <cstdint>
-
 #include <torch/nn/module.h>
 #include <torch/nn/pimpl.h>
+
+#include <cstdint>
 
 namespace dptrain {
 

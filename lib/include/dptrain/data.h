@@ -3,11 +3,11 @@
 // (batching.h).
 #pragma once
 
+#include <torch/types.h>
+
 #include <cstdint>
 #include <optional>
 #include <string>
-
-#include <torch/types.h>
 
 namespace dptrain {
 

@@ -2,10 +2,10 @@
 // Not here: what runs on them.
 #pragma once
 
+#include <torch/types.h>
+
 #include <string>
 #include <vector>
-
-#include <torch/types.h>
 
 namespace dptrain {
 

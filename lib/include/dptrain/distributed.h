@@ -5,15 +5,15 @@
 // (rendezvous.h).
 #pragma once
 
+#include <c10/util/intrusive_ptr.h>
+#include <torch/types.h>
+
 #include <chrono>
 #include <memory>
 #include <string>
-#include <vector>
-
-#include <c10/util/intrusive_ptr.h>
 #include <torch/csrc/distributed/c10d/Store.hpp>
 #include <torch/csrc/distributed/c10d/Work.hpp>
-#include <torch/types.h>
+#include <vector>
 
 #include "dptrain/errors.h"
 

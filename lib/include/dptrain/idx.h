@@ -13,8 +13,8 @@
 namespace dptrain {
 
 struct IdxArray {
-  std::vector<int64_t> dims;   // e.g. {60000, 28, 28} for images, {60000} for labels
-  std::vector<uint8_t> data;   // row-major, product(dims) bytes
+  std::vector<int64_t> dims;  // e.g. {60000, 28, 28} for images, {60000} for labels
+  std::vector<uint8_t> data;  // row-major, product(dims) bytes
 };
 
 // Reads `path`; gzip is recognised by its magic bytes, not by the file name.

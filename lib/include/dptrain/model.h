@@ -4,13 +4,13 @@
 // Not here: how replicas are made or synchronised (see distributed.h).
 #pragma once
 
-#include <cstdint>
-#include <memory>
-
 #include <torch/nn/module.h>
 #include <torch/nn/modules/container/sequential.h>
 #include <torch/nn/modules/conv.h>
 #include <torch/nn/modules/linear.h>
+
+#include <cstdint>
+#include <memory>
 
 #include "dptrain/batch_norm.h"
 
@@ -19,9 +19,9 @@ namespace dptrain {
 // Shape legend: N batch, C channels, H/W height/width, K classes.
 
 struct ResNetOptions {
-  int64_t num_classes = 10;   // Fashion-MNIST has ten classes
-  int64_t in_channels = 1;    // grey-scale images
-  int64_t width = 64;         // channels of the first stage; stages use width x {1, 2, 4, 8}
+  int64_t num_classes = 10;  // Fashion-MNIST has ten classes
+  int64_t in_channels = 1;   // grey-scale images
+  int64_t width = 64;        // channels of the first stage; stages use width x {1, 2, 4, 8}
 };
 
 // One residual block (D2L 8.6): conv3x3-BN-ReLU-conv3x3-BN, plus a shortcut that is the identity
@@ -57,10 +57,10 @@ class ResNetImpl : public torch::nn::Module {
 
  private:
   ResNetOptions options_;
-  torch::nn::Conv2d stem_conv_{nullptr};        // book name "0"
-  BatchNorm stem_bn_{nullptr};                  // book name "1"
+  torch::nn::Conv2d stem_conv_{nullptr};  // book name "0"
+  BatchNorm stem_bn_{nullptr};            // book name "1"
   torch::nn::Sequential stage1_{nullptr}, stage2_{nullptr}, stage3_{nullptr}, stage4_{nullptr};
-  torch::nn::Sequential fc_{nullptr};           // Flatten, Linear, as in the book
+  torch::nn::Sequential fc_{nullptr};  // Flatten, Linear, as in the book
 };
 TORCH_MODULE(ResNet);
 

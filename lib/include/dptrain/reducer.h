@@ -4,13 +4,13 @@
 // Not here: the loss weighting that makes the sum a mean (train.cpp), or the optimizer.
 #pragma once
 
+#include <torch/types.h>
+
 #include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <mutex>
 #include <vector>
-
-#include <torch/types.h>
 
 #include "dptrain/distributed.h"
 

@@ -3,14 +3,14 @@
 // names the ranks that did not come. Not here: the process groups built on the store.
 #pragma once
 
+#include <c10/util/intrusive_ptr.h>
+
 #include <chrono>
 #include <map>
 #include <optional>
 #include <string>
-#include <vector>
-
-#include <c10/util/intrusive_ptr.h>
 #include <torch/csrc/distributed/c10d/Store.hpp>
+#include <vector>
 
 namespace dptrain {
 

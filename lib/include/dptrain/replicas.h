@@ -3,9 +3,9 @@
 // Not here: the per-step gradient all-reduce (reducer.h).
 #pragma once
 
-#include <cstdint>
-
 #include <torch/nn/module.h>
+
+#include <cstdint>
 
 #include "dptrain/distributed.h"
 
