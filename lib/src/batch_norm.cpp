@@ -80,10 +80,15 @@ torch::Tensor BatchNormImpl::forward(const torch::Tensor& x) {
 
 torch::Tensor BatchNormImpl::forward_synchronised(const torch::Tensor& x) {
   const int64_t c = options_.num_features;
+  // The statistics are summed in float64: var = E[x^2] - mean^2 cancels catastrophically in
+  // float32 when a channel's mean is large against its spread, which the book's small initial
+  // weights produce in the stem, and then N replicas' regrouped float32 sums would no longer
+  // match one replica's. The normalisation itself runs in the input's precision.
+  const auto xd = x.to(torch::kFloat64);  // (N, C, H, W)
   const auto local_count = static_cast<double>(x.numel() / c);
-  // (3C): per-channel sums of x and x^2, and the element count, summed over all replicas.
+  // (2C + 1): per-channel sums of x and x^2, and the element count, summed over all replicas.
   auto stats = torch::cat(
-      {x.sum({0, 2, 3}), (x * x).sum({0, 2, 3}), torch::full({1}, local_count, x.options())});
+      {xd.sum({0, 2, 3}), (xd * xd).sum({0, 2, 3}), torch::full({1}, local_count, xd.options())});
   stats = AllReduceSum::apply(stats, static_cast<int64_t>(reinterpret_cast<intptr_t>(sync_)));
   const auto count = stats[2 * c].item<double>();
   TORCH_CHECK(count > 1, "sync-bn needs more than one value per channel in the global batch");
@@ -92,12 +97,18 @@ torch::Tensor BatchNormImpl::forward_synchronised(const torch::Tensor& x) {
   {
     torch::NoGradGuard no_grad;
     const double m = options_.momentum;
-    running_mean.mul_(1 - m).add_(mean.detach(), m);
-    running_var.mul_(1 - m).add_(var.detach() * (count / (count - 1)), m);  // unbiased
+    running_mean.mul_(1 - m).add_(mean.detach().to(running_mean.scalar_type()), m);
+    running_var.mul_(1 - m).add_(
+        (var.detach() * (count / (count - 1))).to(running_var.scalar_type()),
+        m);  // unbiased
   }
-  auto scale = weight * torch::rsqrt(var + options_.eps);  // (C)
-  auto shift = bias - mean * scale;                        // (C)
-  return x * scale.view({1, c, 1, 1}) + shift.view({1, c, 1, 1});
+  // Centred before scaling, as PyTorch's own kernel does: written as x * scale + shift, the
+  // backward pass would form sum(grad * x) in float32, which cancels as badly as the variance.
+  const auto dtype = x.scalar_type();
+  const auto centred = x - mean.to(dtype).view({1, c, 1, 1});  // (N, C, H, W)
+  const auto inverse_std =
+      torch::rsqrt(var + options_.eps).to(dtype).view({1, c, 1, 1});  // (1, C, 1, 1)
+  return centred * inverse_std * weight.view({1, c, 1, 1}) + bias.view({1, c, 1, 1});
 }
 
 void set_batch_norm_sync(torch::nn::Module& model, Communicator* communicator) {
