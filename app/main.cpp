@@ -72,12 +72,6 @@ int run_train(dptrain::TrainCommand command) {
   if (command.backend) {
     options.backend =
         *command.backend == "nccl" ? dptrain::Backend::kNccl : dptrain::Backend::kGloo;
-    if (options.backend == dptrain::Backend::kNccl &&
-        !dptrain::backend_available(dptrain::Backend::kNccl)) {
-      throw UsageError(
-          "--backend nccl: this build of dptrain has no NCCL (it needs a CUDA "
-          "LibTorch with NCCL at build time); use --backend gloo");
-    }
   } else {
     const bool all_cuda = world.local_devices.front().is_cuda();
     options.backend = all_cuda && dptrain::backend_available(dptrain::Backend::kNccl)

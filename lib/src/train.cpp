@@ -258,9 +258,15 @@ void check_world(const TrainOptions& options, const WorldPlan& world) {
                      " is smaller than the number of replicas (" +
                      std::to_string(world.world_size) + ")");
   }
+  if (options.backend == Backend::kNccl && !backend_available(Backend::kNccl)) {
+    throw UsageError(
+        "--backend nccl: this build of dptrain has no NCCL (it needs a CUDA LibTorch with NCCL "
+        "at build time); use --backend gloo");
+  }
   if (world.world_size > 1 && !backend_available(options.backend)) {
     throw UsageError("--backend " + backend_name(options.backend) +
-                     " is not available in this build of dptrain");
+                     ": not available in this build of dptrain (Gloo needs its headers, "
+                     "libgloo-dev, at build time)");
   }
   if (options.backend == Backend::kNccl) {
     for (size_t i = 0; i < world.local_devices.size(); ++i) {
