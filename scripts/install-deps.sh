@@ -10,6 +10,7 @@ packages=(
   libcxxopts-dev libgtest-dev zlib1g-dev
   dataset-fashion-mnist         # /usr/share/datasets/fashion-mnist
   python3-torch                 # torchrun, for the multi-process tests
+  python3-venv                  # quickstart.sh keeps the CUDA LibTorch of a GPU machine in a venv
 )
 
 sudo_if_needed() { if [ "$(id -u)" -eq 0 ]; then "$@"; else sudo "$@"; fi; }
