@@ -7,11 +7,12 @@
 
 #include <cstdlib>
 #include <sstream>
-#include <thread>
 #include <torch/csrc/distributed/c10d/Store.hpp>
 #include <torch/csrc/distributed/c10d/Types.hpp>
 #include <torch/csrc/distributed/c10d/Work.hpp>
 #include <utility>
+
+#include "dptrain/rendezvous.h"
 
 #if defined(USE_C10D_GLOO) && __has_include(<gloo/algorithm.h>)
 #define DPTRAIN_HAVE_GLOO 1
@@ -171,20 +172,9 @@ std::string Communicator::diagnose_peers() {
   try {
     const std::string prefix = "dptrain/failure/";
     store_->set(prefix + std::to_string(rank_), std::vector<uint8_t>{'1'});
-    const auto deadline = std::chrono::steady_clock::now() + kGrace;
-    std::vector<int> silent;
-    do {
-      silent.clear();
-      for (int r = 0; r < world_size_; ++r) {
-        if (!store_->check({prefix + std::to_string(r)})) silent.push_back(r);
-      }
-      if (silent.empty()) break;
-      std::this_thread::sleep_for(std::chrono::milliseconds(50));
-    } while (std::chrono::steady_clock::now() < deadline);
+    const auto silent = ranks_missing_after(*store_, prefix, world_size_, kGrace);
     if (silent.empty()) return "; every rank is still alive";
-    std::string list;
-    for (int r : silent) list += (list.empty() ? "" : ", ") + std::to_string(r);
-    return "; rank(s) " + list + " did not answer: died or stalled";
+    return "; rank(s) " + rank_list(silent) + " did not answer: died or stalled";
   } catch (const std::exception&) {
     return "; the rendezvous store is unreachable too (rank 0 or the launcher may have died)";
   }

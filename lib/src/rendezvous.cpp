@@ -111,13 +111,8 @@ c10::intrusive_ptr<c10d::Store> connect_tcp_store(const LaunchEnvironment& launc
   }
 }
 
-void store_barrier(c10d::Store& store, const std::string& name, int rank, int world_size,
-                   std::chrono::milliseconds timeout) {
-  const std::string prefix = "dptrain/barrier/" + name + "/";
-  store.set(prefix + "rank/" + std::to_string(rank), to_bytes(std::to_string(world_size)));
-  std::vector<std::string> keys;
-  for (int r = 0; r < world_size; ++r) keys.push_back(prefix + "rank/" + std::to_string(r));
-
+std::vector<int> ranks_missing_after(c10d::Store& store, const std::string& prefix, int world_size,
+                                     std::chrono::milliseconds timeout) {
   // Poll rather than Store::wait: on timeout we want to say which ranks are missing, and the
   // store's own wait only says that it timed out.
   const auto deadline = std::chrono::steady_clock::now() + timeout;
@@ -125,20 +120,32 @@ void store_barrier(c10d::Store& store, const std::string& name, int rank, int wo
   while (true) {
     missing.clear();
     for (int r = 0; r < world_size; ++r) {
-      if (!store.check({keys[static_cast<size_t>(r)]})) missing.push_back(r);
+      if (!store.check({prefix + std::to_string(r)})) missing.push_back(r);
     }
-    if (missing.empty()) break;
-    if (std::chrono::steady_clock::now() >= deadline) {
-      std::string list;
-      for (int r : missing) list += (list.empty() ? "" : ", ") + std::to_string(r);
-      throw CollectiveError("rank " + std::to_string(rank) + ": " + name + " timed out after " +
-                            std::to_string(timeout.count() / 1000.0).substr(0, 5) + " s: rank(s) " +
-                            list + " of " + std::to_string(world_size) + " never arrived");
-    }
+    if (missing.empty() || std::chrono::steady_clock::now() >= deadline) return missing;
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
+}
+
+std::string rank_list(const std::vector<int>& ranks) {
+  std::string list;
+  for (int r : ranks) list += (list.empty() ? "" : ", ") + std::to_string(r);
+  return list;
+}
+
+void store_barrier(c10d::Store& store, const std::string& name, int rank, int world_size,
+                   std::chrono::milliseconds timeout) {
+  const std::string prefix = "dptrain/barrier/" + name + "/rank/";
+  store.set(prefix + std::to_string(rank), to_bytes(std::to_string(world_size)));
+  const auto missing = ranks_missing_after(store, prefix, world_size, timeout);
+  if (!missing.empty()) {
+    throw CollectiveError("rank " + std::to_string(rank) + ": " + name + " timed out after " +
+                          std::to_string(timeout.count() / 1000.0).substr(0, 5) + " s: rank(s) " +
+                          rank_list(missing) + " of " + std::to_string(world_size) +
+                          " never arrived");
+  }
   for (int r = 0; r < world_size; ++r) {
-    const auto their_size = from_bytes(store.get(keys[static_cast<size_t>(r)]));
+    const auto their_size = from_bytes(store.get(prefix + std::to_string(r)));
     if (their_size != std::to_string(world_size)) {
       throw CollectiveError("rank " + std::to_string(rank) + ": rank " + std::to_string(r) +
                             " was started with world size " + their_size + ", this rank with " +

@@ -52,6 +52,14 @@ c10::intrusive_ptr<c10d::Store> connect_tcp_store(const LaunchEnvironment& launc
 void store_barrier(c10d::Store& store, const std::string& name, int rank, int world_size,
                    std::chrono::milliseconds timeout);
 
+// Waits until the key `prefix` + r exists for every rank r < world_size, or `timeout` passes.
+// Returns the ranks whose key is still missing: empty when all came.
+std::vector<int> ranks_missing_after(c10d::Store& store, const std::string& prefix, int world_size,
+                                     std::chrono::milliseconds timeout);
+
+// "1, 2" for {1, 2}: ranks as error messages list them.
+std::string rank_list(const std::vector<int>& ranks);
+
 // Each rank publishes `value` under `key`; returns all ranks' values in rank order.
 std::vector<std::string> all_gather_strings(c10d::Store& store, const std::string& key, int rank,
                                             int world_size, const std::string& value,
