@@ -147,6 +147,36 @@ std::optional<std::string> real_data_dir() {
 
 namespace {
 
+// Forks `args` (args[0] is the program) with `extra_env` added and its standard output and error
+// on `out_fd` and `err_fd`, in a process group of its own so that killing the group after a
+// timeout reaches its children too. The child closes `close_in_child` first.
+pid_t start_child(const std::vector<std::string>& args,
+                  const std::map<std::string, std::string>& extra_env, int out_fd, int err_fd,
+                  std::initializer_list<int> close_in_child) {
+  const pid_t pid = fork();
+  if (pid < 0) throw std::runtime_error("fork failed");
+  if (pid == 0) {
+    setpgid(0, 0);
+    dup2(out_fd, STDOUT_FILENO);
+    dup2(err_fd, STDERR_FILENO);
+    for (int fd : close_in_child) close(fd);
+    for (const auto& [name, value] : extra_env) setenv(name.c_str(), value.c_str(), 1);
+    std::vector<char*> argv;
+    for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+    argv.push_back(nullptr);
+    execvp(argv[0], argv.data());
+    std::fprintf(stderr, "exec %s: %s\n", argv[0], std::strerror(errno));
+    _exit(127);
+  }
+  setpgid(pid, pid);  // also in the parent, so a kill right after fork finds the group
+  return pid;
+}
+
+// The exit status, or 128 + N for a child killed by signal N, as a shell reports it.
+int exit_code_of(int status) {
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
 void drain(int fd, std::string& into) {
   char buffer[4096];
   const ssize_t n = read(fd, buffer, sizeof buffer);
@@ -160,22 +190,8 @@ CommandResult run_command(const std::vector<std::string>& args,
                           int timeout_seconds) {
   int out_pipe[2], err_pipe[2];
   if (pipe(out_pipe) != 0 || pipe(err_pipe) != 0) throw std::runtime_error("pipe failed");
-  const pid_t pid = fork();
-  if (pid < 0) throw std::runtime_error("fork failed");
-  if (pid == 0) {
-    setpgid(0, 0);  // its own process group, so a timeout kills its children too
-    dup2(out_pipe[1], STDOUT_FILENO);
-    dup2(err_pipe[1], STDERR_FILENO);
-    close(out_pipe[0]), close(err_pipe[0]), close(out_pipe[1]), close(err_pipe[1]);
-    for (const auto& [name, value] : extra_env) setenv(name.c_str(), value.c_str(), 1);
-    std::vector<char*> argv;
-    for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
-    argv.push_back(nullptr);
-    execvp(argv[0], argv.data());
-    std::fprintf(stderr, "exec %s: %s\n", argv[0], std::strerror(errno));
-    _exit(127);
-  }
-  setpgid(pid, pid);
+  const pid_t pid = start_child(args, extra_env, out_pipe[1], err_pipe[1],
+                                {out_pipe[0], err_pipe[0], out_pipe[1], err_pipe[1]});
   close(out_pipe[1]), close(err_pipe[1]);
   CommandResult result;
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(timeout_seconds);
@@ -212,7 +228,7 @@ CommandResult run_command(const std::vector<std::string>& args,
   }
   int status = 0;
   waitpid(pid, &status, 0);
-  result.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  result.exit_code = exit_code_of(status);
   return result;
 }
 
@@ -241,22 +257,12 @@ ChildProcess spawn_command(const std::vector<std::string>& args,
   ChildProcess child;
   child.out_path = log_prefix + ".out";
   child.err_path = log_prefix + ".err";
-  const pid_t pid = fork();
-  if (pid < 0) throw std::runtime_error("fork failed");
-  if (pid == 0) {
-    setpgid(0, 0);
-    const int out = open(child.out_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    const int err = open(child.err_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    dup2(out, STDOUT_FILENO);
-    dup2(err, STDERR_FILENO);
-    for (const auto& [name, value] : extra_env) setenv(name.c_str(), value.c_str(), 1);
-    std::vector<char*> argv;
-    for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
-    argv.push_back(nullptr);
-    execvp(argv[0], argv.data());
-    _exit(127);
-  }
-  setpgid(pid, pid);
+  const int out = open(child.out_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  const int err = open(child.err_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  if (out < 0 || err < 0) throw std::runtime_error("cannot create " + log_prefix + ".out/.err");
+  const pid_t pid = start_child(args, extra_env, out, err, {out, err});
+  close(out);
+  close(err);
   child.pid = pid;
   return child;
 }
@@ -276,7 +282,7 @@ CommandResult wait_command(const ChildProcess& child, int timeout_seconds) {
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
-  result.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  result.exit_code = exit_code_of(status);
   const auto slurp = [](const std::string& path) {
     std::ifstream in(path);
     std::stringstream text;
