@@ -20,13 +20,35 @@ struct TrainCommand {
   int64_t train_limit = 0;             // 0 = all
   int64_t test_limit = 0;
   bool verbose = false;
+  // Output (progress.h, and the metrics and plot files).
+  bool quiet = false;         // only the final line
+  int64_t log_every = 50;     // steps between plain progress lines when stderr is no terminal
+  std::optional<std::string> metrics;  // .csv or .jsonl
+  std::optional<std::string> plot;     // .svg
+};
+
+// `dptrain eval`: the test accuracy and loss of saved weights. Shares the data, device and
+// speed flags of train (in `train`); the weights come from exactly one of the two files.
+struct EvalCommand {
+  TrainCommand common;
+  std::optional<std::string> checkpoint;  // a dptrain checkpoint (its width is in the file)
+  std::optional<std::string> model;       // a --save-model file, read with --width
+};
+
+// `dptrain download`: the four Fashion-MNIST files into a directory.
+struct DownloadCommand {
+  std::string directory;
+  std::optional<std::string> url;  // base URL; default the official mirror
+  bool force = false;
 };
 
 struct ParsedCommandLine {
-  enum class Action { kTrain, kHelp };
+  enum class Action { kTrain, kEval, kDownload, kHelp };
   Action action = Action::kHelp;
   std::string help;  // the text to print for kHelp
   TrainCommand train;
+  EvalCommand eval;
+  DownloadCommand download;
 };
 
 // Throws UsageError with a one-line message naming the flag and what is wrong.
@@ -36,5 +58,8 @@ ParsedCommandLine parse_command_line(int argc, const char* const argv[]);
 int64_t parse_integer_flag(const std::string& flag, const std::string& text, int64_t min_value,
                            int64_t max_value);
 double parse_positive_number_flag(const std::string& flag, const std::string& text);
+// The text must be one of `choices`; returns it.
+std::string parse_choice_flag(const std::string& flag, const std::string& text,
+                              const std::vector<std::string>& choices);
 
 }  // namespace dptrain

@@ -6,7 +6,14 @@
 #include <exception>
 #include <string>
 
+#include <torch/serialize.h>
+#include <unistd.h>
+
 #include "cli.h"
+#include "dptrain/checkpoint.h"
+#include "dptrain/model.h"
+#include "progress.h"
+#include "signals.h"
 #include "dptrain/data.h"
 #include "dptrain/devices.h"
 #include "dptrain/errors.h"
@@ -20,6 +27,9 @@ constexpr int kExitRuntimeFailure = 1;
 constexpr int kExitUsage = 2;
 
 using dptrain::UsageError;
+
+// One line: c10 errors carry a C++ backtrace after the first line, which is not for users.
+std::string first_line(const std::string& text) { return text.substr(0, text.find('\n')); }
 
 // The devices of the replicas in this process, and where this process stands in the world.
 dptrain::WorldPlan plan_world(const dptrain::TrainCommand& command) {
@@ -66,18 +76,21 @@ dptrain::WorldPlan plan_world(const dptrain::TrainCommand& command) {
   return world;
 }
 
+// The backend the user named, else NCCL where every replica is a GPU and NCCL was built.
+dptrain::Backend choose_backend(const dptrain::TrainCommand& command,
+                                const dptrain::WorldPlan& world) {
+  if (command.backend) {
+    return *command.backend == "nccl" ? dptrain::Backend::kNccl : dptrain::Backend::kGloo;
+  }
+  const bool all_cuda = world.local_devices.front().is_cuda();
+  return all_cuda && dptrain::backend_available(dptrain::Backend::kNccl) ? dptrain::Backend::kNccl
+                                                                         : dptrain::Backend::kGloo;
+}
+
 int run_train(dptrain::TrainCommand command) {
   const auto world = plan_world(command);
   auto& options = command.options;
-  if (command.backend) {
-    options.backend =
-        *command.backend == "nccl" ? dptrain::Backend::kNccl : dptrain::Backend::kGloo;
-  } else {
-    const bool all_cuda = world.local_devices.front().is_cuda();
-    options.backend = all_cuda && dptrain::backend_available(dptrain::Backend::kNccl)
-                          ? dptrain::Backend::kNccl
-                          : dptrain::Backend::kGloo;
-  }
+  options.backend = choose_backend(command, world);
   dptrain::check_world(options, world);  // usage mistakes before the data is loaded
   const bool reporter = world.first_rank == 0 || command.verbose;
   // With every rank of a launch printing, each line says whose it is.
@@ -87,25 +100,98 @@ int run_train(dptrain::TrainCommand command) {
 
   const auto data_dir = dptrain::resolve_data_dir(command.data_dir);
   const auto data = dptrain::load_fashion_mnist(data_dir, command.train_limit, command.test_limit);
-  if (reporter) {
-    std::printf("%sdptrain: %lld train / %lld test images from %s; width %lld; rank %d of %d\n",
-                prefix.c_str(), static_cast<long long>(data.train.size()),
-                static_cast<long long>(data.test.size()), data_dir.c_str(),
-                static_cast<long long>(options.width), world.first_rank, world.world_size);
+  dptrain::ProgressPrinter progress(isatty(STDERR_FILENO) == 1, command.quiet || !reporter,
+                                    command.log_every, prefix);
+  const auto print = [&](const std::string& line) {
+    progress.clear();
+    std::printf("%s%s\n", prefix.c_str(), line.c_str());
     std::fflush(stdout);
+  };
+  if (reporter && !command.quiet) {
+    char header[512];
+    std::snprintf(header, sizeof header,
+                  "dptrain: %lld train / %lld test images from %s; width %lld; rank %d of %d",
+                  static_cast<long long>(data.train.size()),
+                  static_cast<long long>(data.test.size()), data_dir.c_str(),
+                  static_cast<long long>(options.width), world.first_rank, world.world_size);
+    print(header);
   }
 
-  const auto result = dptrain::train(data, options, world, [&](const dptrain::EpochStats& stats) {
-    if (!reporter) return;
-    std::printf("%s%s\n", prefix.c_str(), dptrain::format_epoch_line(stats).c_str());
-    std::fflush(stdout);
-  });
-  if (reporter) std::printf("%s%s\n", prefix.c_str(), dptrain::format_final_line(result).c_str());
+  options.stop_signal = &dptrain::install_stop_handlers();
+  options.progress_every = progress.steps_between_updates();
+  dptrain::TrainCallbacks callbacks;
+  callbacks.on_progress = [&](const dptrain::ProgressStats& stats) { progress.show(stats); };
+  callbacks.on_epoch = [&](const dptrain::EpochStats& stats) {
+    if (reporter && !command.quiet) print(dptrain::format_epoch_line(stats));
+  };
+  callbacks.on_checkpoint = [&](const std::string& path) {
+    if (reporter && !command.quiet) print("checkpoint: " + path);
+  };
+  callbacks.on_resume = [&](const std::string& path) {
+    if (reporter && !command.quiet) print("resuming from " + path);
+  };
+  const auto result = dptrain::train(data, options, world, callbacks);
+  progress.clear();
+  if (result.skipped_steps > 0 && reporter) {
+    print("skipped " + std::to_string(result.skipped_steps) +
+          " step(s) with a non-finite gradient (--on-nonfinite skip)");
+  }
+  if (result.stopped_by != 0) {
+    if (reporter) {
+      std::fprintf(stderr, "%sdptrain: stopped by signal %d%s\n", prefix.c_str(),
+                   result.stopped_by,
+                   result.last_checkpoint ? ("; resume from " + *result.last_checkpoint).c_str()
+                                          : "");
+    }
+    return 128 + result.stopped_by;
+  }
+  if (reporter) print(dptrain::format_final_line(result));
   return 0;
 }
 
-// One line: c10 errors carry a C++ backtrace after the first line, which is not for users.
-std::string first_line(const std::string& text) { return text.substr(0, text.find('\n')); }
+// The weights to evaluate, from a checkpoint (which knows its width) or a --save-model file.
+std::vector<std::pair<std::string, torch::Tensor>> load_weights(dptrain::EvalCommand& command) {
+  if (command.checkpoint) {
+    auto checkpoint = dptrain::read_checkpoint(*command.checkpoint);
+    command.common.options.width = checkpoint.config.width;
+    dptrain::check_checkpoint_matches(
+        checkpoint.config,
+        dptrain::CheckpointConfig{checkpoint.config.width, dptrain::kNumClasses, 1},
+        *command.checkpoint);
+    return std::move(checkpoint.tensors);
+  }
+  const auto width = command.common.options.width;
+  dptrain::ResNet model(dptrain::ResNetOptions{dptrain::kNumClasses, 1, width});
+  try {
+    torch::load(model, *command.model);
+  } catch (const c10::Error& e) {
+    throw dptrain::DataError("--model " + *command.model +
+                             ": not a model of width " + std::to_string(width) +
+                             " saved by dptrain train --save-model (" +
+                             first_line(e.what_without_backtrace()) + ")");
+  }
+  return dptrain::model_tensors(*model);
+}
+
+int run_download(const dptrain::DownloadCommand& command) {
+  throw dptrain::UsageError("download to " + command.directory + ": not built yet");
+}
+
+int run_eval(dptrain::EvalCommand command) {
+  const auto world = plan_world(command.common);
+  auto& options = command.common.options;
+  options.backend = choose_backend(command.common, world);
+  dptrain::check_world(options, world);
+  const auto weights = load_weights(command);
+  const auto data_dir = dptrain::resolve_data_dir(command.common.data_dir);
+  // Only the test set is evaluated; one training image keeps the data set's shape valid.
+  const auto data = dptrain::load_fashion_mnist(data_dir, 1, command.common.test_limit);
+  const auto result = dptrain::evaluate_weights(data, options, world, weights);
+  if (world.first_rank == 0 || command.common.verbose) {
+    std::printf("%s\n", dptrain::format_eval_line(result).c_str());
+  }
+  return 0;
+}
 
 }  // namespace
 
@@ -116,7 +202,17 @@ int main(int argc, char** argv) {
       std::fputs(parsed.help.c_str(), stdout);
       return 0;
     }
-    return run_train(parsed.train);
+    switch (parsed.action) {
+      case dptrain::ParsedCommandLine::Action::kTrain:
+        return run_train(parsed.train);
+      case dptrain::ParsedCommandLine::Action::kEval:
+        return run_eval(parsed.eval);
+      case dptrain::ParsedCommandLine::Action::kDownload:
+        return run_download(parsed.download);
+      case dptrain::ParsedCommandLine::Action::kHelp:
+        break;
+    }
+    return 0;
   } catch (const UsageError& e) {
     std::fprintf(stderr, "error: %s\n", first_line(e.what()).c_str());
     return kExitUsage;

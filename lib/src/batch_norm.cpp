@@ -90,8 +90,10 @@ torch::Tensor BatchNormImpl::forward_synchronised(const torch::Tensor& x) {
   auto stats = torch::cat(
       {xd.sum({0, 2, 3}), (xd * xd).sum({0, 2, 3}), torch::full({1}, local_count, xd.options())});
   stats = AllReduceSum::apply(stats, static_cast<int64_t>(reinterpret_cast<intptr_t>(sync_)));
-  const auto count = stats[2 * c].item<double>();
-  TORCH_CHECK(count > 1, "sync-bn needs more than one value per channel in the global batch");
+  // The count stays a tensor: reading it on the host would make every layer wait for the
+  // device. It is at least 16 (the global batch times a 4x4 map, at the smallest), so the
+  // unbiased correction count / (count - 1) is always defined.
+  const auto count = stats.narrow(0, 2 * c, 1).detach();                  // (1)
   auto mean = stats.narrow(0, 0, c) / count;                              // (C)
   auto var = (stats.narrow(0, c, c) / count - mean * mean).clamp_min(0);  // (C), biased
   {

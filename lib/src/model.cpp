@@ -127,4 +127,14 @@ int64_t count_parameters(const torch::nn::Module& model) {
   return total;
 }
 
+void convert_to_channels_last(torch::nn::Module& model) {
+  torch::NoGradGuard no_grad;
+  for (auto& p : model.parameters()) {
+    if (p.dim() == 4) p.set_data(p.data().contiguous(at::MemoryFormat::ChannelsLast));
+  }
+  for (auto& b : model.buffers()) {
+    if (b.dim() == 4) b.set_data(b.data().contiguous(at::MemoryFormat::ChannelsLast));
+  }
+}
+
 }  // namespace dptrain

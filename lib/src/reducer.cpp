@@ -34,6 +34,12 @@ std::vector<std::vector<size_t>> assign_buckets(const std::vector<int64_t>& size
 // nobody may replace .grad: zero_grad() zeroes the buckets instead (LibTorch 2.x's
 // Optimizer::zero_grad would set .grad undefined and break the views).
 //
+// Note [Parameters in bucket layout]
+// The parameters are moved into flat tensors laid out exactly like the gradient buckets, each
+// parameter's data a view (with its own strides, so channels-last stays channels-last). Plain
+// SGD, p -= lr * grad, is then one add_ per bucket instead of one per parameter: the same
+// element-wise arithmetic, so the same bits, with a tenth of the kernel launches.
+//
 // Note [Launch order]
 // Autograd decides when each gradient is ready; that order can differ between ranks in
 // principle, but the collectives must be issued in the same order everywhere. A bucket is
@@ -61,10 +67,17 @@ Reducer::Reducer(std::vector<torch::Tensor> parameters, Communicator& communicat
     int64_t numel = 0;
     for (size_t k : bucket.parameters) numel += parameters_[k].numel();
     bucket.flat = torch::zeros({numel}, options.requires_grad(false));
+    bucket.parameter_flat = torch::empty({numel}, options.requires_grad(false));
     int64_t offset = 0;
     for (size_t k : bucket.parameters) {
       auto& p = parameters_[k];
-      p.mutable_grad() = bucket.flat.narrow(0, offset, p.numel()).view(p.sizes());
+      TORCH_CHECK(p.is_non_overlapping_and_dense(),
+                  "reducer: parameter ", k, " is not dense; it cannot live in a flat bucket");
+      // View the slice with the parameter's own strides (contiguous or channels-last).
+      auto data = bucket.parameter_flat.narrow(0, offset, p.numel()).as_strided(p.sizes(), p.strides());
+      data.copy_(p.detach());
+      p.set_data(data);
+      p.mutable_grad() = bucket.flat.narrow(0, offset, p.numel()).as_strided(p.sizes(), p.strides());
       offset += p.numel();
       bucket_of_[k] = b;
     }
@@ -97,6 +110,11 @@ Reducer::~Reducer() {
 void Reducer::zero_grad() {
   torch::NoGradGuard no_grad;
   for (auto& bucket : buckets_) bucket.flat.zero_();
+}
+
+void Reducer::sgd_step(double lr) {
+  torch::NoGradGuard no_grad;
+  for (auto& bucket : buckets_) bucket.parameter_flat.add_(bucket.flat, -lr);
 }
 
 void Reducer::prepare_for_backward() {

@@ -1,6 +1,7 @@
 // Formatting of the per-epoch and final lines. See report.h.
 #include "dptrain/report.h"
 
+#include <algorithm>
 #include <cstdio>
 
 #include "dptrain/devices.h"
@@ -27,6 +28,50 @@ std::string format_final_line(const TrainResult& result) {
   }
   char line[128];
   std::snprintf(line, sizeof line, "test acc: %.2f, %.1f sec/epoch on ", test_acc, seconds);
+  return line + device_list_name(result.devices);
+}
+
+namespace {
+
+double images_per_second(const ProgressStats& p) { return p.seconds > 0 ? p.images / p.seconds : 0; }
+
+// Seconds left in the epoch at the pace so far.
+double seconds_left(const ProgressStats& p) {
+  if (p.step <= 0 || p.steps_in_epoch <= p.step) return 0;
+  return p.seconds / static_cast<double>(p.step) * static_cast<double>(p.steps_in_epoch - p.step);
+}
+
+}  // namespace
+
+std::string format_progress_bar(const ProgressStats& p, int bar_width) {
+  const double fraction =
+      p.steps_in_epoch > 0 ? static_cast<double>(p.step) / static_cast<double>(p.steps_in_epoch)
+                           : 0;
+  const int filled = std::max(0, std::min(bar_width, static_cast<int>(fraction * bar_width)));
+  const auto left = static_cast<long long>(seconds_left(p) + 0.5);
+  char tail[160];
+  std::snprintf(tail, sizeof tail, "] %lld/%lld  %.0f img/s  loss %.4f  acc %.4f  ETA %lld:%02lld",
+                static_cast<long long>(p.step), static_cast<long long>(p.steps_in_epoch),
+                images_per_second(p), p.running_loss, p.running_acc, left / 60, left % 60);
+  return "epoch " + std::to_string(p.epoch) + "/" + std::to_string(p.epochs) + " [" +
+         std::string(static_cast<size_t>(filled), '#') +
+         std::string(static_cast<size_t>(bar_width - filled), '.') + tail;
+}
+
+std::string format_progress_line(const ProgressStats& p) {
+  char line[200];
+  std::snprintf(line, sizeof line,
+                "epoch %lld/%lld step %lld/%lld: loss %.4f, acc %.4f, %.0f img/s, %.0f s left",
+                static_cast<long long>(p.epoch), static_cast<long long>(p.epochs),
+                static_cast<long long>(p.step), static_cast<long long>(p.steps_in_epoch),
+                p.running_loss, p.running_acc, images_per_second(p), seconds_left(p));
+  return line;
+}
+
+std::string format_eval_line(const EvalResult& result) {
+  char line[160];
+  std::snprintf(line, sizeof line, "test acc: %.4f, test loss %.4f (%lld images) on ",
+                result.test_acc, result.test_loss, static_cast<long long>(result.examples));
   return line + device_list_name(result.devices);
 }
 

@@ -1,10 +1,10 @@
 // The training run: rendezvous, replicas, the step and the epoch. See train.h.
 #include "dptrain/train.h"
 
+#include <ATen/Context.h>
 #include <ATen/Parallel.h>
 #include <c10/core/DeviceGuard.h>
 #include <torch/nn/functional/loss.h>
-#include <torch/optim/sgd.h>
 #include <torch/serialize.h>
 
 #include <algorithm>
@@ -18,6 +18,8 @@
 #include <mutex>
 #include <thread>
 
+#include "dptrain/autocast.h"
+#include "dptrain/batch_input.h"
 #include "dptrain/batch_norm.h"
 #include "dptrain/batching.h"
 #include "dptrain/devices.h"
@@ -40,6 +42,9 @@ struct RankPlan {
   c10::intrusive_ptr<c10d::Store> store;  // null for a world of one
   bool loopback = true;
   bool first_local = true;  // the first replica of this process: it calls the callbacks
+  const Checkpoint* start = nullptr;  // weights and position to start from, if any
+  std::string start_name;             // where `start` came from, for messages
+  bool evaluate_only = false;         // evaluate the start's weights instead of training
 };
 
 // The data one rank trains and evaluates on, moved to its device once: 55 MB as bytes, so that
@@ -77,7 +82,7 @@ struct Tally {
 
 // The evaluation after each epoch: every rank takes a contiguous shard of the test set.
 std::array<double, 3> evaluate(ResNet& model, const DeviceData& data, int64_t batch_size,
-                               Communicator& communicator) {
+                               const TrainOptions& options, Communicator& communicator) {
   torch::NoGradGuard no_grad;
   model->eval();
   const auto [begin, end] =
@@ -86,8 +91,14 @@ std::array<double, 3> evaluate(ResNet& model, const DeviceData& data, int64_t ba
   for (int64_t i = begin; i < end; i += batch_size) {
     const int64_t n = std::min(batch_size, end - i);
     auto x = to_model_input(data.test_images.narrow(0, i, n));  // (n, 1, 28, 28)
-    auto y = data.test_labels.narrow(0, i, n);                  // (n)
-    auto logits = model->forward(x);                            // (n, 10)
+    if (options.channels_last) x = x.contiguous(at::MemoryFormat::ChannelsLast);
+    auto y = data.test_labels.narrow(0, i, n);  // (n)
+    torch::Tensor logits;                       // (n, 10)
+    {
+      const AutocastGuard autocast(x.device(), options.amp);
+      logits = model->forward(x);
+    }
+    logits = logits.to(torch::kFloat32);
     tally.add(F::cross_entropy(logits, y, F::CrossEntropyFuncOptions().reduction(torch::kSum)),
               logits, y);
   }
@@ -96,10 +107,12 @@ std::array<double, 3> evaluate(ResNet& model, const DeviceData& data, int64_t ba
 
 void save_model_atomically(ResNet& model, const std::string& path) {
   // Written next to the target and renamed, so a crash never leaves a half-written file there.
+  // A CPU copy is saved: the replica's parameters live in the reducer's buckets and stay put.
   const std::string temporary = path + ".tmp";
-  model->to(torch::kCPU);
+  ResNet copy(model->options());
+  load_model_tensors(*copy, model_tensors(*model), "in memory");
   try {
-    torch::save(model, temporary);
+    torch::save(copy, temporary);
   } catch (const std::exception& e) {
     std::remove(temporary.c_str());
     throw DataError("--save-model " + path + ": cannot write: " + e.what());
@@ -112,15 +125,77 @@ void save_model_atomically(ResNet& model, const std::string& path) {
   }
 }
 
+CheckpointConfig checkpoint_config(const TrainOptions& options, int64_t train_size,
+                                   int world_size) {
+  CheckpointConfig config;
+  config.width = options.width;
+  config.num_classes = kNumClasses;
+  config.in_channels = 1;
+  config.batch_size = options.batch_size;
+  config.lr = options.lr;
+  config.seed = options.seed;
+  config.train_size = train_size;
+  config.world_size = world_size;
+  return config;
+}
+
+// Every rank learns whether rank 0 managed to write; a failed write is an error everywhere,
+// instead of rank 0 leaving while the others wait for it in the next collective.
+std::string save_checkpoint_on_rank0(const Checkpoint& checkpoint, const std::string& directory,
+                                     Communicator& communicator, const torch::Device& device) {
+  const std::string path =
+      directory + "/" + checkpoint_file_name(checkpoint.epochs_done, checkpoint.step_in_epoch);
+  std::string error;
+  if (communicator.rank() == 0) {
+    try {
+      write_checkpoint_atomically(checkpoint, path);
+    } catch (const DataError& e) {
+      error = e.what();
+    }
+  }
+  auto failed = torch::full({1}, error.empty() ? 0 : 1, torch::dtype(torch::kInt64).device(device));
+  communicator.allreduce_max(failed, "checkpoint agreement");
+  if (!error.empty()) throw DataError(error);
+  if (failed.item<int64_t>() != 0) {
+    throw DataError("rank 0 could not write checkpoint " + path + " (see rank 0's error)");
+  }
+  return path;
+}
+
+// The largest signal number any rank was asked to stop with, or 0: every rank gets the same
+// answer at the same step, so all of them stop together.
+int agreed_stop_signal(const std::atomic<int>* stop_signal, Communicator& communicator,
+                       const torch::Device& device) {
+  const int local = stop_signal ? stop_signal->load() : 0;
+  if (communicator.world_size() == 1) return local;
+  auto flag = torch::full({1}, local, torch::dtype(torch::kInt64).device(device));
+  communicator.allreduce_max(flag, "stop agreement");
+  return static_cast<int>(flag.item<int64_t>());
+}
+
+// Note [Non-finite steps]
+// The decision is taken on the all-reduced gradient, which is the same on every rank, so the
+// ranks agree without a collective of their own. kSkip must know before the update and reads
+// the flag every step; kStop only records the first bad step on the device and reads it at the
+// host check points, so a GPU epoch never waits for it.
+torch::Tensor gradients_finite(const Reducer& reducer) {
+  torch::Tensor finite;
+  for (size_t i = 0; i < reducer.num_buckets(); ++i) {
+    auto bucket_finite = torch::isfinite(reducer.bucket(i)).all();
+    finite = finite.defined() ? finite.logical_and(bucket_finite) : bucket_finite;
+  }
+  return finite;  // () bool
+}
+
 // ---- One rank -----------------------------------------------------------------
 
 TrainResult run_rank(const FashionMnist& data, const TrainOptions& options, const RankPlan& plan,
-                     const EpochCallback& on_epoch, const StepCallback& on_step) {
+                     const TrainCallbacks& callbacks) {
   at::set_num_threads(plan.threads);  // intra-op threads are per calling thread under OpenMP
   // This thread's current device: new tensors, NCCL and cuDNN handles go where the replica is.
   const c10::DeviceGuard device_guard(plan.device);
   // The callbacks run on one rank per process, the first of this process's replicas; whether
-  // anything is printed is the caller's choice. The model is saved by global rank 0 only.
+  // anything is printed is the caller's choice. Files are written by global rank 0 only.
   const bool reporter = plan.first_local;
 
   // Rendezvous: every rank present, agreeing on the world, then the process group.
@@ -142,48 +217,157 @@ TrainResult run_rank(const FashionMnist& data, const TrainOptions& options, cons
         std::make_unique<Communicator>(plan.store, plan.rank, plan.world_size, world_options);
   }
 
-  // The replica: the same seed on every rank, and rank 0's state broadcast to make sure.
+  if (plan.world_size > 1 && options.resume && !plan.evaluate_only) {
+    // Processes that found different newest checkpoints (or none) must not mix them.
+    const int64_t position =
+        plan.start ? plan.start->epochs_done * (int64_t{1} << 32) + plan.start->step_in_epoch
+                   : -1;
+    auto extremes = torch::tensor({position, -position}, torch::kInt64).to(plan.device);
+    communicator->allreduce_max(extremes, "resume agreement");
+    if (extremes[0].item<int64_t>() != -extremes[1].item<int64_t>()) {
+      throw CollectiveError(
+          "rank " + std::to_string(plan.rank) + " resumes from " +
+          (plan.start ? plan.start_name : std::string("no checkpoint")) +
+          " but another rank found a different newest checkpoint; give every rank the same "
+          "--checkpoint-dir");
+    }
+  }
+  // The replica: the same seed on every rank (or the start's weights), and rank 0's state
+  // broadcast to make sure.
   ResNet model(ResNetOptions{kNumClasses, /*in_channels=*/1, options.width});
   init_reference_weights(*model, options.seed);
+  const Checkpoint* start = plan.evaluate_only ? nullptr : plan.start;
+  if (plan.start) load_model_tensors(*model, plan.start->tensors, plan.start_name);
   model->to(plan.device);
+  if (options.channels_last) convert_to_channels_last(*model);
   if (options.sync_bn) set_batch_norm_sync(*model, communicator.get());
   broadcast_from_rank0(*model, *communicator);
   result.parameter_count = count_parameters(*model);
 
-  Reducer reducer(model->parameters(), *communicator, options.bucket_bytes);
-  torch::optim::SGD optimizer(model->parameters(), torch::optim::SGDOptions(options.lr));
-
   const DeviceData device_data{data.train.images.to(plan.device), data.train.labels.to(plan.device),
                                data.test.images.to(plan.device), data.test.labels.to(plan.device)};
+  if (plan.evaluate_only) {
+    const auto totals = evaluate(model, device_data, options.batch_size, options, *communicator);
+    EpochStats stats;
+    stats.test_loss = totals[0];
+    stats.test_acc = totals[1];
+    stats.steps = static_cast<int64_t>(totals[2]);
+    result.epochs.push_back(stats);
+    communicator->barrier("final barrier");
+    return result;
+  }
+
+  // The reducer also takes over the parameters' storage, for its one-update-per-bucket SGD.
+  Reducer reducer(model->parameters(), *communicator, options.bucket_bytes);
   const int64_t num_train = data.train.size();
   const int64_t batches_per_epoch = num_batches(num_train, options.batch_size);
+  BatchAssembler assembler(
+      shard_range(std::min(options.batch_size, num_train), plan.world_size, 0).second,
+      plan.device, options.channels_last);
+  const auto config = checkpoint_config(options, num_train, plan.world_size);
 
+  // Where to begin: a resumed run carries on at the checkpoint's epoch and step, with the
+  // unfinished epoch's sums and seconds so far (held by rank 0 alone, as they are global).
+  int64_t first_epoch = 0;
+  int64_t first_step = 0;
   int64_t global_step = 0;
-  for (int64_t epoch = 0; epoch < options.epochs; ++epoch) {
+  if (start) {
+    first_epoch = start->epochs_done;
+    first_step = start->step_in_epoch;
+    global_step = start->global_step;
+    result.epochs = start->history;
+    result.resumed_from = plan.start_name;
+    if (reporter && callbacks.on_resume) callbacks.on_resume(plan.start_name);
+  }
+
+  // Host check points: where the ranks agree on a stop request and kStop reads the non-finite
+  // record. Every step on the CPU, where reading costs nothing; sparser on a GPU.
+  const int64_t check_every = plan.device.is_cpu() ? 1 : 25;
+  auto first_bad_step =
+      torch::full({}, -1, torch::dtype(torch::kInt64).device(plan.device));  // () global step
+  const auto throw_if_nonfinite = [&] {
+    const int64_t bad = first_bad_step.item<int64_t>();
+    if (bad < 0) return;
+    throw std::runtime_error(
+        "epoch " + std::to_string((bad - 1) / batches_per_epoch + 1) + " step " +
+        std::to_string((bad - 1) % batches_per_epoch + 1) +
+        ": the gradient is not finite (NaN or infinity); training stopped" +
+        (result.last_checkpoint ? "; the last good checkpoint is " + *result.last_checkpoint
+                                : std::string()) +
+        ". Lower --lr, or pass --on-nonfinite skip");
+  };
+  // kSkip restores the BatchNorm statistics that the skipped step's forward pass moved.
+  std::vector<torch::Tensor> buffers, saved_buffers;
+  if (options.on_nonfinite == NonFinite::kSkip) {
+    for (auto& b : model->buffers()) {
+      buffers.push_back(b);
+      saved_buffers.push_back(b.detach().clone());
+    }
+  }
+  const auto make_checkpoint = [&](int64_t epochs_done, int64_t step_in_epoch,
+                                   std::array<double, 3> partial_sums, double partial_seconds) {
+    Checkpoint checkpoint;
+    checkpoint.config = config;
+    checkpoint.epochs_done = epochs_done;
+    checkpoint.step_in_epoch = step_in_epoch;
+    checkpoint.global_step = global_step;
+    checkpoint.partial_sums = partial_sums;
+    checkpoint.partial_seconds = partial_seconds;
+    checkpoint.history = result.epochs;
+    checkpoint.tensors = model_tensors(*model);
+    return checkpoint;
+  };
+  const auto save = [&](const Checkpoint& checkpoint) {
+    const auto path =
+        save_checkpoint_on_rank0(checkpoint, *options.checkpoint_dir, *communicator, plan.device);
+    result.last_checkpoint = path;
+    if (reporter && callbacks.on_checkpoint) callbacks.on_checkpoint(path);
+  };
+
+  for (int64_t epoch = first_epoch; epoch < options.epochs; ++epoch) {
     if (options.max_steps > 0 && global_step >= options.max_steps) break;
     const auto order_host = epoch_order(num_train, options.seed, epoch);
     const auto order = torch::tensor(order_host, torch::kInt64).to(plan.device);  // (N_train)
     model->train();
     Tally tally(plan.device);
+    const int64_t resume_step = epoch == first_epoch ? first_step : 0;
+    double seconds_before = 0;  // of this epoch, before a resume
+    if (resume_step > 0 && start) {
+      seconds_before = start->partial_seconds;
+      if (plan.rank == 0) {
+        tally.sums.copy_(torch::tensor({start->partial_sums[0], start->partial_sums[1],
+                                        start->partial_sums[2]},
+                                       torch::kFloat64));
+      }
+    }
 
     synchronize(plan.device);
-    const auto start = std::chrono::steady_clock::now();
-    int64_t steps = 0;
-    for (int64_t b = 0; b < batches_per_epoch; ++b) {
+    const auto start_time = std::chrono::steady_clock::now();
+    const auto elapsed = [&] {
+      return std::chrono::duration<double>(std::chrono::steady_clock::now() - start_time).count();
+    };
+    int64_t steps = resume_step;
+    int64_t images = resume_step * options.batch_size;
+    int stop = 0;
+    for (int64_t b = resume_step; b < batches_per_epoch; ++b) {
       if (options.max_steps > 0 && global_step >= options.max_steps) break;
       const auto [begin, end] = batch_range(num_train, options.batch_size, b);
       const int64_t global_batch = end - begin;
       const auto [shard_begin, shard_end] = shard_range(global_batch, plan.world_size, plan.rank);
       const auto index = order.narrow(0, begin + shard_begin, shard_end - shard_begin);  // (n)
-      const auto x =
-          to_model_input(device_data.train_images.index_select(0, index));  // (n,1,28,28)
-      const auto y = device_data.train_labels.index_select(0, index);       // (n)
+      // x: (n, 1, 28, 28), y: (n), in buffers reused by every step.
+      const auto [x, y] =
+          assembler.gather(device_data.train_images, device_data.train_labels, index);
 
       // zero grad -> forward -> loss -> backward (buckets all-reduce as they fill) -> wait -> step
       reducer.zero_grad();
       torch::Tensor loss_sum, logits;
       if (index.size(0) > 0 || options.sync_bn) {
-        logits = model->forward(x);  // (n, 10)
+        {
+          const AutocastGuard autocast(plan.device, options.amp);
+          logits = model->forward(x);  // (n, 10)
+        }
+        logits = logits.to(torch::kFloat32);  // the loss in float32 whatever the forward's type
         loss_sum = F::cross_entropy(logits, y, F::CrossEntropyFuncOptions().reduction(torch::kSum));
       } else {
         // A replica with no examples (a global batch smaller than the world) still joins every
@@ -200,22 +384,66 @@ TrainResult run_rank(const FashionMnist& data, const TrainOptions& options, cons
       reducer.prepare_for_backward();
       loss.backward();
       reducer.finalize_backward();
-      optimizer.step();
-
-      tally.add(loss_sum, logits, y);
-      ++steps;
       ++global_step;
-      if (reporter && on_step) {
-        on_step(StepStats{epoch + 1, steps, batches_per_epoch,
-                          loss_sum.item<double>() / std::max<int64_t>(index.size(0), 1)});
+      const auto finite = gradients_finite(reducer);  // the same on every rank
+      if (options.on_nonfinite == NonFinite::kSkip) {
+        torch::NoGradGuard no_grad;
+        if (!finite.item<bool>()) {
+          for (size_t i = 0; i < buffers.size(); ++i) buffers[i].copy_(saved_buffers[i]);
+          ++result.skipped_steps;
+        } else {
+          reducer.sgd_step(options.lr);
+          tally.add(loss_sum, logits, y);
+          for (size_t i = 0; i < buffers.size(); ++i) saved_buffers[i].copy_(buffers[i]);
+        }
+      } else {
+        first_bad_step.masked_fill_(first_bad_step.lt(0).logical_and(finite.logical_not()),
+                                    global_step);
+        reducer.sgd_step(options.lr);
+        tally.add(loss_sum, logits, y);
+      }
+      ++steps;
+      images += global_batch;
+      if (reporter && callbacks.on_step) {
+        callbacks.on_step(StepStats{epoch + 1, steps, batches_per_epoch,
+                                    loss_sum.item<double>() / std::max<int64_t>(index.size(0), 1)});
+      }
+      if (reporter && callbacks.on_progress && options.progress_every > 0 &&
+          (steps % options.progress_every == 0 || steps == batches_per_epoch)) {
+        const auto sums = tally.sums.to(torch::kCPU);
+        const double count = std::max(sums[2].item<double>(), 1.0);
+        callbacks.on_progress(ProgressStats{epoch + 1, options.epochs, steps, batches_per_epoch,
+                                            images, seconds_before + elapsed(),
+                                            sums[0].item<double>() / count,
+                                            sums[1].item<double>() / count});
       }
       if (options.check_replicas_every > 0 && global_step % options.check_replicas_every == 0) {
         check_replicas_identical(*model, *communicator, global_step);
       }
+      if (global_step % check_every == 0 && b + 1 < batches_per_epoch) {
+        if (options.on_nonfinite == NonFinite::kStop) throw_if_nonfinite();
+        stop = agreed_stop_signal(options.stop_signal, *communicator, plan.device);
+        if (stop != 0) break;
+      }
     }
     synchronize(plan.device);
-    const double seconds =
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    const double seconds = seconds_before + elapsed();
+    if (options.on_nonfinite == NonFinite::kStop) throw_if_nonfinite();
+
+    if (stop != 0) {
+      // Stopped inside the epoch: keep its sums so far, summed over the ranks, for the resume.
+      result.stopped_by = stop;
+      if (options.checkpoint_dir) {
+        auto sums = tally.sums.clone();
+        communicator->allreduce_sum(sums, "partial epoch sums");
+        const auto host = sums.to(torch::kCPU);
+        save(make_checkpoint(epoch, steps,
+                             {host[0].item<double>(), host[1].item<double>(),
+                              host[2].item<double>()},
+                             seconds));
+      }
+      break;
+    }
 
     EpochStats stats;
     stats.epoch = epoch + 1;
@@ -233,15 +461,31 @@ TrainResult run_rank(const FashionMnist& data, const TrainOptions& options, cons
     }
     // Every rank must evaluate the same model: average the per-replica running statistics.
     average_buffers(*model, *communicator);
-    const auto test_totals = evaluate(model, device_data, options.batch_size, *communicator);
+    const auto test_totals =
+        evaluate(model, device_data, options.batch_size, options, *communicator);
     stats.test_loss = test_totals[0];
     stats.test_acc = test_totals[1];
     result.epochs.push_back(stats);
-    if (reporter && on_epoch) on_epoch(stats);
+    if (reporter && callbacks.on_epoch) callbacks.on_epoch(stats);
+
+    const bool last = epoch + 1 == options.epochs;
+    if (options.checkpoint_dir && ((epoch + 1) % options.checkpoint_every == 0 || last)) {
+      save(make_checkpoint(epoch + 1, 0, {0, 0, 0}, 0));
+    }
+    // A stop requested during the evaluation or the checkpoint ends the run here.
+    if (!last) {
+      stop = agreed_stop_signal(options.stop_signal, *communicator, plan.device);
+      if (stop != 0) {
+        result.stopped_by = stop;
+        break;
+      }
+    }
   }
   if (options.check_replicas_every > 0)
     check_replicas_identical(*model, *communicator, global_step);
-  if (plan.rank == 0 && options.save_model) save_model_atomically(model, *options.save_model);
+  if (plan.rank == 0 && options.save_model && result.stopped_by == 0) {
+    save_model_atomically(model, *options.save_model);
+  }
   // No rank leaves while others may still talk to it.
   communicator->barrier("final barrier");
   return result;
@@ -284,13 +528,19 @@ void check_world(const TrainOptions& options, const WorldPlan& world) {
   }
 }
 
-TrainResult train(const FashionMnist& data, const TrainOptions& options, const WorldPlan& world,
-                  const EpochCallback& on_epoch, const StepCallback& on_step) {
+namespace {
+
+// Runs one rank per local device (a thread each when there are several) and returns the first
+// local replica's result.
+TrainResult run_world(const FashionMnist& data, const TrainOptions& options,
+                      const WorldPlan& world, RankPlan base, const TrainCallbacks& callbacks) {
   check_world(options, world);
   const auto local = static_cast<int>(world.local_devices.size());
+  if (world.local_devices.front().is_cuda()) {
+    at::globalContext().setBenchmarkCuDNN(options.cudnn_benchmark);
+  }
   const int total_threads =
       options.threads > 0 ? static_cast<int>(options.threads) : at::get_num_threads();
-  RankPlan base;
   base.world_size = world.world_size;
   base.threads = std::max(1, total_threads / local);
   base.loopback = !world.multi_process;
@@ -308,7 +558,7 @@ TrainResult train(const FashionMnist& data, const TrainOptions& options, const W
     RankPlan plan = base;
     plan.rank = world.first_rank;
     plan.device = world.local_devices[0];
-    return run_rank(data, options, plan, on_epoch, on_step);
+    return run_rank(data, options, plan, callbacks);
   }
 
   // Replicas in this process: a thread each. The first failure is reported; the others usually
@@ -323,7 +573,7 @@ TrainResult train(const FashionMnist& data, const TrainOptions& options, const W
       plan.first_local = i == 0;
       plan.device = world.local_devices[static_cast<size_t>(i)];
       try {
-        results[static_cast<size_t>(i)] = run_rank(data, options, plan, on_epoch, on_step);
+        results[static_cast<size_t>(i)] = run_rank(data, options, plan, callbacks);
       } catch (...) {
         errors[static_cast<size_t>(i)] = std::current_exception();
       }
@@ -344,6 +594,70 @@ TrainResult train(const FashionMnist& data, const TrainOptions& options, const W
   }
   if (first_collective) std::rethrow_exception(first_collective);
   return results.front();
+}
+
+}  // namespace
+
+TrainResult train(const FashionMnist& data, const TrainOptions& options, const WorldPlan& world,
+                  const TrainCallbacks& callbacks) {
+  check_world(options, world);
+  if (options.resume && !options.checkpoint_dir) {
+    throw UsageError("--resume needs --checkpoint-dir, where the checkpoints are");
+  }
+  if (options.checkpoint_dir) prepare_checkpoint_directory(*options.checkpoint_dir);
+  RankPlan base;
+  std::optional<std::pair<std::string, Checkpoint>> start;
+  if (options.resume) {
+    // Each process reads the directory itself (a shared file system under a launcher); the
+    // ranks then check that they all start from the same position.
+    start = newest_valid_checkpoint(*options.checkpoint_dir, nullptr);
+    if (start) {
+      const auto& [path, checkpoint] = *start;
+      check_checkpoint_matches(checkpoint.config,
+                               checkpoint_config(options, data.train.size(), world.world_size),
+                               path);
+      const auto differ = [&](const char* flag, const std::string& was, const std::string& is) {
+        if (was != is) {
+          throw UsageError("--resume: checkpoint " + path + " was written with " + flag + " " +
+                           was + ", this run has " + is + "; the data order would not continue");
+        }
+      };
+      differ("--batch-size", std::to_string(checkpoint.config.batch_size),
+             std::to_string(options.batch_size));
+      differ("--seed", std::to_string(checkpoint.config.seed), std::to_string(options.seed));
+      differ("a training set of", std::to_string(checkpoint.config.train_size),
+             std::to_string(data.train.size()));
+      base.start = &checkpoint;
+      base.start_name = path;
+    }
+  }
+  return run_world(data, options, world, base, callbacks);
+}
+
+TrainResult train(const FashionMnist& data, const TrainOptions& options, const WorldPlan& world,
+                  const EpochCallback& on_epoch, const StepCallback& on_step) {
+  TrainCallbacks callbacks;
+  callbacks.on_epoch = on_epoch;
+  callbacks.on_step = on_step;
+  return train(data, options, world, callbacks);
+}
+
+EvalResult evaluate_weights(const FashionMnist& data, const TrainOptions& options,
+                            const WorldPlan& world,
+                            const std::vector<std::pair<std::string, torch::Tensor>>& weights) {
+  Checkpoint start;
+  start.tensors = weights;
+  RankPlan base;
+  base.start = &start;
+  base.start_name = "to evaluate";
+  base.evaluate_only = true;
+  const auto result = run_world(data, options, world, base, TrainCallbacks{});
+  EvalResult eval;
+  eval.test_loss = result.epochs.front().test_loss;
+  eval.test_acc = result.epochs.front().test_acc;
+  eval.examples = result.epochs.front().steps;
+  eval.devices = result.devices;
+  return eval;
 }
 
 }  // namespace dptrain

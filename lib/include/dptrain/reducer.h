@@ -1,7 +1,8 @@
 // Our gradient all-reduce: parameters are grouped into flat buckets, every .grad is a view into
 // its bucket, and each bucket's asynchronous all-reduce starts as soon as autograd has
 // accumulated all of its gradients, so communication overlaps the rest of backward.
-// Not here: the loss weighting that makes the sum a mean (train.cpp), or the optimizer.
+// The parameters themselves move into the same flat layout, so that plain SGD is one update per
+// bucket. Not here: the loss weighting that makes the sum a mean (train.cpp).
 #pragma once
 
 #include <torch/types.h>
@@ -32,8 +33,10 @@ constexpr int64_t kDefaultBucketBytes = 25 * 1024 * 1024;  // DDP's default buck
 
 class Reducer {
  public:
-  // `parameters` must all have the same dtype and device. Their .grad tensors become views into
-  // the buckets (zero-initialised). The communicator must outlive the reducer.
+  // `parameters` must all have the same dtype and device, and be dense (contiguous or
+  // channels-last). Their data moves into flat per-bucket storage (values unchanged) and their
+  // .grad tensors become views into the gradient buckets (zero-initialised), both with the
+  // parameter's strides. The communicator must outlive the reducer.
   Reducer(std::vector<torch::Tensor> parameters, Communicator& communicator,
           int64_t bucket_bytes = kDefaultBucketBytes);
   ~Reducer();
@@ -48,6 +51,10 @@ class Reducer {
   // Throws CollectiveError when a peer fails, std::logic_error when a parameter got no gradient.
   void finalize_backward();
 
+  // Plain SGD on every parameter: p -= lr * p.grad, one fused update per bucket. Bit-identical
+  // to torch::optim::SGD without momentum or weight decay.
+  void sgd_step(double lr);
+
   size_t num_buckets() const { return buckets_.size(); }
   // The flat gradient storage of bucket `i`, (numel) of the parameters' dtype.
   const torch::Tensor& bucket(size_t i) const { return buckets_[i].flat; }
@@ -56,6 +63,7 @@ class Reducer {
  private:
   struct Bucket {
     torch::Tensor flat;              // (sum of numel) gradient storage
+    torch::Tensor parameter_flat;    // (sum of numel) parameter storage, the same layout
     std::vector<size_t> parameters;  // indices into parameters_
     size_t pending = 0;              // gradients still to come this step
     Communicator::Pending work;      // the all-reduce in flight

@@ -16,4 +16,15 @@ std::string format_epoch_line(const EpochStats& stats);
 // mean training time per epoch, as the book's train function prints them.
 std::string format_final_line(const TrainResult& result);
 
+// Progress inside an epoch. The bar is for a terminal, redrawn in place by the caller:
+// "epoch 2/10 [########............] 120/235  4512 img/s  loss 0.4123  acc 0.8512  ETA 0:21"
+// (`bar_width` characters between the brackets). The line is the same figures for logs:
+// "epoch 2/10 step 120/235: loss 0.4123, acc 0.8512, 4512 img/s, 21 s left". Neither holds a
+// control character.
+std::string format_progress_bar(const ProgressStats& progress, int bar_width);
+std::string format_progress_line(const ProgressStats& progress);
+
+// "test acc: 0.9012, test loss 0.2734 (10000 images) on [cpu, cpu]", for dptrain eval.
+std::string format_eval_line(const EvalResult& result);
+
 }  // namespace dptrain

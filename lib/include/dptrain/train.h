@@ -6,6 +6,7 @@
 
 #include <torch/types.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <functional>
@@ -13,12 +14,21 @@
 #include <string>
 #include <vector>
 
+#include "dptrain/autocast.h"
+#include "dptrain/checkpoint.h"
 #include "dptrain/data.h"
 #include "dptrain/distributed.h"
+#include "dptrain/epoch_stats.h"
 #include "dptrain/reducer.h"
 #include "dptrain/rendezvous.h"
 
 namespace dptrain {
+
+// What to do with a step whose all-reduced gradient holds a NaN or an infinity.
+enum class NonFinite {
+  kStop,  // stop with an error naming the epoch and step; the last good checkpoint is kept
+  kSkip,  // leave the weights and BatchNorm statistics as they were (every rank agrees)
+};
 
 struct TrainOptions {
   int64_t epochs = 10;
@@ -29,12 +39,28 @@ struct TrainOptions {
   int64_t threads = 0;  // intra-op CPU threads for the whole process; 0 = all cores
   Backend backend = Backend::kGloo;
   bool sync_bn = false;  // all-reduce BatchNorm batch statistics over replicas
+  // The fast path. Channels-last and cuDNN's benchmark mode change results by float rounding
+  // only, so they are on by default; bfloat16 autocast changes them more and is opt-in.
+  bool channels_last = true;    // weights, activations and inputs laid out (N, H, W, C)
+  bool cudnn_benchmark = true;  // let cuDNN time its algorithms for each shape (CUDA only)
+  Amp amp = Amp::kOff;          // autocast the forward pass
   int64_t bucket_bytes = kDefaultBucketBytes;
   int64_t check_replicas_every = 0;  // verify bit-identical replicas every N steps; 0 = never
   std::chrono::milliseconds timeout{std::chrono::minutes(5)};
   // Stop after this many steps in total (for tests and benchmarks); 0 = run every epoch fully.
   int64_t max_steps = 0;
   std::optional<std::string> save_model;  // rank 0 writes the final weights here (torch::save)
+
+  // Checkpoints (checkpoint.h): rank 0 writes one into this directory every `checkpoint_every`
+  // epochs, after the last epoch, and when a stop is requested.
+  std::optional<std::string> checkpoint_dir;
+  int64_t checkpoint_every = 1;
+  bool resume = false;  // start from the newest valid checkpoint in checkpoint_dir, if any
+  // Set to a signal number (by a signal handler) to stop: the ranks agree on it at the next
+  // step boundary, write a checkpoint, and train() returns with TrainResult::stopped_by set.
+  const std::atomic<int>* stop_signal = nullptr;
+  NonFinite on_nonfinite = NonFinite::kStop;
+  int64_t progress_every = 0;  // steps between progress callbacks; 0 = none
 };
 
 // Where this process stands: all replicas in this process (one thread per device), or one rank
@@ -47,23 +73,28 @@ struct WorldPlan {
   LaunchEnvironment launch;  // multi-process only: where the ranks meet
 };
 
-struct EpochStats {
-  int64_t epoch = 0;  // 1-based
-  int64_t epochs = 0;
-  double train_loss = 0;  // mean cross-entropy over the epoch's training examples
-  double train_acc = 0;
-  double test_loss = 0;
-  double test_acc = 0;
-  double seconds = 0;  // training only, devices synchronised
-  double images_per_second = 0;
-  int64_t steps = 0;
-};
-
 struct TrainResult {
-  std::vector<EpochStats> epochs;
+  std::vector<EpochStats> epochs;  // every finished epoch, those before a resume included
   std::vector<std::string> devices;  // every rank's device, in rank order
   int world_size = 1;
   int64_t parameter_count = 0;
+  std::optional<std::string> resumed_from;  // the checkpoint the run started from
+  std::optional<std::string> last_checkpoint;
+  int stopped_by = 0;         // the signal that stopped the run early, or 0
+  int64_t skipped_steps = 0;  // steps left out under NonFinite::kSkip
+};
+
+// Where an epoch is, for a progress bar: read from this process's first replica every
+// TrainOptions::progress_every steps (reading makes the host wait for the device).
+struct ProgressStats {
+  int64_t epoch = 0;  // 1-based
+  int64_t epochs = 0;
+  int64_t step = 0;  // steps done in this epoch
+  int64_t steps_in_epoch = 0;
+  int64_t images = 0;  // global examples trained on in this epoch so far
+  double seconds = 0;  // since this epoch (or its resumed part) started
+  double running_loss = 0;  // this replica's shard: mean loss and accuracy so far this epoch
+  double running_acc = 0;
 };
 
 struct StepStats {
@@ -80,6 +111,16 @@ using EpochCallback = std::function<void(const EpochStats&)>;
 // wait for the device, so leave it null where speed matters.
 using StepCallback = std::function<void(const StepStats&)>;
 
+using ProgressCallback = std::function<void(const ProgressStats&)>;
+
+struct TrainCallbacks {
+  EpochCallback on_epoch;
+  StepCallback on_step;
+  ProgressCallback on_progress;
+  std::function<void(const std::string& path)> on_checkpoint;  // after each checkpoint written
+  std::function<void(const std::string& path)> on_resume;      // before training resumes
+};
+
 // Checks that `options` can run on `world` (batch size, backend against devices) without
 // touching data or devices; throws UsageError. train() checks the same.
 void check_world(const TrainOptions& options, const WorldPlan& world);
@@ -87,6 +128,22 @@ void check_world(const TrainOptions& options, const WorldPlan& world);
 // Runs the whole training. Returns the first local replica's result; every rank's figures are
 // the same, as they are all-reduced. Throws UsageError, DataError or CollectiveError.
 TrainResult train(const FashionMnist& data, const TrainOptions& options, const WorldPlan& world,
+                  const TrainCallbacks& callbacks);
+TrainResult train(const FashionMnist& data, const TrainOptions& options, const WorldPlan& world,
                   const EpochCallback& on_epoch = nullptr, const StepCallback& on_step = nullptr);
+
+struct EvalResult {
+  double test_loss = 0;
+  double test_acc = 0;
+  int64_t examples = 0;
+  std::vector<std::string> devices;  // every rank's device, in rank order
+};
+
+// Evaluates the given weights (checkpoint tensors, named as in the model) on the test set,
+// sharded over the replicas of `world` as after each training epoch. Uses the width, threads,
+// timeout, memory format and autocast of `options`.
+EvalResult evaluate_weights(const FashionMnist& data, const TrainOptions& options,
+                            const WorldPlan& world,
+                            const std::vector<std::pair<std::string, torch::Tensor>>& weights);
 
 }  // namespace dptrain

@@ -1,0 +1,91 @@
+// Checkpoints: the whole state of a run at a step boundary (weights, position, the figures so
+// far, the configuration) in dptrain's own small file format, written atomically, and a reader
+// that refuses anything else with one clear line. Not here: when to save (train.cpp).
+//
+// File layout, little-endian:
+//   8 bytes  magic "DPTRNCKP"
+//   u32      format version (kCheckpointFormatVersion)
+//   u64      payload size in bytes
+//   u32      CRC-32 of the payload (zlib's)
+//   payload: the configuration, the position, the epoch history, then the named tensors
+//            (name, dtype code, rank, dims, raw bytes in row-major order).
+#pragma once
+
+#include <torch/nn/module.h>
+#include <torch/types.h>
+
+#include <array>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "dptrain/epoch_stats.h"
+
+namespace dptrain {
+
+constexpr uint32_t kCheckpointFormatVersion = 1;
+
+// What a checkpoint must agree with before its weights can be used (width, classes, input
+// channels) and what it records of the run that wrote it (the rest).
+struct CheckpointConfig {
+  int64_t width = 0;
+  int64_t num_classes = 0;
+  int64_t in_channels = 0;
+  int64_t batch_size = 0;
+  double lr = 0;
+  uint64_t seed = 0;
+  int64_t train_size = 0;  // training examples per epoch
+  int64_t world_size = 0;
+};
+
+struct Checkpoint {
+  CheckpointConfig config;
+  int64_t epochs_done = 0;    // complete epochs
+  int64_t step_in_epoch = 0;  // steps already taken in epoch epochs_done + 1 (0: at a boundary)
+  int64_t global_step = 0;
+  // The unfinished epoch's sums over all ranks (loss sum, correct, count) and training seconds,
+  // so that a resumed epoch reports the same figures as an uninterrupted one.
+  std::array<double, 3> partial_sums{0, 0, 0};
+  double partial_seconds = 0;
+  std::vector<EpochStats> history;  // the finished epochs' figures
+  // Parameters and buffers by their model names, on the CPU, contiguous.
+  std::vector<std::pair<std::string, torch::Tensor>> tensors;
+};
+
+std::vector<uint8_t> serialize_checkpoint(const Checkpoint& checkpoint);
+// Throws DataError naming `name` and what is wrong: foreign, truncated, corrupt, newer format.
+Checkpoint parse_checkpoint(const std::vector<uint8_t>& bytes, const std::string& name);
+
+// Writes `path` through a temporary file in the same directory, fsync and rename, so that a
+// crash or a full disk never leaves a half-written file under `path` or harms an older
+// checkpoint. Throws DataError with the path and the cause.
+void write_checkpoint_atomically(const Checkpoint& checkpoint, const std::string& path);
+Checkpoint read_checkpoint(const std::string& path);
+
+// Creates `directory` (and its parents) if missing and checks that it can be written, so that a
+// bad --checkpoint-dir fails before training rather than after the first epoch. DataError.
+void prepare_checkpoint_directory(const std::string& directory);
+
+// "checkpoint-e0003-s000000.dpt": sorts by position.
+std::string checkpoint_file_name(int64_t epochs_done, int64_t step_in_epoch);
+
+// The newest checkpoint in `directory` that reads back completely, or nothing. Each newer file
+// that fails to read is listed in `skipped` with the reason.
+std::optional<std::pair<std::string, Checkpoint>> newest_valid_checkpoint(
+    const std::string& directory, std::vector<std::string>* skipped);
+
+// Throws UsageError listing every model setting in which `saved` differs from `run`
+// ("checkpoint F was written for --width 8, this run has --width 16").
+void check_checkpoint_matches(const CheckpointConfig& saved, const CheckpointConfig& run,
+                              const std::string& name);
+
+// The model's parameters and buffers as checkpoint tensors (CPU copies), and back. Loading
+// checks that every name is present with its shape; throws DataError otherwise.
+std::vector<std::pair<std::string, torch::Tensor>> model_tensors(const torch::nn::Module& model);
+void load_model_tensors(torch::nn::Module& model,
+                        const std::vector<std::pair<std::string, torch::Tensor>>& tensors,
+                        const std::string& name);
+
+}  // namespace dptrain

@@ -1,0 +1,491 @@
+// The checkpoint file format, its atomic writer and its strict reader. See checkpoint.h.
+#include "dptrain/checkpoint.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <zlib.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <limits>
+#include <map>
+#include <sstream>
+
+#include "dptrain/errors.h"
+
+namespace dptrain {
+namespace {
+
+constexpr char kMagic[8] = {'D', 'P', 'T', 'R', 'N', 'C', 'K', 'P'};
+constexpr size_t kHeaderBytes = 8 + 4 + 8 + 4;
+constexpr uint64_t kMaxTensors = 100000;  // far above any model dptrain builds
+constexpr uint64_t kMaxRank = 8;
+constexpr uint64_t kMaxName = 4096;
+constexpr uint64_t kMaxEpochs = 1000000;
+
+// ---- Little-endian encoding --------------------------------------------------------------
+
+class ByteWriter {
+ public:
+  void u32(uint32_t v) { put(v, 4); }
+  void u64(uint64_t v) { put(v, 8); }
+  void i64(int64_t v) { put(static_cast<uint64_t>(v), 8); }
+  void f64(double v) {
+    uint64_t bits;
+    std::memcpy(&bits, &v, 8);
+    put(bits, 8);
+  }
+  void text(const std::string& s) {
+    u64(s.size());
+    bytes_.insert(bytes_.end(), s.begin(), s.end());
+  }
+  void raw(const void* data, size_t size) {
+    const auto* p = static_cast<const uint8_t*>(data);
+    bytes_.insert(bytes_.end(), p, p + size);
+  }
+  std::vector<uint8_t>& bytes() { return bytes_; }
+
+ private:
+  void put(uint64_t v, int n) {
+    for (int i = 0; i < n; ++i) bytes_.push_back(static_cast<uint8_t>(v >> (8 * i)));
+  }
+  std::vector<uint8_t> bytes_;
+};
+
+// Every read is bounds-checked; running off the end is a DataError naming the file.
+class ByteReader {
+ public:
+  ByteReader(const uint8_t* data, size_t size, const std::string& name)
+      : data_(data), size_(size), name_(name) {}
+  uint32_t u32() { return static_cast<uint32_t>(get(4)); }
+  uint64_t u64() { return get(8); }
+  int64_t i64() { return static_cast<int64_t>(get(8)); }
+  double f64() {
+    const uint64_t bits = get(8);
+    double v;
+    std::memcpy(&v, &bits, 8);
+    return v;
+  }
+  std::string text(uint64_t max_size, const char* what) {
+    const uint64_t n = u64();
+    if (n > max_size) fail(std::string(what) + " of " + std::to_string(n) + " bytes");
+    need(n);
+    std::string s(reinterpret_cast<const char*>(data_ + offset_), n);
+    offset_ += n;
+    return s;
+  }
+  const uint8_t* raw(uint64_t n) {
+    need(n);
+    const uint8_t* p = data_ + offset_;
+    offset_ += n;
+    return p;
+  }
+  size_t remaining() const { return size_ - offset_; }
+  [[noreturn]] void fail(const std::string& what) const {
+    throw DataError("checkpoint " + name_ + ": corrupt: " + what + " at byte " +
+                    std::to_string(offset_));
+  }
+
+ private:
+  void need(uint64_t n) const {
+    if (n > size_ - offset_) {
+      throw DataError("checkpoint " + name_ + ": truncated: needs " + std::to_string(n) +
+                      " more bytes at byte " + std::to_string(offset_) + " of " +
+                      std::to_string(size_));
+    }
+  }
+  uint64_t get(int n) {
+    need(static_cast<uint64_t>(n));
+    uint64_t v = 0;
+    for (int i = 0; i < n; ++i) v |= static_cast<uint64_t>(data_[offset_ + i]) << (8 * i);
+    offset_ += static_cast<size_t>(n);
+    return v;
+  }
+  const uint8_t* data_;
+  size_t size_;
+  size_t offset_ = 0;
+  const std::string& name_;
+};
+
+// The dtypes a model of ours holds; the codes are part of the file format.
+uint32_t dtype_code(torch::ScalarType type) {
+  switch (type) {
+    case torch::kFloat32: return 1;
+    case torch::kFloat64: return 2;
+    case torch::kInt64: return 3;
+    case torch::kBFloat16: return 4;
+    case torch::kFloat16: return 5;
+    default: TORCH_CHECK(false, "checkpoint: no code for dtype ", type);
+  }
+}
+
+std::optional<torch::ScalarType> dtype_of_code(uint32_t code) {
+  switch (code) {
+    case 1: return torch::kFloat32;
+    case 2: return torch::kFloat64;
+    case 3: return torch::kInt64;
+    case 4: return torch::kBFloat16;
+    case 5: return torch::kFloat16;
+    default: return std::nullopt;
+  }
+}
+
+void write_stats(ByteWriter& w, const EpochStats& s) {
+  w.i64(s.epoch);
+  w.i64(s.epochs);
+  w.f64(s.train_loss);
+  w.f64(s.train_acc);
+  w.f64(s.test_loss);
+  w.f64(s.test_acc);
+  w.f64(s.seconds);
+  w.f64(s.images_per_second);
+  w.i64(s.steps);
+}
+
+EpochStats read_stats(ByteReader& r) {
+  EpochStats s;
+  s.epoch = r.i64();
+  s.epochs = r.i64();
+  s.train_loss = r.f64();
+  s.train_acc = r.f64();
+  s.test_loss = r.f64();
+  s.test_acc = r.f64();
+  s.seconds = r.f64();
+  s.images_per_second = r.f64();
+  s.steps = r.i64();
+  return s;
+}
+
+std::string errno_text() { return std::strerror(errno); }
+
+std::vector<uint8_t> read_whole_file(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) throw DataError("checkpoint " + path + ": cannot open: " + errno_text());
+  struct stat info {};
+  if (::fstat(fd, &info) != 0 || !S_ISREG(info.st_mode)) {
+    ::close(fd);
+    throw DataError("checkpoint " + path + ": not a regular file");
+  }
+  std::vector<uint8_t> bytes(static_cast<size_t>(info.st_size));
+  size_t done = 0;
+  while (done < bytes.size()) {
+    const ssize_t n = ::read(fd, bytes.data() + done, bytes.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      const std::string reason = n < 0 ? errno_text() : "file shrank while reading";
+      ::close(fd);
+      throw DataError("checkpoint " + path + ": cannot read: " + reason);
+    }
+    done += static_cast<size_t>(n);
+  }
+  ::close(fd);
+  return bytes;
+}
+
+std::string directory_of(const std::string& path) {
+  const auto slash = path.rfind('/');
+  if (slash == std::string::npos) return ".";
+  return slash == 0 ? "/" : path.substr(0, slash);
+}
+
+}  // namespace
+
+// ---- Serialisation ---------------------------------------------------------------------
+
+std::vector<uint8_t> serialize_checkpoint(const Checkpoint& c) {
+  ByteWriter payload;
+  payload.i64(c.config.width);
+  payload.i64(c.config.num_classes);
+  payload.i64(c.config.in_channels);
+  payload.i64(c.config.batch_size);
+  payload.f64(c.config.lr);
+  payload.u64(c.config.seed);
+  payload.i64(c.config.train_size);
+  payload.i64(c.config.world_size);
+  payload.i64(c.epochs_done);
+  payload.i64(c.step_in_epoch);
+  payload.i64(c.global_step);
+  for (double v : c.partial_sums) payload.f64(v);
+  payload.f64(c.partial_seconds);
+  payload.u64(c.history.size());
+  for (const auto& s : c.history) write_stats(payload, s);
+  payload.u64(c.tensors.size());
+  for (const auto& [name, tensor] : c.tensors) {
+    const auto t = tensor.detach().to(torch::kCPU).contiguous();
+    payload.text(name);
+    payload.u32(dtype_code(t.scalar_type()));
+    payload.u64(static_cast<uint64_t>(t.dim()));
+    for (int64_t d : t.sizes()) payload.i64(d);
+    const auto size = static_cast<uint64_t>(t.numel()) * t.element_size();
+    payload.u64(size);
+    payload.raw(t.data_ptr(), size);
+  }
+
+  ByteWriter file;
+  file.raw(kMagic, sizeof kMagic);
+  file.u32(kCheckpointFormatVersion);
+  file.u64(payload.bytes().size());
+  file.u32(static_cast<uint32_t>(
+      ::crc32(0L, payload.bytes().data(), static_cast<uInt>(payload.bytes().size()))));
+  file.raw(payload.bytes().data(), payload.bytes().size());
+  return std::move(file.bytes());
+}
+
+Checkpoint parse_checkpoint(const std::vector<uint8_t>& bytes, const std::string& name) {
+  if (bytes.size() < sizeof kMagic || std::memcmp(bytes.data(), kMagic, sizeof kMagic) != 0) {
+    throw DataError("checkpoint " + name + ": not a dptrain checkpoint (no DPTRNCKP header)");
+  }
+  ByteReader header(bytes.data(), bytes.size(), name);
+  header.raw(sizeof kMagic);
+  const uint32_t version = header.u32();
+  if (version != kCheckpointFormatVersion) {
+    throw DataError("checkpoint " + name + ": format version " + std::to_string(version) +
+                    "; this dptrain reads version " + std::to_string(kCheckpointFormatVersion));
+  }
+  const uint64_t payload_size = header.u64();
+  const uint32_t crc = header.u32();
+  if (payload_size != header.remaining()) {
+    throw DataError("checkpoint " + name + ": truncated or padded: the header promises " +
+                    std::to_string(payload_size) + " bytes of payload, the file has " +
+                    std::to_string(header.remaining()));
+  }
+  const uint8_t* payload = bytes.data() + kHeaderBytes;
+  // zlib takes the length as uInt; a checkpoint of ours is far below 4 GiB, but check anyway.
+  if (payload_size > std::numeric_limits<uInt>::max()) {
+    throw DataError("checkpoint " + name + ": payload of " + std::to_string(payload_size) +
+                    " bytes is larger than dptrain writes");
+  }
+  if (::crc32(0L, payload, static_cast<uInt>(payload_size)) != crc) {
+    throw DataError("checkpoint " + name + ": corrupt: the CRC-32 of the contents does not match");
+  }
+
+  ByteReader r(payload, payload_size, name);
+  Checkpoint c;
+  c.config.width = r.i64();
+  c.config.num_classes = r.i64();
+  c.config.in_channels = r.i64();
+  c.config.batch_size = r.i64();
+  c.config.lr = r.f64();
+  c.config.seed = r.u64();
+  c.config.train_size = r.i64();
+  c.config.world_size = r.i64();
+  c.epochs_done = r.i64();
+  c.step_in_epoch = r.i64();
+  c.global_step = r.i64();
+  for (double& v : c.partial_sums) v = r.f64();
+  c.partial_seconds = r.f64();
+  if (c.config.width <= 0 || c.config.num_classes <= 0 || c.config.in_channels <= 0 ||
+      c.epochs_done < 0 || c.step_in_epoch < 0 || c.global_step < 0) {
+    r.fail("negative or zero setting");
+  }
+  const uint64_t epochs = r.u64();
+  if (epochs > kMaxEpochs) r.fail("history of " + std::to_string(epochs) + " epochs");
+  for (uint64_t i = 0; i < epochs; ++i) c.history.push_back(read_stats(r));
+  const uint64_t count = r.u64();
+  if (count > kMaxTensors) r.fail(std::to_string(count) + " tensors");
+  for (uint64_t i = 0; i < count; ++i) {
+    auto tensor_name = r.text(kMaxName, "tensor name");
+    const auto dtype = dtype_of_code(r.u32());
+    if (!dtype) r.fail("unknown dtype code in tensor " + tensor_name);
+    const uint64_t rank = r.u64();
+    if (rank > kMaxRank) r.fail("tensor " + tensor_name + " of rank " + std::to_string(rank));
+    std::vector<int64_t> dims;
+    uint64_t numel = 1;
+    for (uint64_t d = 0; d < rank; ++d) {
+      const int64_t size = r.i64();
+      if (size < 0 || (size > 0 && numel > std::numeric_limits<uint64_t>::max() /
+                                               static_cast<uint64_t>(size))) {
+        r.fail("tensor " + tensor_name + " with bad dimension " + std::to_string(size));
+      }
+      numel *= static_cast<uint64_t>(size);
+      dims.push_back(size);
+    }
+    const uint64_t element = c10::elementSize(*dtype);
+    const uint64_t stored = r.u64();
+    if (numel > r.remaining() / element || stored != numel * element) {
+      r.fail("tensor " + tensor_name + " holds " + std::to_string(stored) + " bytes, its shape " +
+             std::to_string(numel) + " elements");
+    }
+    const uint8_t* data = r.raw(stored);
+    auto tensor = torch::empty(dims, torch::TensorOptions().dtype(*dtype));
+    std::memcpy(tensor.data_ptr(), data, stored);
+    c.tensors.emplace_back(std::move(tensor_name), std::move(tensor));
+  }
+  if (r.remaining() != 0) r.fail(std::to_string(r.remaining()) + " stray bytes after the tensors");
+  return c;
+}
+
+// ---- Files -------------------------------------------------------------------------------
+
+void write_checkpoint_atomically(const Checkpoint& checkpoint, const std::string& path) {
+  const auto bytes = serialize_checkpoint(checkpoint);
+  const std::string temporary = path + ".tmp";
+  const auto fail = [&](const std::string& what) {
+    const std::string reason = errno_text();
+    ::unlink(temporary.c_str());
+    throw DataError("checkpoint " + path + ": cannot " + what + ": " + reason +
+                    " (the previous checkpoints are untouched)");
+  };
+  const int fd = ::open(temporary.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) fail("create " + temporary);
+  size_t done = 0;
+  while (done < bytes.size()) {
+    const ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      if (n == 0) errno = ENOSPC;
+      const int saved = errno;
+      ::close(fd);
+      errno = saved;
+      fail("write");
+    }
+    done += static_cast<size_t>(n);
+  }
+  // The data must be on disk before the rename makes it the checkpoint.
+  if (::fsync(fd) != 0) {
+    const int saved = errno;
+    ::close(fd);
+    errno = saved;
+    fail("flush to disk");
+  }
+  if (::close(fd) != 0) fail("close");
+  if (::rename(temporary.c_str(), path.c_str()) != 0) fail("rename into place");
+  // And the rename itself, by syncing the directory (best effort: not every file system can).
+  const int dir = ::open(directory_of(path).c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dir >= 0) {
+    ::fsync(dir);
+    ::close(dir);
+  }
+}
+
+void prepare_checkpoint_directory(const std::string& directory) {
+  // mkdir -p, one component at a time; EEXIST is fine (another rank may be doing the same).
+  for (size_t slash = directory.find('/', 1);; slash = directory.find('/', slash + 1)) {
+    const std::string prefix = directory.substr(0, slash);
+    if (!prefix.empty() && ::mkdir(prefix.c_str(), 0755) != 0 && errno != EEXIST) {
+      throw DataError("checkpoint directory " + directory + ": cannot create " + prefix + ": " +
+                      errno_text());
+    }
+    if (slash == std::string::npos) break;
+  }
+  struct stat info {};
+  if (::stat(directory.c_str(), &info) != 0 || !S_ISDIR(info.st_mode)) {
+    throw DataError("checkpoint directory " + directory + ": not a directory");
+  }
+  if (::access(directory.c_str(), W_OK | X_OK) != 0) {
+    throw DataError("checkpoint directory " + directory + ": not writable: " + errno_text());
+  }
+}
+
+Checkpoint read_checkpoint(const std::string& path) {
+  return parse_checkpoint(read_whole_file(path), path);
+}
+
+std::string checkpoint_file_name(int64_t epochs_done, int64_t step_in_epoch) {
+  char name[64];
+  std::snprintf(name, sizeof name, "checkpoint-e%04lld-s%06lld.dpt",
+                static_cast<long long>(epochs_done), static_cast<long long>(step_in_epoch));
+  return name;
+}
+
+std::optional<std::pair<std::string, Checkpoint>> newest_valid_checkpoint(
+    const std::string& directory, std::vector<std::string>* skipped) {
+  DIR* dir = ::opendir(directory.c_str());
+  if (dir == nullptr) {
+    if (errno == ENOENT) return std::nullopt;
+    throw DataError("checkpoint directory " + directory + ": cannot list: " + errno_text());
+  }
+  std::vector<std::string> names;
+  while (const dirent* entry = ::readdir(dir)) {
+    const std::string name = entry->d_name;
+    const std::string suffix = ".dpt";
+    if (name.rfind("checkpoint-", 0) == 0 && name.size() > suffix.size() &&
+        name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0) {
+      names.push_back(name);
+    }
+  }
+  ::closedir(dir);
+  // The zero-padded names sort by position; wider numbers (epoch 10000 and up) sort by length.
+  std::sort(names.begin(), names.end(), [](const std::string& a, const std::string& b) {
+    return a.size() != b.size() ? a.size() > b.size() : a > b;
+  });
+  for (const auto& name : names) {
+    const std::string path = directory + "/" + name;
+    try {
+      return std::make_pair(path, read_checkpoint(path));
+    } catch (const DataError& e) {
+      if (skipped) skipped->push_back(e.what());
+    }
+  }
+  return std::nullopt;
+}
+
+void check_checkpoint_matches(const CheckpointConfig& saved, const CheckpointConfig& run,
+                              const std::string& name) {
+  std::string differences;
+  const auto compare = [&](const char* flag, int64_t was, int64_t is) {
+    if (was == is) return;
+    differences += std::string(differences.empty() ? "" : ", ") + flag + " " +
+                   std::to_string(was) + " (this run: " + std::to_string(is) + ")";
+  };
+  compare("--width", saved.width, run.width);
+  compare("classes", saved.num_classes, run.num_classes);
+  compare("input channels", saved.in_channels, run.in_channels);
+  if (!differences.empty()) {
+    throw UsageError("checkpoint " + name + " was written for another model: " + differences);
+  }
+}
+
+std::vector<std::pair<std::string, torch::Tensor>> model_tensors(const torch::nn::Module& model) {
+  std::vector<std::pair<std::string, torch::Tensor>> tensors;
+  for (const auto& item : model.named_parameters()) {
+    tensors.emplace_back(item.key(), item.value().detach().to(torch::kCPU).contiguous().clone());
+  }
+  for (const auto& item : model.named_buffers()) {
+    tensors.emplace_back(item.key(), item.value().detach().to(torch::kCPU).contiguous().clone());
+  }
+  return tensors;
+}
+
+void load_model_tensors(torch::nn::Module& model,
+                        const std::vector<std::pair<std::string, torch::Tensor>>& tensors,
+                        const std::string& name) {
+  torch::NoGradGuard no_grad;
+  std::map<std::string, const torch::Tensor*> by_name;
+  for (const auto& [key, tensor] : tensors) by_name[key] = &tensor;
+  const auto load = [&](const std::string& key, torch::Tensor& target) {
+    const auto found = by_name.find(key);
+    if (found == by_name.end()) {
+      throw DataError("checkpoint " + name + ": has no tensor '" + key + "'");
+    }
+    const auto& source = *found->second;
+    if (source.sizes() != target.sizes() || source.scalar_type() != target.scalar_type()) {
+      std::ostringstream what;
+      what << "checkpoint " << name << ": tensor '" << key << "' is " << source.scalar_type()
+           << source.sizes() << ", the model's is " << target.scalar_type() << target.sizes();
+      throw DataError(what.str());
+    }
+    target.copy_(source);
+  };
+  size_t loaded = 0;
+  for (auto& item : model.named_parameters()) {
+    load(item.key(), item.value());
+    ++loaded;
+  }
+  for (auto& item : model.named_buffers()) {
+    load(item.key(), item.value());
+    ++loaded;
+  }
+  if (by_name.size() != tensors.size()) {
+    throw DataError("checkpoint " + name + ": a tensor name appears twice");
+  }
+  if (loaded != tensors.size()) {
+    throw DataError("checkpoint " + name + ": holds " + std::to_string(tensors.size()) +
+                    " tensors, the model " + std::to_string(loaded));
+  }
+}
+
+}  // namespace dptrain
