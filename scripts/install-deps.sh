@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
 # Installs what dptrain needs on Debian 12 (run as root, or with sudo available):
 # the compiler and CMake, Debian's CPU LibTorch 1.13 with Gloo headers, cxxopts, GoogleTest,
-# zlib, the real Fashion-MNIST, and Debian's python3-torch (torchrun for the multi-process tests).
+# zlib, libcurl, the real Fashion-MNIST, and Debian's python3-torch (torchrun for the
+# multi-process tests).
 set -euo pipefail
 
 packages=(
   cmake g++ make
   libtorch-dev libgloo-dev      # LibTorch 1.13 (CPU) and the Gloo headers c10d needs
   libcxxopts-dev libgtest-dev zlib1g-dev
+  libcurl4-openssl-dev          # dptrain download: http, https and file URLs
   dataset-fashion-mnist         # /usr/share/datasets/fashion-mnist
   python3-torch                 # torchrun, for the multi-process tests
   python3-venv                  # quickstart.sh keeps the CUDA LibTorch of a GPU machine in a venv

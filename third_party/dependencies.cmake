@@ -1,6 +1,7 @@
 # The one place where dptrain finds outside libraries.
 # LibTorch: find_package(Torch) -- Debian's 1.13 by default, or a CUDA LibTorch 2.x through
 # CMAKE_PREFIX_PATH. cxxopts, GoogleTest and zlib: Debian's packages, else a pinned FetchContent.
+# libcurl (dptrain download): the system's, found by find_package(CURL).
 include(FetchContent)
 
 # ---- LibTorch ---------------------------------------------------------------
@@ -30,6 +31,9 @@ message(STATUS "dptrain: LibTorch ${Torch_VERSION}, CUDA/NCCL support: ${DPTRAIN
 
 # ---- zlib -------------------------------------------------------------------
 find_package(ZLIB REQUIRED)
+
+# ---- libcurl: fetching the data set (http, https, file) ----------------------------
+find_package(CURL REQUIRED)
 
 # ---- Python with torch: torchrun for the multi-process tests ----------------------
 # The first interpreter whose torch has the same major.minor version as the LibTorch found:

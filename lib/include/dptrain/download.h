@@ -1,0 +1,75 @@
+// Fetching the four Fashion-MNIST files into a directory (http://, https:// or file:// URLs),
+// each checked against its known SHA-256 and moved into place only when whole and correct.
+// Not here: printing (the caller gets progress through a callback), reading the files (data.h).
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <string>
+#include <vector>
+
+namespace dptrain {
+
+// Zalando's own mirror, as given in the Fashion-MNIST README.
+extern const char* const kFashionMnistUrl;  // "http://fashion-mnist.s3-website.eu-central-1..."
+
+// File name -> lower-case hex SHA-256 of the four published .gz files (see download.cpp for how
+// the values were checked).
+std::map<std::string, std::string> fashion_mnist_sha256();
+
+struct DownloadOptions {
+  std::string base_url = kFashionMnistUrl;        // each file is base_url + "/" + name
+  std::string directory;                          // created (with its parents) when missing
+  int attempts = 3;                               // tries per file, at least 1
+  std::chrono::milliseconds retry_backoff{1000};  // wait before the 2nd try, doubled after
+  std::chrono::milliseconds connect_timeout{15000};
+  // A transfer slower than low_speed_bytes_per_second for low_speed_timeout (rounded up to whole
+  // seconds) is abandoned; this also catches a server that accepts and then says nothing.
+  std::chrono::milliseconds low_speed_timeout{30000};
+  int64_t low_speed_bytes_per_second = 1024;
+  bool force = false;  // fetch even when a file with the right checksum is there
+  // The files to fetch and their checksums; tests serve small files of their own.
+  std::map<std::string, std::string> expected_sha256 = fashion_mnist_sha256();
+};
+
+enum class DownloadStage {
+  kSkipped,    // already present with the right checksum; bytes_done == bytes_total == its size
+  kReceiving,  // bytes arriving; called as they are written
+  kRetrying,   // an attempt failed (cause in `message`); the next starts after the backoff
+  kDone,       // verified and moved into place
+};
+
+struct DownloadProgress {
+  std::string file;  // the file name, e.g. "train-images-idx3-ubyte.gz"
+  DownloadStage stage = DownloadStage::kReceiving;
+  int64_t bytes_done = 0;
+  int64_t bytes_total = -1;  // -1 while unknown (no Content-Length yet)
+  int attempt = 1;           // 1-based; 0 for kSkipped
+  std::string message;       // kRetrying only: why the attempt failed
+};
+using DownloadProgressFn = std::function<void(const DownloadProgress&)>;
+
+struct DownloadedFile {
+  std::string name;
+  std::string path;      // directory + "/" + name
+  bool fetched = false;  // false when skipped as already present
+  int attempts = 0;      // tries used; 0 when skipped
+  int64_t bytes = 0;     // size on disk
+};
+
+// Makes `options.directory` hold every file named in options.expected_sha256 with that checksum,
+// in name order. A file is fetched to "<name>.part" in the same directory, fsync'ed, verified and
+// renamed into place; a failed attempt deletes the ".part" file. A failure that a retry could
+// cure (no connection, timeout, HTTP 408/429/5xx, checksum mismatch, write error) is retried
+// up to options.attempts times with a doubling backoff; one that cannot (other HTTP 4xx, a
+// missing file:// file) ends at once. Throws UsageError for a bad option (URL scheme,
+// attempts < 1, a malformed checksum) and DataError -- one line naming the URL or path and the
+// cause, e.g. "download http://host/t10k-labels-idx1-ubyte.gz: HTTP 404" -- when the directory
+// cannot be written or a file fails. `progress`, when set, is called on the calling thread; an
+// exception from it aborts the download (and is rethrown).
+std::vector<DownloadedFile> download_fashion_mnist(const DownloadOptions& options,
+                                                   const DownloadProgressFn& progress = {});
+
+}  // namespace dptrain
