@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Installs what dptrain needs on Debian 12 (run as root, or with sudo available):
 # the compiler and CMake, Debian's CPU LibTorch 1.13 with Gloo headers, cxxopts, GoogleTest,
-# zlib, libcurl, the real Fashion-MNIST, and Debian's python3-torch (torchrun for the
-# multi-process tests).
+# zlib, libcurl, the real Fashion-MNIST, Debian's python3-torch (torchrun for the multi-process
+# tests) and Chromium (the plot test renders the SVG headless).
 set -euo pipefail
 
 packages=(
@@ -13,6 +13,7 @@ packages=(
   dataset-fashion-mnist         # /usr/share/datasets/fashion-mnist
   python3-torch                 # torchrun, for the multi-process tests
   python3-venv                  # quickstart.sh keeps the CUDA LibTorch of a GPU machine in a venv
+  chromium                      # headless, renders the training plot's SVG in test_plot.cpp
 )
 
 sudo_if_needed() { if [ "$(id -u)" -eq 0 ]; then "$@"; else sudo "$@"; fi; }

@@ -1,0 +1,80 @@
+// The machine-readable record of a run: one line per epoch in a CSV or JSON Lines file (the
+// --metrics flag), each written and synced as soon as the epoch ends, and a reader for such files.
+// Not here: what a person reads on the terminal (report.h) or the figure drawn from it (plot.h).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "dptrain/train.h"
+
+namespace dptrain {
+
+// One epoch as the metrics file holds it. Non-finite figures are written as missing values
+// (an empty CSV field, JSON null) and read back as NaN.
+struct EpochRecord {
+  int64_t epoch = 0;  // 1-based
+  double train_loss = 0;
+  double train_acc = 0;
+  double test_loss = 0;
+  double test_acc = 0;
+  double seconds = 0;  // training only, as EpochStats::seconds
+  double images_per_second = 0;
+  double lr = 0;
+  std::string devices;  // every rank's device in rank order, comma-separated: "cuda:0,cuda:1"
+};
+
+// The record for `stats`, trained at learning rate `lr` on `devices` (rank order).
+EpochRecord make_epoch_record(const EpochStats& stats, double lr,
+                              const std::vector<std::string>& devices);
+
+enum class MetricsFormat {
+  kCsv,        // ".csv": a header line, then one row per epoch (RFC 4180 quoting)
+  kJsonLines,  // ".jsonl" or ".ndjson": one JSON object per line
+};
+
+// The format `path`'s extension asks for (case-insensitive). Throws UsageError naming --metrics
+// and the accepted extensions otherwise. Call it before training, so a typo costs nothing.
+MetricsFormat check_metrics_path(const std::string& path);
+
+// The CSV header line, without its newline: the column names in file order.
+std::string metrics_csv_header();
+
+// One record as a line of `format`, newline included. Numbers carry enough digits to read back
+// bit for bit (the shortest of %.15g, %.16g, %.17g that does).
+std::string format_metrics_record(const EpochRecord& record, MetricsFormat format);
+
+// Writes one record per epoch to a metrics file. Each write() is one system call followed by
+// fsync, so a crash keeps every epoch finished before it.
+class MetricsWriter {
+ public:
+  // Opens `path` (format from check_metrics_path). With `append` (a resumed run), records go after
+  // the file's content; a CSV that already has content gets no second header, and a last line cut
+  // short by a crash is dropped first. Without it the file is truncated. Throws UsageError for
+  // the extension, DataError (path and reason) when the file cannot be opened, or when appending
+  // to a CSV whose header differs from metrics_csv_header().
+  explicit MetricsWriter(const std::string& path, bool append = false);
+  ~MetricsWriter();
+  MetricsWriter(const MetricsWriter&) = delete;
+  MetricsWriter& operator=(const MetricsWriter&) = delete;
+
+  // Appends `record` and syncs it to disk. Throws DataError naming the path on failure.
+  void write(const EpochRecord& record);
+
+  const std::string& path() const { return path_; }
+  MetricsFormat format() const { return format_; }
+
+ private:
+  std::string path_;
+  MetricsFormat format_;
+  int fd_ = -1;
+  bool needs_header_ = false;  // CSV only: the file is empty, so the next write starts with it
+};
+
+// Every record in the metrics file at `path`, in file order (format from the extension). Blank
+// lines are skipped. Throws UsageError for the extension and DataError naming the path and line
+// for a missing file or anything malformed: a wrong header, a bad number, a missing field.
+std::vector<EpochRecord> read_metrics(const std::string& path);
+
+}  // namespace dptrain
