@@ -4,6 +4,7 @@
 
 #include <cstdio>
 #include <exception>
+#include <memory>
 #include <string>
 
 #include <torch/serialize.h>
@@ -11,6 +12,9 @@
 
 #include "cli.h"
 #include "dptrain/checkpoint.h"
+#include "dptrain/download.h"
+#include "dptrain/metrics.h"
+#include "dptrain/plot.h"
 #include "dptrain/model.h"
 #include "progress.h"
 #include "signals.h"
@@ -92,6 +96,8 @@ int run_train(dptrain::TrainCommand command) {
   auto& options = command.options;
   options.backend = choose_backend(command, world);
   dptrain::check_world(options, world);  // usage mistakes before the data is loaded
+  if (command.metrics) dptrain::check_metrics_path(*command.metrics);
+  if (command.plot) dptrain::check_plot_path(*command.plot);
   const bool reporter = world.first_rank == 0 || command.verbose;
   // With every rank of a launch printing, each line says whose it is.
   const std::string prefix = world.multi_process && command.verbose
@@ -120,15 +126,38 @@ int run_train(dptrain::TrainCommand command) {
   options.stop_signal = &dptrain::install_stop_handlers();
   options.progress_every = progress.steps_between_updates();
   dptrain::TrainCallbacks callbacks;
+  // The metrics file and the plot are global rank 0's; both are written anew from the epochs a
+  // resumed run starts with, so that they hold each epoch once.
+  const bool records_writer = world.first_rank == 0;
+  std::unique_ptr<dptrain::MetricsWriter> metrics;
+  std::vector<dptrain::EpochRecord> records;
+  std::vector<std::string> devices;
+  const auto record = [&](const dptrain::EpochStats& stats) {
+    records.push_back(dptrain::make_epoch_record(stats, options.lr, devices));
+    if (metrics) metrics->write(records.back());
+    if (command.plot) {
+      dptrain::PlotOptions plot;
+      plot.title = dptrain::plot_title(options.lr, options.batch_size, devices);
+      plot.epochs = options.epochs;
+      dptrain::write_plot_atomically(*command.plot, dptrain::render_training_plot(records, plot));
+    }
+  };
+  callbacks.on_start = [&](const std::vector<std::string>& all_devices,
+                           const std::vector<dptrain::EpochStats>& done,
+                           const std::optional<std::string>& resumed_from) {
+    devices = all_devices;
+    if (resumed_from && reporter && !command.quiet) print("resuming from " + *resumed_from);
+    if (!records_writer) return;
+    if (command.metrics) metrics = std::make_unique<dptrain::MetricsWriter>(*command.metrics);
+    for (const auto& stats : done) record(stats);
+  };
   callbacks.on_progress = [&](const dptrain::ProgressStats& stats) { progress.show(stats); };
   callbacks.on_epoch = [&](const dptrain::EpochStats& stats) {
     if (reporter && !command.quiet) print(dptrain::format_epoch_line(stats));
+    if (records_writer) record(stats);
   };
   callbacks.on_checkpoint = [&](const std::string& path) {
     if (reporter && !command.quiet) print("checkpoint: " + path);
-  };
-  callbacks.on_resume = [&](const std::string& path) {
-    if (reporter && !command.quiet) print("resuming from " + path);
   };
   const auto result = dptrain::train(data, options, world, callbacks);
   progress.clear();
@@ -174,7 +203,40 @@ std::vector<std::pair<std::string, torch::Tensor>> load_weights(dptrain::EvalCom
 }
 
 int run_download(const dptrain::DownloadCommand& command) {
-  throw dptrain::UsageError("download to " + command.directory + ": not built yet");
+  dptrain::DownloadOptions options;
+  options.directory = command.directory;
+  if (command.url) options.base_url = *command.url;
+  options.force = command.force;
+  const bool terminal = isatty(STDERR_FILENO) == 1;
+  const auto show = [&](const dptrain::DownloadProgress& p) {
+    using Stage = dptrain::DownloadStage;
+    switch (p.stage) {
+      case Stage::kSkipped:
+        std::fprintf(stderr, "%s: present, checksum correct\n", p.file.c_str());
+        break;
+      case Stage::kRetrying:
+        if (terminal) std::fputs("\r\033[K", stderr);
+        std::fprintf(stderr, "%s: attempt %d failed (%s); retrying\n", p.file.c_str(), p.attempt,
+                     p.message.c_str());
+        break;
+      case Stage::kReceiving:
+        if (terminal) {  // a live byte count; without a terminal only the final line
+          std::fprintf(stderr, "\r%s: %.1f", p.file.c_str(), p.bytes_done / 1e6);
+          if (p.bytes_total > 0) std::fprintf(stderr, " / %.1f", p.bytes_total / 1e6);
+          std::fputs(" MB\033[K", stderr);
+        }
+        break;
+      case Stage::kDone:
+        if (terminal) std::fputs("\r\033[K", stderr);
+        std::fprintf(stderr, "%s: %.1f MB, SHA-256 verified\n", p.file.c_str(),
+                     p.bytes_done / 1e6);
+        break;
+    }
+    std::fflush(stderr);
+  };
+  dptrain::download_fashion_mnist(options, show);
+  std::printf("Fashion-MNIST is in %s\n", command.directory.c_str());
+  return 0;
 }
 
 int run_eval(dptrain::EvalCommand command) {

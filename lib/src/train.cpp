@@ -277,7 +277,9 @@ TrainResult run_rank(const FashionMnist& data, const TrainOptions& options, cons
     global_step = start->global_step;
     result.epochs = start->history;
     result.resumed_from = plan.start_name;
-    if (reporter && callbacks.on_resume) callbacks.on_resume(plan.start_name);
+  }
+  if (reporter && callbacks.on_start) {
+    callbacks.on_start(result.devices, result.epochs, result.resumed_from);
   }
 
   // Host check points: where the ranks agree on a stop request and kStop reads the non-finite

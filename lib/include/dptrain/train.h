@@ -118,7 +118,11 @@ struct TrainCallbacks {
   StepCallback on_step;
   ProgressCallback on_progress;
   std::function<void(const std::string& path)> on_checkpoint;  // after each checkpoint written
-  std::function<void(const std::string& path)> on_resume;      // before training resumes
+  // Once the world is up, before the first step: every rank's device, and the epochs already
+  // done (from the checkpoint a resumed run starts at, named by `resumed_from`).
+  std::function<void(const std::vector<std::string>& devices, const std::vector<EpochStats>& done,
+                     const std::optional<std::string>& resumed_from)>
+      on_start;
 };
 
 // Checks that `options` can run on `world` (batch size, backend against devices) without
