@@ -152,8 +152,8 @@ cxxopts::Options download_options() {
                            "into a directory.\nNot needed where Debian's dataset-fashion-mnist is "
                            "installed.\n");
   options.add_options("Download")
-      ("data-dir", "where to put the files", cxxopts::value<std::string>()->default_value(
-                                                 "data/fashion-mnist"), "DIR")
+      ("data-dir", "where to put the files (default: $DPTRAIN_DATA, else data/fashion-mnist)",
+       cxxopts::value<std::string>(), "DIR")
       ("url", "base URL of the files (http, https or file)", cxxopts::value<std::string>(),
        "URL")
       ("force", "fetch again even files that are present and correct",
@@ -366,7 +366,13 @@ ParsedCommandLine parse_command_line(int argc, const char* const argv[]) {
       return parsed;
     }
     DownloadCommand& download = parsed.download;
-    download.directory = non_empty_path(*result, "data-dir");
+    if (result->count("data-dir")) {
+      download.directory = non_empty_path(*result, "data-dir");
+    } else {
+      const char* from_environment = std::getenv("DPTRAIN_DATA");
+      download.directory = from_environment && *from_environment ? from_environment
+                                                                 : "data/fashion-mnist";
+    }
     if (result->count("url")) download.url = non_empty_path(*result, "url");
     download.force = (*result)["force"].as<bool>();
     parsed.action = ParsedCommandLine::Action::kDownload;
