@@ -30,6 +30,8 @@ void ProgressPrinter::show(const ProgressStats& progress) {
                  format_progress_bar(progress, kBarWidth).c_str());
     bar_drawn_ = true;
   } else {
+    // Lines only on the --log-every beat: the epoch's own line follows its last step anyway.
+    if (progress.step % log_every_ != 0) return;
     std::fprintf(stderr, "%s%s\n", prefix_.c_str(), format_progress_line(progress).c_str());
   }
   std::fflush(stderr);

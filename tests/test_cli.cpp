@@ -263,6 +263,57 @@ TEST(CliParse, LargestValuesInRange) {
   EXPECT_EQ(parsed.train.gpus, std::optional<int>(1024));
 }
 
+TEST(CliParse, FastPathAndRecoveryFlags) {
+  const auto defaults = parse({"train"}).train;
+  EXPECT_TRUE(defaults.options.channels_last);
+  EXPECT_EQ(defaults.options.amp, Amp::kOff);
+  EXPECT_TRUE(defaults.options.cudnn_benchmark);
+  EXPECT_EQ(defaults.options.on_nonfinite, NonFinite::kStop);
+  EXPECT_EQ(defaults.options.checkpoint_every, 1);
+  EXPECT_FALSE(defaults.options.resume);
+  EXPECT_EQ(defaults.log_every, 50);
+  const auto given =
+      parse({"train", "--memory-format", "contiguous", "--amp", "bf16", "--cudnn-benchmark", "off",
+             "--on-nonfinite", "skip", "--checkpoint-dir", "ck", "--checkpoint-every", "3",
+             "--resume", "--quiet", "--log-every", "7", "--metrics", "m.csv", "--plot", "p.svg"})
+          .train;
+  EXPECT_FALSE(given.options.channels_last);
+  EXPECT_EQ(given.options.amp, Amp::kBFloat16);
+  EXPECT_FALSE(given.options.cudnn_benchmark);
+  EXPECT_EQ(given.options.on_nonfinite, NonFinite::kSkip);
+  EXPECT_EQ(given.options.checkpoint_dir, std::optional<std::string>("ck"));
+  EXPECT_EQ(given.options.checkpoint_every, 3);
+  EXPECT_TRUE(given.options.resume);
+  EXPECT_TRUE(given.quiet);
+  EXPECT_EQ(given.log_every, 7);
+  EXPECT_EQ(given.metrics, std::optional<std::string>("m.csv"));
+  EXPECT_EQ(given.plot, std::optional<std::string>("p.svg"));
+  expect_parse_error({"train", "--memory-format", "nhwc"}, "--memory-format: 'nhwc'");
+  expect_parse_error({"train", "--amp", "fp16"}, "--amp: 'fp16' is not one of off or bf16");
+  expect_parse_error({"train", "--on-nonfinite", "ignore"}, "--on-nonfinite");
+  expect_parse_error({"train", "--resume"}, "--resume needs --checkpoint-dir");
+  expect_parse_error({"train", "--log-every", "0"}, "--log-every");
+}
+
+TEST(CliParse, EvalAndDownloadCommands) {
+  const auto eval = parse({"eval", "--checkpoint", "c.dpt", "--devices", "cpu,cpu"});
+  EXPECT_EQ(eval.action, ParsedCommandLine::Action::kEval);
+  EXPECT_EQ(eval.eval.checkpoint, std::optional<std::string>("c.dpt"));
+  EXPECT_EQ(eval.eval.common.devices, std::optional<std::string>("cpu,cpu"));
+  const auto model = parse({"eval", "--model", "m.pt", "--width", "8"});
+  EXPECT_EQ(model.eval.model, std::optional<std::string>("m.pt"));
+  EXPECT_EQ(model.eval.common.options.width, 8);
+  expect_parse_error({"eval"}, "exactly one of --checkpoint FILE and --model FILE");
+  expect_parse_error({"eval", "--checkpoint", "a", "--model", "b"}, "exactly one of");
+  expect_parse_error({"eval", "--checkpoint", "a", "--width", "8"}, "--width");
+  expect_parse_error({"eval", "--model", "m.pt", "--epochs", "3"}, "epochs");
+  const auto download = parse({"download", "--data-dir", "d", "--url", "file:///x/", "--force"});
+  EXPECT_EQ(download.action, ParsedCommandLine::Action::kDownload);
+  EXPECT_EQ(download.download.directory, "d");
+  EXPECT_EQ(download.download.url, std::optional<std::string>("file:///x/"));
+  EXPECT_TRUE(download.download.force);
+}
+
 TEST(CliParse, MistakesThrowUsageErrorNamingTheFlag) {
   expect_parse_error({"frobnicate"}, "frobnicate");
   expect_parse_error({"train", "--frobnicate"}, "frobnicate");
@@ -372,7 +423,10 @@ TEST(CliHelp, TrainHelpDescribesEveryFlag) {
        {"--data-dir",       "--epochs",     "--batch-size", "--lr",          "--seed",
         "--width",          "--devices",    "--gpus",       "--train-limit", "--test-limit",
         "--threads",        "--save-model", "--backend",    "--sync-bn",     "--bucket-mb",
-        "--check-replicas", "--timeout",    "--max-steps",  "--verbose",     "--help"}) {
+        "--check-replicas", "--timeout",    "--max-steps",  "--verbose",     "--help",
+        "--memory-format",  "--amp",        "--cudnn-benchmark", "--on-nonfinite",
+        "--checkpoint-dir", "--checkpoint-every", "--resume", "--quiet", "--log-every",
+        "--metrics",        "--plot"}) {
     EXPECT_TRUE(contains(result.out, std::string(flag) + " ")) << flag << "\n" << result.out;
   }
 }

@@ -2,6 +2,7 @@
 // the all-reduced result over 1, 2 and 3 thread ranks compared with exact expected sums and
 // with the single-replica gradient of the whole batch.
 #include <gtest/gtest.h>
+#include <torch/optim/sgd.h>
 #include <torch/nn/functional/loss.h>
 #include <torch/nn/modules/activation.h>
 #include <torch/nn/modules/container/sequential.h>
@@ -101,6 +102,56 @@ TEST(Reducer, SingleRankGradientEqualsAutograd) {
   loss_of(reference).backward();
   for (size_t i = 0; i < params.size(); ++i) {
     EXPECT_TRUE(torch::equal(params[i].grad(), reference[i].grad())) << "parameter " << i;
+  }
+}
+
+TEST(Reducer, ParametersMoveIntoBucketLayoutUnchanged) {
+  Communicator single;
+  auto params = make_parameters({{3, 4}, {5}, {2, 2, 2}}, 4);
+  const auto before = make_parameters({{3, 4}, {5}, {2, 2, 2}}, 4);
+  Reducer reducer(params, single, /*bucket_bytes=*/64);
+  for (size_t i = 0; i < params.size(); ++i) {
+    EXPECT_TRUE(torch::equal(params[i], before[i])) << "parameter " << i;
+    EXPECT_TRUE(params[i].requires_grad());
+  }
+  // Bucket 0 holds parameters 2 then 1, so parameter 1's data starts 8 floats after
+  // parameter 2's, in one flat allocation.
+  EXPECT_EQ(params[1].data_ptr<float>(), params[2].data_ptr<float>() + 8);
+}
+
+TEST(Reducer, ChannelsLastParameterKeepsItsLayout) {
+  Communicator single;
+  auto params = make_parameters({{4, 3, 2, 2}, {4}}, 5);
+  params[0] = params[0].detach().contiguous(at::MemoryFormat::ChannelsLast).requires_grad_();
+  const auto values = params[0].detach().clone();
+  Reducer reducer(params, single);
+  EXPECT_TRUE(params[0].is_contiguous(at::MemoryFormat::ChannelsLast));
+  EXPECT_EQ(params[0].grad().strides(), params[0].strides());
+  EXPECT_TRUE(torch::equal(params[0], values));
+}
+
+TEST(Reducer, SgdStepIsBitIdenticalToTorchOptimSgd) {
+  Communicator single;
+  auto params = make_parameters({{3, 4}, {4}, {4, 2}}, 6);
+  auto reference = make_parameters({{3, 4}, {4}, {4, 2}}, 6);
+  Reducer reducer(params, single, /*bucket_bytes=*/40);
+  torch::optim::SGD sgd(reference, torch::optim::SGDOptions(0.37));
+  const auto x = torch::randn({6, 3});
+  const auto loss_of = [&](const std::vector<torch::Tensor>& p) {
+    return torch::tanh(x.matmul(p[0]) + p[1]).matmul(p[2]).pow(2).sum();
+  };
+  for (int step = 0; step < 3; ++step) {
+    reducer.zero_grad();
+    reducer.prepare_for_backward();
+    loss_of(params).backward();
+    reducer.finalize_backward();
+    reducer.sgd_step(0.37);
+    sgd.zero_grad();
+    loss_of(reference).backward();
+    sgd.step();
+  }
+  for (size_t i = 0; i < params.size(); ++i) {
+    EXPECT_TRUE(torch::equal(params[i], reference[i])) << "parameter " << i;
   }
 }
 

@@ -537,6 +537,18 @@ namespace {
 TrainResult run_world(const FashionMnist& data, const TrainOptions& options,
                       const WorldPlan& world, RankPlan base, const TrainCallbacks& callbacks) {
   check_world(options, world);
+  // LibTorch cannot run a convolution on an empty channels-last batch, which a replica meets
+  // with sync-bn when the last batch has fewer examples than there are replicas (it must still
+  // join the statistics all-reduces). Such a run uses the contiguous layout throughout: the same
+  // results up to float rounding.
+  const int64_t last_batch = data.train.size() % options.batch_size;
+  if (options.sync_bn && options.channels_last && last_batch > 0 &&
+      last_batch < world.world_size) {
+    TrainOptions contiguous = options;
+    contiguous.channels_last = false;
+    return run_world(data, contiguous, world, base, callbacks);
+  }
+
   const auto local = static_cast<int>(world.local_devices.size());
   if (world.local_devices.front().is_cuda()) {
     at::globalContext().setBenchmarkCuDNN(options.cudnn_benchmark);

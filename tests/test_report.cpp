@@ -1,0 +1,56 @@
+// Tests of the printed lines (report.h): exact text of the epoch, final, progress and eval
+// lines, and no control characters in anything meant for logs.
+#include <gtest/gtest.h>
+
+#include "dptrain/report.h"
+
+namespace dptrain {
+namespace {
+
+ProgressStats progress_at(int64_t step) {
+  ProgressStats p;
+  p.epoch = 2;
+  p.epochs = 10;
+  p.step = step;
+  p.steps_in_epoch = 200;
+  p.images = step * 256;
+  p.seconds = static_cast<double>(step) * 0.1;  // 2560 img/s
+  p.running_loss = 0.41234;
+  p.running_acc = 0.85119;
+  return p;
+}
+
+TEST(Report, ProgressLineIsExact) {
+  EXPECT_EQ(format_progress_line(progress_at(50)),
+            "epoch 2/10 step 50/200: loss 0.4123, acc 0.8512, 2560 img/s, 15 s left");
+}
+
+TEST(Report, ProgressBarIsExactAndFillsInProportion) {
+  EXPECT_EQ(format_progress_bar(progress_at(50), 8),
+            "epoch 2/10 [##......] 50/200  2560 img/s  loss 0.4123  acc 0.8512  ETA 0:15");
+  EXPECT_EQ(format_progress_bar(progress_at(200), 8).substr(0, 21), "epoch 2/10 [########]");
+  auto start = progress_at(0);
+  start.seconds = 0;
+  EXPECT_EQ(format_progress_bar(start, 4),
+            "epoch 2/10 [....] 0/200  0 img/s  loss 0.4123  acc 0.8512  ETA 0:00");
+}
+
+TEST(Report, NoControlCharactersInLines) {
+  for (const auto& text :
+       {format_progress_line(progress_at(7)), format_progress_bar(progress_at(7), 30)}) {
+    for (const char c : text) EXPECT_GE(static_cast<unsigned char>(c), 0x20u) << text;
+  }
+}
+
+TEST(Report, EvalLineIsExact) {
+  EvalResult result;
+  result.test_acc = 0.90125;
+  result.test_loss = 0.27344;
+  result.examples = 10000;
+  result.devices = {"cpu", "cpu"};
+  EXPECT_EQ(format_eval_line(result),
+            "test acc: 0.9012, test loss 0.2734 (10000 images) on [cpu, cpu]");
+}
+
+}  // namespace
+}  // namespace dptrain
