@@ -2,6 +2,7 @@
 # Installs what dptrain needs on Debian 12 (run as root, or with sudo available):
 # the compiler and CMake, Debian's CPU LibTorch 1.13 with Gloo headers, cxxopts, GoogleTest,
 # zlib, the real Fashion-MNIST, and Debian's python3-torch (torchrun for the multi-process tests).
+# Arguments name more packages to install with them (scripts/fuzz.sh passes clang's).
 set -euo pipefail
 
 packages=(
@@ -12,6 +13,7 @@ packages=(
   python3-torch                 # torchrun, for the multi-process tests
   python3-venv                  # quickstart.sh keeps the CUDA LibTorch of a GPU machine in a venv
 )
+packages+=("$@")
 
 sudo_if_needed() { if [ "$(id -u)" -eq 0 ]; then "$@"; else sudo "$@"; fi; }
 
