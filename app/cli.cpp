@@ -5,6 +5,7 @@
 #include <cerrno>
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <cxxopts.hpp>
 #include <limits>
 #include <optional>
@@ -290,6 +291,19 @@ ParsedCommandLine parse_command_line(int argc, const char* const argv[]) {
   if (command == "-h" || command == "--help" || command == "help") {
     parsed.help = kProgramHelp;
     return parsed;
+  }
+
+  // cxxopts matches every argument against a std::regex, and libstdc++'s matcher recurses once
+  // per character: an argument of some 50000 characters overflowed the stack. No path or device
+  // list needs anywhere near this.
+  constexpr size_t kMaxArgumentLength = 8192;
+  for (int i = 2; i < argc; ++i) {
+    const size_t length = std::strlen(argv[i]);
+    if (length > kMaxArgumentLength) {
+      throw UsageError("argument " + std::to_string(i) + " ('" + std::string(argv[i], 24) +
+                       "...') is " + std::to_string(length) + " characters long; at most " +
+                       std::to_string(kMaxArgumentLength) + " are accepted");
+    }
   }
 
   if (command == "train") {

@@ -3,6 +3,7 @@
 # the compiler and CMake, Debian's CPU LibTorch 1.13 with Gloo headers, cxxopts, GoogleTest,
 # zlib, libcurl, the real Fashion-MNIST, Debian's python3-torch (torchrun for the multi-process
 # tests) and Chromium (the plot test renders the SVG headless).
+# Arguments name more packages to install with them (scripts/fuzz.sh passes clang's).
 set -euo pipefail
 
 packages=(
@@ -15,6 +16,7 @@ packages=(
   python3-venv                  # quickstart.sh keeps the CUDA LibTorch of a GPU machine in a venv
   chromium                      # headless, renders the training plot's SVG in test_plot.cpp
 )
+packages+=("$@")
 
 sudo_if_needed() { if [ "$(id -u)" -eq 0 ]; then "$@"; else sudo "$@"; fi; }
 

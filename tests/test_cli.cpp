@@ -349,6 +349,17 @@ TEST(CliParse, FlagIsNotTakenAsTheValueOfAnother) {
   expect_parse_error({"train", "--data-dir", "--sync-bn"}, "--data-dir");
 }
 
+// cxxopts matches each argument with a std::regex whose matcher recurses once per character:
+// a "--flag=value" of 50000 characters crashed dptrain with a stack overflow. A path as long as
+// PATH_MAX still parses; an argument near Linux's 128 KiB limit is a usage error.
+TEST(CliParse, OverlongArgumentIsAUsageErrorNotACrash) {
+  const std::string dir(4095, 'd');
+  EXPECT_EQ(parse({"train", "--data-dir=" + dir}).train.data_dir, dir);
+  const std::string huge(131000, 'a');
+  expect_parse_error({"train", "--data-dir=" + huge}, "argument 2 ('--data-dir=aaa");
+  expect_parse_error({"train", "--epochs", "1", "-" + huge}, "argument 4");
+}
+
 // ---- parse_integer_flag / parse_positive_number_flag --------------------------------------
 
 TEST(CliParse, IntegerFlagAcceptsWholeNumbersInRange) {

@@ -253,6 +253,10 @@ INSTANTIATE_TEST_SUITE_P(
                        {"need 6 bytes of data, the file has 8 (trailing bytes)"}},
         CorruptionCase{
             "absurd_sizes", make_idx(kUByte, {65536, 65536, 65536}, {}), {"absurdly large"}},
+        // Found by fuzz_idx: the product 2^64 wrapped to 0 and the header-only file parsed.
+        CorruptionCase{"sizes_whose_product_wraps_to_zero",
+                       make_idx(kUByte, {1u << 20, 1u << 20, 1u << 24}, {}),
+                       {"absurdly large"}},
         CorruptionCase{"gzip_bad_block_type", gzip_with_bad_block_type(), {"corrupt gzip data"}},
         CorruptionCase{"gzip_bad_crc", gzip_with_bad_crc(), {"corrupt gzip data"}},
         CorruptionCase{"gzip_bad_length", gzip_with_bad_length(), {"corrupt gzip data"}},

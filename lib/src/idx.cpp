@@ -130,14 +130,17 @@ IdxArray parse_idx(const std::vector<uint8_t>& bytes, const std::string& name) {
                     std::to_string(bytes.size()));
   }
   IdxArray array;
+  constexpr uint64_t kMaxBytes = uint64_t{1} << 40;  // 1 TiB: no real data set comes near
   uint64_t expected = 1;
   for (int d = 0; d < num_dims; ++d) {
     const uint32_t size = read_big_endian_u32(bytes.data() + 4 + 4 * d);
     array.dims.push_back(size);
-    expected *= size;
-    if (expected > (uint64_t{1} << 40)) {
+    // Checked before multiplying: the product of eight 32-bit sizes can wrap around 64 bits
+    // (2^20 x 2^20 x 2^24 is 0 mod 2^64) and would then match a header-only file.
+    if (size != 0 && expected > kMaxBytes / size) {
       throw DataError(name + ": sizes in the header are absurdly large");
     }
+    expected *= size;
   }
   const uint64_t actual = bytes.size() - header;
   if (actual != expected) {

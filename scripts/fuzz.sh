@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# Builds the libFuzzer targets (fuzz/) with clang into build-fuzz, or $DPTRAIN_FUZZ_BUILD_DIR,
+# and runs each for the given seconds (default 60) from its seed corpus in fuzz/corpus/.
+# Crashes land in build-fuzz/crashes/<target>/ and make the script exit non-zero; the corpus
+# grown while fuzzing stays in build-fuzz/corpus/, never in the source tree.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+seconds="${1:-60}"
+build_dir="${DPTRAIN_FUZZ_BUILD_DIR:-build-fuzz}"
+# clang, libFuzzer with clang's sanitizer runtimes, and llvm-symbolizer for readable stacks.
+bash scripts/install-deps.sh clang libclang-rt-14-dev llvm
+
+cmake -S . -B "$build_dir" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_COMPILER=clang++ \
+  -DDPTRAIN_FUZZ=ON -DBUILD_TESTING=OFF -DDPTRAIN_WERROR=ON >/dev/null
+targets=()
+for source in fuzz/fuzz_*.cpp; do targets+=("$(basename "$source" .cpp)"); done
+cmake --build "$build_dir" -j "${DPTRAIN_FUZZ_JOBS:-$(nproc)}" --target "${targets[@]}"
+
+# A leak in a parser fails the run like a crash: libFuzzer runs LeakSanitizer after any input
+# whose allocations and frees do not balance.
+export ASAN_OPTIONS="detect_leaks=1"
+export UBSAN_OPTIONS="print_stacktrace=1"
+failed=()
+for target in "${targets[@]}"; do
+  crashes="$build_dir/crashes/$target"
+  corpus="$build_dir/corpus/$target"
+  mkdir -p "$crashes" "$corpus"
+  echo "fuzz: $target for ${seconds}s"
+  # -rss_limit_mb: a parser that allocates what a small input does not justify is a bug too.
+  # -timeout: seconds one input may take; -max_len: bytes per input (the seeds are smaller).
+  # The first corpus directory receives new inputs; the seeds are only read.
+  if ! "$build_dir/fuzz/$target" "$corpus" "fuzz/corpus/$target" \
+    -max_total_time="$seconds" -rss_limit_mb=2048 -timeout=10 -max_len=4096 \
+    -artifact_prefix="$crashes/" -print_final_stats=1 >"$build_dir/$target.log" 2>&1; then
+    failed+=("$target")
+    tail -n 60 "$build_dir/$target.log" >&2
+  fi
+  grep -E '^stat::(number_of_executed_units|peak_rss_mb)' "$build_dir/$target.log" || true
+done
+if [ "${#failed[@]}" -gt 0 ]; then
+  echo "fuzz: FAILED: ${failed[*]}; the inputs are in $build_dir/crashes/" >&2
+  exit 1
+fi
+echo "fuzz: no crash in ${targets[*]}"
