@@ -32,5 +32,7 @@ quick+=":*CliDataErrors.*/corrupt_gzip:CliErrorsEnvironment.*"
 quick+=":CliRun.TinyDataTwoEpochsSavesTheModel:CliRun.UnwritableSaveModelIsARunTimeError"
 quick+=":Communicator.*:Rendezvous.*:LaunchEnvironment*:*LaunchEnvironmentErrors.*"
 quick+=":BucketAssignment.*:Reducer.*:*ReducerWorld.*"
+quick+=":Checkpoint*:*Checkpoint*:Sha256*:Metrics*:Png*:BatchAssembler*:*BatchAssembler*"
+quick+=":Report.*:MemoryBudget.*"
 "$build_dir/tests/dptrain_tests" --gtest_filter="$quick" --gtest_brief=1
 echo "sanitize: the quick tests pass under AddressSanitizer and UBSan"

@@ -2,7 +2,11 @@
 // pinned, N replicas with sync-bn match one replica, replicas stay bit-identical without it,
 // and several processes under torchrun match the same world in threads.
 #include <gtest/gtest.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <signal.h>
+#include <sys/socket.h>
+#include <unistd.h>
 #include <torch/serialize.h>
 
 #include <fstream>
@@ -10,6 +14,7 @@
 #include <sstream>
 #include <thread>
 
+#include "dptrain/checkpoint.h"
 #include "dptrain/model.h"
 #include "dptrain/train.h"
 #include "test_support.h"
@@ -371,14 +376,15 @@ void expect_peer_failure_named(const std::vector<std::string>& args, int signal_
   const int port = free_port();
   auto rank0 = spawn_command(args, rank_env(0, 2, port), dir.file("rank0"));
   auto rank1 = spawn_command(args, rank_env(1, 2, port), dir.file("rank1"));
-  // Wait until training is under way: rank 0 prints its header before the first step.
-  for (int i = 0; i < 200; ++i) {
+  // Wait until training is under way and a first checkpoint is written (the run checkpoints
+  // every epoch), then hit rank 1 inside a later epoch.
+  for (int i = 0; i < 600; ++i) {
     std::ifstream out(rank0.out_path);
     std::string text((std::istreambuf_iterator<char>(out)), std::istreambuf_iterator<char>());
-    if (text.find("dptrain:") != std::string::npos) break;
+    if (text.find("checkpoint: ") != std::string::npos) break;
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
-  std::this_thread::sleep_for(std::chrono::seconds(2));
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
   kill(rank1.pid, signal_number);
   const auto hit_at = std::chrono::steady_clock::now();
   const auto result = wait_command(rank0, 60);
@@ -390,24 +396,93 @@ void expect_peer_failure_named(const std::vector<std::string>& args, int signal_
   EXPECT_NE(result.err.find("rank(s) 1 did not answer"), std::string::npos) << result.err;
   // The timeout is 10 s, the diagnosis takes at most 3 s more.
   EXPECT_LT(std::chrono::steady_clock::now() - hit_at, std::chrono::seconds(25));
+  // Nothing is lost: the last checkpoint reads back whole, and no temporary file is left.
+  std::vector<std::string> skipped;
+  const auto newest = newest_valid_checkpoint(dir.file("checkpoints"), &skipped);
+  ASSERT_TRUE(newest.has_value()) << "no readable checkpoint after the failure";
+  EXPECT_TRUE(skipped.empty()) << skipped.front();
+  EXPECT_GE(newest->second.epochs_done, 1);
+  for (int e = 0; e <= newest->second.epochs_done + 1; ++e) {
+    EXPECT_FALSE(path_exists(dir.file("checkpoints/" + checkpoint_file_name(e, 0) + ".tmp")));
+  }
 }
 
-std::vector<std::string> long_run_args(std::vector<std::string> args) {
+// Many short epochs, each checkpointed: long enough to be hit after the first checkpoint.
+std::vector<std::string> long_run_args(std::vector<std::string> args, const TempDir& dir) {
   for (auto& a : args) {
-    if (a == "300") a = "60000";  // the whole training set: long enough to be hit mid-epoch
-    if (a == "20") a = "10";      // --timeout 10
+    if (a == "300") a = "1000";  // 16 steps an epoch
+    if (a == "20") a = "10";     // --timeout 10
   }
+  args[5] = "1000";  // --epochs
+  args.insert(args.end(), {"--checkpoint-dir", dir.file("checkpoints")});
   return args;
 }
 
 TEST_F(MultiProcess, KilledRankMakesTheOtherFailWithinTheTimeout) {
   TempDir dir;
-  expect_peer_failure_named(long_run_args(train_args(dir.file("m.pt"))), SIGKILL, dir);
+  expect_peer_failure_named(long_run_args(train_args(dir.file("m.pt")), dir), SIGKILL, dir);
 }
 
 TEST_F(MultiProcess, StalledRankMakesTheOtherFailWithinTheTimeout) {
   TempDir dir;
-  expect_peer_failure_named(long_run_args(train_args(dir.file("m.pt"))), SIGSTOP, dir);
+  expect_peer_failure_named(long_run_args(train_args(dir.file("m.pt")), dir), SIGSTOP, dir);
+}
+
+// Rank 0 cannot serve the rendezvous on a port that another program holds: both ranks fail
+// within the timeout, rank 0 naming the address and port.
+TEST_F(MultiProcess, PortAlreadyInUseFailsBothRanksNamingThePort) {
+  TempDir dir;
+  const int port = free_port();
+  const int holder = socket(AF_INET, SOCK_STREAM, 0);
+  ASSERT_GE(holder, 0);
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_port = htons(static_cast<uint16_t>(port));
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(bind(holder, reinterpret_cast<sockaddr*>(&address), sizeof address), 0);
+  ASSERT_EQ(listen(holder, 4), 0);
+  auto args = train_args(dir.file("m.pt"));
+  for (auto& a : args) {
+    if (a == "20") a = "3";  // --timeout 3
+  }
+  const auto start = std::chrono::steady_clock::now();
+  auto rank0 = spawn_command(args, rank_env(0, 2, port), dir.file("rank0"));
+  auto rank1 = spawn_command(args, rank_env(1, 2, port), dir.file("rank1"));
+  const auto result0 = wait_command(rank0, 60);
+  const auto result1 = wait_command(rank1, 60);
+  close(holder);
+  EXPECT_EQ(result0.exit_code, 1) << result0.err;
+  EXPECT_EQ(result1.exit_code, 1) << result1.err;
+  EXPECT_NE(result0.err.find("rank 0: rendezvous at 127.0.0.1:" + std::to_string(port) +
+                             " (serving) failed"),
+            std::string::npos)
+      << result0.err;
+  EXPECT_NE(result1.err.find("rank 1"), std::string::npos) << result1.err;
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(40));
+}
+
+// One rank started with another WORLD_SIZE: the ranks that meet say which rank and which size;
+// none waits past the timeout.
+TEST_F(MultiProcess, WrongWorldSizeOnOneRankIsNamed) {
+  TempDir dir;
+  auto args = train_args(dir.file("m.pt"));
+  for (auto& a : args) {
+    if (a == "20") a = "3";  // --timeout 3
+  }
+  const int port = free_port();
+  const auto start = std::chrono::steady_clock::now();
+  auto rank0 = spawn_command(args, rank_env(0, 2, port), dir.file("rank0"));
+  auto rank1 = spawn_command(args, rank_env(1, 3, port), dir.file("rank1"));
+  const auto result0 = wait_command(rank0, 60);
+  const auto result1 = wait_command(rank1, 60);
+  EXPECT_EQ(result0.exit_code, 1) << result0.err;
+  EXPECT_EQ(result1.exit_code, 1) << result1.err;
+  EXPECT_NE(result0.err.find("rank 1 was started with world size 3, this rank with 2"),
+            std::string::npos)
+      << result0.err;
+  // Rank 1 waits for a rank 2 that does not exist, and says so.
+  EXPECT_NE(result1.err.find("never arrived"), std::string::npos) << result1.err;
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(40));
 }
 
 }  // namespace

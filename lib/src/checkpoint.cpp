@@ -311,7 +311,8 @@ Checkpoint parse_checkpoint(const std::vector<uint8_t>& bytes, const std::string
     }
     const uint8_t* data = r.raw(stored);
     auto tensor = torch::empty(dims, torch::TensorOptions().dtype(*dtype));
-    std::memcpy(tensor.data_ptr(), data, stored);
+    // An empty tensor has no storage to copy into (data_ptr() is null; memcpy forbids that).
+    if (stored > 0) std::memcpy(tensor.data_ptr(), data, stored);
     c.tensors.emplace_back(std::move(tensor_name), std::move(tensor));
   }
   if (r.remaining() != 0) r.fail(std::to_string(r.remaining()) + " stray bytes after the tensors");

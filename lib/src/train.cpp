@@ -24,6 +24,7 @@
 #include "dptrain/batching.h"
 #include "dptrain/devices.h"
 #include "dptrain/errors.h"
+#include "dptrain/memory_budget.h"
 #include "dptrain/model.h"
 #include "dptrain/rendezvous.h"
 #include "dptrain/replicas.h"
@@ -532,6 +533,25 @@ void check_world(const TrainOptions& options, const WorldPlan& world) {
 
 namespace {
 
+// run_rank, with an allocator's failure turned into one line that says what to change.
+TrainResult run_rank_reporting_memory(const FashionMnist& data, const TrainOptions& options,
+                                      const RankPlan& plan, const TrainCallbacks& callbacks) {
+  try {
+    return run_rank(data, options, plan, callbacks);
+  } catch (const c10::Error& e) {
+    const std::string what = e.what_without_backtrace();
+    if (what.find("out of memory") == std::string::npos &&
+        what.find("can't allocate memory") == std::string::npos) {
+      throw;
+    }
+    throw std::runtime_error("rank " + std::to_string(plan.rank) + " on " +
+                             device_name(plan.device) + ": out of memory with --batch-size " +
+                             std::to_string(options.batch_size) + " and --width " +
+                             std::to_string(options.width) + "; lower one of them (" +
+                             what.substr(0, what.find('\n')) + ")");
+  }
+}
+
 // Runs one rank per local device (a thread each when there are several) and returns the first
 // local replica's result.
 TrainResult run_world(const FashionMnist& data, const TrainOptions& options,
@@ -550,6 +570,15 @@ TrainResult run_world(const FashionMnist& data, const TrainOptions& options,
   }
 
   const auto local = static_cast<int>(world.local_devices.size());
+  // Impossible sizes are refused before any allocation (the estimate covers CPU replicas; a
+  // GPU's allocator reports its own failure, turned into one line below).
+  if (const auto available = available_host_bytes(); available && world.local_devices[0].is_cpu()) {
+    const int64_t shard =
+        shard_range(std::min(options.batch_size, std::max<int64_t>(data.train.size(), 1)),
+                    world.world_size, 0)
+            .second;
+    check_host_memory(options.width, shard, local, *available);
+  }
   if (world.local_devices.front().is_cuda()) {
     at::globalContext().setBenchmarkCuDNN(options.cudnn_benchmark);
   }
@@ -572,7 +601,7 @@ TrainResult run_world(const FashionMnist& data, const TrainOptions& options,
     RankPlan plan = base;
     plan.rank = world.first_rank;
     plan.device = world.local_devices[0];
-    return run_rank(data, options, plan, callbacks);
+    return run_rank_reporting_memory(data, options, plan, callbacks);
   }
 
   // Replicas in this process: a thread each. The first failure is reported; the others usually
@@ -587,7 +616,7 @@ TrainResult run_world(const FashionMnist& data, const TrainOptions& options,
       plan.first_local = i == 0;
       plan.device = world.local_devices[static_cast<size_t>(i)];
       try {
-        results[static_cast<size_t>(i)] = run_rank(data, options, plan, callbacks);
+        results[static_cast<size_t>(i)] = run_rank_reporting_memory(data, options, plan, callbacks);
       } catch (...) {
         errors[static_cast<size_t>(i)] = std::current_exception();
       }

@@ -1,0 +1,62 @@
+// Tests of the memory guard (memory_budget.h): the estimate's scale at the book's sizes, and
+// the refusal of sizes no machine holds, from the library and from the command line.
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "dptrain/errors.h"
+#include "dptrain/memory_budget.h"
+#include "test_support.h"
+
+namespace dptrain {
+namespace {
+
+constexpr int64_t kGiB = int64_t{1} << 30;
+
+TEST(MemoryBudget, EstimateAtTheReferenceSizeIsAFewGiB) {
+  // Width 64, batch 256: PyTorch needs about 2-3 GiB for this model and batch.
+  const int64_t bytes = estimate_training_bytes(64, 256);
+  EXPECT_GT(bytes, 1 * kGiB);
+  EXPECT_LT(bytes, 6 * kGiB);
+  // Activations grow with the batch, weights with the square of the width.
+  EXPECT_GT(estimate_training_bytes(64, 512), bytes);
+  EXPECT_GT(estimate_training_bytes(128, 0), 3 * estimate_training_bytes(64, 0));
+}
+
+TEST(MemoryBudget, RefusesWhatDoesNotFitNamingBothFlags) {
+  EXPECT_NO_THROW(check_host_memory(8, 256, 2, 24 * kGiB));
+  try {
+    check_host_memory(64, 10000000, 1, 24 * kGiB);
+    ADD_FAILURE() << "no UsageError";
+  } catch (const UsageError& e) {
+    const std::string message = e.what();
+    EXPECT_NE(message.find("--batch-size and --width too large"), std::string::npos) << message;
+    EXPECT_NE(message.find("24.0 GiB"), std::string::npos) << message;
+  }
+  EXPECT_THROW(check_host_memory(4096, 1, 1, 24 * kGiB), UsageError);
+  // Two replicas on one host need twice what one needs.
+  const int64_t one = estimate_training_bytes(16, 1000);
+  EXPECT_NO_THROW(check_host_memory(16, 1000, 1, one + 1));
+  EXPECT_THROW(check_host_memory(16, 1000, 2, one + 1), UsageError);
+}
+
+TEST(MemoryBudget, AvailableHostMemoryIsReadHere) {
+  const auto available = available_host_bytes();
+  ASSERT_TRUE(available.has_value()) << "/proc/meminfo has no MemAvailable";
+  EXPECT_GT(*available, 0);
+}
+
+TEST(MemoryBudget, AbsurdBatchFromTheCommandLineIsAUsageError) {
+  const auto data_dir = testing::real_data_dir();
+  ASSERT_TRUE(data_dir.has_value()) << "the real Fashion-MNIST is not installed";
+  const auto result = testing::run_command(
+      {testing::dptrain_binary(), "train", "--devices", "cpu", "--batch-size", "2000000000",
+       "--train-limit", "60000", "--test-limit", "10", "--data-dir", *data_dir},
+      {}, 120);
+  EXPECT_EQ(result.exit_code, 2) << result.err;
+  EXPECT_EQ(result.err.find("error: --batch-size and --width too large"), 0u) << result.err;
+  EXPECT_EQ(result.err.find('\n'), result.err.size() - 1) << "not one line: " << result.err;
+}
+
+}  // namespace
+}  // namespace dptrain
