@@ -1,19 +1,25 @@
 // The dptrain command line: parse_command_line and the strict number parsers (exact values,
 // defaults, edge cases), and the dptrain binary itself run as a child process: help, exit status
 // 2 or 1 with one "error:" line for every mistake (never an abort), and short training runs.
+#include <dirent.h>
 #include <gtest/gtest.h>
+#include <signal.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
+#include <fstream>
 #include <functional>
+#include <iterator>
 #include <map>
 #include <regex>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
 #include "cli.h"
+#include "dptrain/checkpoint.h"
 #include "dptrain/data.h"
 #include "dptrain/devices.h"
 #include "dptrain/errors.h"
@@ -787,6 +793,256 @@ TEST(CliRun, DivergingTrainingIsARunTimeError) {
   const auto lines = split_lines(result.err);
   ASSERT_EQ(lines.size(), 1u) << describe(result);
   EXPECT_TRUE(contains(lines[0], "not finite")) << describe(result);
+}
+
+// ---- Checkpoints, stop signals, eval and progress output --------------------------------------
+
+std::vector<std::string> checkpoints_in(const std::string& directory) {
+  std::vector<std::string> names;
+  if (DIR* d = ::opendir(directory.c_str())) {
+    while (const dirent* e = ::readdir(d)) {
+      const std::string name = e->d_name;
+      if (name.rfind("checkpoint-", 0) == 0) names.push_back(name);
+    }
+    ::closedir(d);
+  }
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
+std::string read_text(const std::string& path) {
+  std::ifstream in(path);
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+
+// Fake data big enough for a run that is still training when a signal comes: 64 steps an epoch.
+const std::string& signal_data_dir() {
+  static const TempDir dir;
+  static const bool written = (write_fake_data(dir, 1024, 16), true);
+  (void)written;
+  return dir.path();
+}
+
+std::vector<std::string> long_run_args(const std::string& checkpoint_dir) {
+  return {testing::dptrain_binary(),
+          "train",
+          "--data-dir",
+          signal_data_dir(),
+          "--devices",
+          "cpu",
+          "--width",
+          "4",
+          "--batch-size",
+          "16",
+          "--threads",
+          "1",
+          "--epochs",
+          "1000",
+          "--log-every",
+          "1",
+          "--checkpoint-dir",
+          checkpoint_dir};
+}
+
+// Starts a long run, waits for its first progress line, sends `signal_number`, and checks that
+// it finishes the step, writes a checkpoint and exits with 128 + the signal.
+void expect_stop_by_signal(int signal_number) {
+  TempDir dir;
+  const std::string checkpoints = dir.file("checkpoints");
+  const auto child = testing::spawn_command(long_run_args(checkpoints), {}, dir.file("run"));
+  bool training = false;
+  for (int i = 0; i < 1200 && !training; ++i) {  // up to 60 s for the first step
+    training = contains(read_text(child.err_path), " step ");
+    if (!training) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  ASSERT_EQ(kill(child.pid, signal_number), 0);
+  const auto result = testing::wait_command(child, 60);
+  ASSERT_TRUE(training) << describe(result);
+  EXPECT_FALSE(result.timed_out) << describe(result);
+  EXPECT_EQ(result.exit_code, 128 + signal_number) << describe(result);
+  // Ended by main's return, not killed by the signal: it says so, and names the checkpoint.
+  const auto names = checkpoints_in(checkpoints);
+  ASSERT_EQ(names.size(), 1u) << describe(result);
+  const std::string path = checkpoints + "/" + names[0];
+  EXPECT_TRUE(contains(result.err, "stopping after this step")) << describe(result);
+  EXPECT_TRUE(contains(result.err, "dptrain: stopped by signal " + std::to_string(signal_number) +
+                                       "; resume from " + path))
+      << describe(result);
+  EXPECT_TRUE(contains(result.out, "checkpoint: " + path)) << describe(result);
+  EXPECT_FALSE(contains(result.err, "error:")) << describe(result);
+  for (const char* marker : {"terminate called", "Exception raised from", "Segmentation"}) {
+    EXPECT_FALSE(contains(result.err, marker)) << describe(result);
+  }
+  const auto checkpoint = read_checkpoint(path);
+  EXPECT_EQ(checkpoint.config.width, 4);
+  EXPECT_GT(checkpoint.global_step, 0);
+  EXPECT_EQ(names[0], checkpoint_file_name(checkpoint.epochs_done, checkpoint.step_in_epoch));
+
+  // The run resumes from it and finishes (one epoch in all).
+  auto resume = long_run_args(checkpoints);
+  const auto epochs = std::find(resume.begin(), resume.end(), "--epochs");
+  ASSERT_NE(epochs, resume.end());
+  *(epochs + 1) = "1";
+  resume.push_back("--resume");
+  const auto resumed = testing::run_command(resume, {}, 120);
+  expect_no_crash(resumed);
+  EXPECT_EQ(resumed.exit_code, 0) << describe(resumed);
+  EXPECT_TRUE(contains(resumed.out, "resuming from " + path)) << describe(resumed);
+  EXPECT_TRUE(std::regex_search(resumed.out, std::regex("\ntest acc: [0-9]\\.[0-9]{2}, ")))
+      << describe(resumed);
+}
+
+TEST(CliSignals, SigintFinishesTheStepWritesACheckpointAndExits130) {
+  expect_stop_by_signal(SIGINT);
+}
+
+TEST(CliSignals, SigtermFinishesTheStepWritesACheckpointAndExits143) {
+  expect_stop_by_signal(SIGTERM);
+}
+
+TEST(CliCheckpoints, ResumeWithoutCheckpointDirIsAUsageError) {
+  expect_one_error_line(run_dptrain({"train", "--data-dir", tiny_data_dir(), "--resume"}), kUsage,
+                        "--resume needs --checkpoint-dir");
+}
+
+// The "test acc X" of an epoch line, as printed.
+std::vector<std::string> epoch_test_accuracies(const std::string& out) {
+  std::vector<std::string> found;
+  const std::regex pattern("^epoch [0-9]+/[0-9]+: .*, test acc ([0-9]\\.[0-9]{4}), ");
+  for (const auto& line : split_lines(out)) {
+    std::smatch match;
+    if (std::regex_search(line, match, pattern)) found.push_back(match[1]);
+  }
+  return found;
+}
+
+TEST(CliEval, CheckpointGivesTheTrainingsTestAccuracy) {
+  const auto data = testing::real_data_dir();
+  if (!data) GTEST_SKIP() << "no Fashion-MNIST found (set DPTRAIN_DATA or install it)";
+  TempDir dir;
+  const std::vector<std::string> common{"--data-dir",   *data, "--devices",    "cpu",
+                                        "--threads",    "1",   "--test-limit", "200",
+                                        "--batch-size", "32"};
+  std::vector<std::string> train_args{"train",   "--width",       "4",   "--epochs",
+                                      "2",       "--train-limit", "320", "--checkpoint-dir",
+                                      dir.path()};
+  train_args.insert(train_args.end(), common.begin(), common.end());
+  const auto trained = run_dptrain(train_args, {}, 300);
+  expect_no_crash(trained);
+  ASSERT_EQ(trained.exit_code, 0) << describe(trained);
+  const auto accuracies = epoch_test_accuracies(trained.out);
+  ASSERT_EQ(accuracies.size(), 2u) << describe(trained);
+  for (int epoch = 1; epoch <= 2; ++epoch) {
+    SCOPED_TRACE("epoch " + std::to_string(epoch));
+    std::vector<std::string> eval_args{"eval", "--checkpoint",
+                                       dir.file(checkpoint_file_name(epoch, 0))};
+    eval_args.insert(eval_args.end(), common.begin(), common.end());
+    const auto eval = run_dptrain(eval_args, {}, 120);
+    expect_no_crash(eval);
+    ASSERT_EQ(eval.exit_code, 0) << describe(eval);
+    const auto lines = split_lines(eval.out);
+    ASSERT_EQ(lines.size(), 1u) << describe(eval);
+    EXPECT_EQ(lines[0].rfind(
+                  "test acc: " + accuracies[static_cast<size_t>(epoch - 1)] + ", test loss ", 0),
+              0u)
+        << "training printed test acc " << accuracies[static_cast<size_t>(epoch - 1)] << "\n"
+        << describe(eval);
+    EXPECT_TRUE(contains(lines[0], "(200 images) on [cpu]")) << describe(eval);
+  }
+}
+
+TEST(CliEval, NeedsExactlyOneOfCheckpointAndModel) {
+  expect_one_error_line(run_dptrain({"eval", "--data-dir", tiny_data_dir()}), kUsage,
+                        "exactly one of --checkpoint FILE and --model FILE");
+  expect_one_error_line(run_dptrain({"eval", "--data-dir", tiny_data_dir(), "--checkpoint", "a.dpt",
+                                     "--model", "b.pt"}),
+                        kUsage, "exactly one of --checkpoint FILE and --model FILE");
+  expect_one_error_line(
+      run_dptrain({"eval", "--data-dir", tiny_data_dir(), "--checkpoint", "a.dpt", "--width", "8"}),
+      kUsage, "--width");
+}
+
+TEST(CliEval, CorruptOrForeignCheckpointIsOneErrorLineNamingTheFile) {
+  TempDir dir;
+  const std::string garbage = dir.file("garbage.dpt");
+  testing::write_bytes(garbage, {'n', 'o', 't', ' ', 'o', 'u', 'r', 's'});
+  expect_one_error_line(run_dptrain({"eval", "--data-dir", tiny_data_dir(), "--devices", "cpu",
+                                     "--checkpoint", garbage}),
+                        kRunTime, garbage + ": not a dptrain checkpoint");
+
+  // A real checkpoint with one byte changed.
+  const auto trained = run_dptrain({"train", "--data-dir", tiny_data_dir(), "--devices", "cpu",
+                                    "--width", "1", "--epochs", "1", "--batch-size", "4",
+                                    "--threads", "1", "--quiet", "--checkpoint-dir", dir.path()});
+  ASSERT_EQ(trained.exit_code, 0) << describe(trained);
+  const std::string path = dir.file(checkpoint_file_name(1, 0));
+  std::ifstream in(path, std::ios::binary);
+  std::vector<uint8_t> bytes{std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+  ASSERT_GT(bytes.size(), 100u);
+  bytes[bytes.size() / 2] ^= 0x04;
+  testing::write_bytes(path, bytes);
+  expect_one_error_line(run_dptrain({"eval", "--data-dir", tiny_data_dir(), "--devices", "cpu",
+                                     "--checkpoint", path}),
+                        kRunTime, path + ": corrupt");
+  expect_one_error_line(run_dptrain({"eval", "--data-dir", tiny_data_dir(), "--devices", "cpu",
+                                     "--checkpoint", dir.file("absent.dpt")}),
+                        kRunTime, dir.file("absent.dpt"));
+}
+
+// The steps at which `text` has a plain progress line, as "epoch/step".
+std::vector<std::string> progress_steps(const std::string& text) {
+  std::vector<std::string> steps;
+  const std::regex pattern(
+      "^epoch ([0-9]+)/[0-9]+ step ([0-9]+)/[0-9]+: loss [0-9.]+, acc [0-9.]+, [0-9]+ img/s, "
+      "[0-9]+ s left$");
+  for (const auto& line : split_lines(text)) {
+    if (line.rfind("epoch ", 0) != 0) continue;  // a library's warning, say
+    std::smatch match;
+    if (std::regex_match(line, match, pattern)) {
+      steps.push_back(match[1].str() + "/" + match[2].str());
+    } else {
+      ADD_FAILURE() << "not a whole progress line: '" << line << "'";
+    }
+  }
+  return steps;
+}
+
+TEST(CliProgress, PipedStderrGetsPlainLinesEveryLogEverySteps) {
+  // 16 examples in batches of 4: four steps an epoch, a line every 2 steps.
+  const auto result =
+      run_dptrain({"train", "--data-dir", tiny_data_dir(), "--devices", "cpu", "--width", "1",
+                   "--epochs", "2", "--batch-size", "4", "--threads", "1", "--log-every", "2"});
+  expect_successful_run(result, 2, kFinalLineOneCpu);
+  for (const std::string* text : {&result.out, &result.err}) {
+    EXPECT_FALSE(contains(*text, "\r")) << describe(result);
+    EXPECT_FALSE(contains(*text, "\033")) << describe(result);
+  }
+  EXPECT_EQ(progress_steps(result.err), (std::vector<std::string>{"1/2", "1/4", "2/2", "2/4"}))
+      << describe(result);
+
+  const auto every_step =
+      run_dptrain({"train", "--data-dir", tiny_data_dir(), "--devices", "cpu", "--width", "1",
+                   "--epochs", "1", "--batch-size", "4", "--threads", "1", "--log-every", "1"});
+  ASSERT_EQ(every_step.exit_code, 0) << describe(every_step);
+  EXPECT_EQ(progress_steps(every_step.err), (std::vector<std::string>{"1/1", "1/2", "1/3", "1/4"}))
+      << describe(every_step);
+}
+
+TEST(CliProgress, QuietPrintsOnlyTheFinalLine) {
+  TempDir dir;
+  const auto result =
+      run_dptrain({"train", "--data-dir", tiny_data_dir(), "--devices", "cpu", "--width", "1",
+                   "--epochs", "2", "--batch-size", "4", "--threads", "1", "--log-every", "1",
+                   "--quiet", "--checkpoint-dir", dir.path()});
+  expect_no_crash(result);
+  ASSERT_EQ(result.exit_code, 0) << describe(result);
+  const auto lines = split_lines(result.out);
+  ASSERT_EQ(lines.size(), 1u) << describe(result);
+  EXPECT_TRUE(std::regex_match(lines[0], kFinalLineOneCpu)) << describe(result);
+  EXPECT_EQ(result.err, "") << describe(result);
+  // Quiet is about output only: the checkpoints are still written.
+  EXPECT_EQ(checkpoints_in(dir.path()),
+            (std::vector<std::string>{checkpoint_file_name(1, 0), checkpoint_file_name(2, 0)}));
 }
 
 }  // namespace

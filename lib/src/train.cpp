@@ -437,6 +437,11 @@ TrainResult run_rank(const FashionMnist& data, const TrainOptions& options, cons
       // Stopped inside the epoch: keep its sums so far, summed over the ranks, for the resume.
       result.stopped_by = stop;
       if (options.checkpoint_dir) {
+        // The checkpoint holds one set of BatchNorm statistics, but mid-epoch each replica's
+        // have followed its own shard: save their mean. The momentum update is linear, so the
+        // mean after the epoch's end is the same (to rounding) as without the stop; rank 0's
+        // alone would move it by (1 - momentum)^k times the replicas' spread.
+        average_buffers(*model, *communicator);
         auto sums = tally.sums.clone();
         communicator->allreduce_sum(sums, "partial epoch sums");
         const auto host = sums.to(torch::kCPU);
@@ -472,14 +477,15 @@ TrainResult run_rank(const FashionMnist& data, const TrainOptions& options, cons
     if (reporter && callbacks.on_epoch) callbacks.on_epoch(stats);
 
     const bool last = epoch + 1 == options.epochs;
-    if (options.checkpoint_dir && ((epoch + 1) % options.checkpoint_every == 0 || last)) {
-      save(make_checkpoint(epoch + 1, 0, {0, 0, 0}, 0));
-    }
-    // A stop requested during the evaluation or the checkpoint ends the run here.
+    const bool scheduled = (epoch + 1) % options.checkpoint_every == 0 || last;
+    if (options.checkpoint_dir && scheduled) save(make_checkpoint(epoch + 1, 0, {0, 0, 0}, 0));
+    // A stop requested during the epoch's last step, the evaluation or the checkpoint ends the
+    // run here, keeping the finished epoch even between scheduled checkpoints.
     if (!last) {
       stop = agreed_stop_signal(options.stop_signal, *communicator, plan.device);
       if (stop != 0) {
         result.stopped_by = stop;
+        if (options.checkpoint_dir && !scheduled) save(make_checkpoint(epoch + 1, 0, {0, 0, 0}, 0));
         break;
       }
     }

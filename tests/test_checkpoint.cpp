@@ -1,0 +1,677 @@
+// Tests of the checkpoint file format (checkpoint.h): exact round trips, a strict reader that
+// turns every foreign, truncated, corrupt or newer file into a DataError (never a crash), an
+// atomic writer that keeps the older checkpoint when a write fails, and the directory helpers.
+// Not here: when training writes checkpoints and how it resumes (test_resume.cpp).
+#include <dirent.h>
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/mount.h>
+#include <sys/resource.h>
+#include <torch/serialize.h>
+#include <unistd.h>
+#include <zlib.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <fstream>
+#include <iterator>
+#include <limits>
+#include <random>
+#include <sstream>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "dptrain/checkpoint.h"
+#include "dptrain/data.h"
+#include "dptrain/errors.h"
+#include "dptrain/model.h"
+#include "test_support.h"
+
+namespace {
+
+using namespace dptrain;
+using namespace dptrain::testing;
+
+// ---- Helpers ------------------------------------------------------------------------------
+
+EpochStats stats_for_epoch(int64_t epoch) {
+  EpochStats s;
+  s.epoch = epoch;
+  s.epochs = 7;
+  s.train_loss = 2.302585092994046 / static_cast<double>(epoch);
+  s.train_acc = 0.1 * static_cast<double>(epoch) + 1e-17;
+  s.test_loss = -0.0;  // the sign bit must survive too
+  s.test_acc = std::nextafter(0.5, 1.0);
+  s.seconds = 1e-300;
+  s.images_per_second = 6.02e23;
+  s.steps = 1875 + epoch;
+  return s;
+}
+
+// A checkpoint in which every field holds a value that no default or neighbour shares.
+Checkpoint sample_checkpoint() {
+  Checkpoint c;
+  c.config.width = 8;
+  c.config.num_classes = 10;
+  c.config.in_channels = 1;
+  c.config.batch_size = 96;
+  c.config.lr = 0.1;                      // not exact in binary: the bits must round-trip anyway
+  c.config.seed = 0xFEDCBA9876543210ull;  // above INT64_MAX
+  c.config.train_size = 60000;
+  c.config.world_size = 3;
+  c.epochs_done = 2;
+  c.step_in_epoch = 17;
+  c.global_step = 2 * 625 + 17;
+  c.partial_sums = {37.25, 15, 1632};
+  c.partial_seconds = 12.375;
+  c.history = {stats_for_epoch(1), stats_for_epoch(2)};
+  torch::manual_seed(5);
+  c.tensors.emplace_back("conv.weight", torch::randn({3, 1, 2, 2}));
+  c.tensors.emplace_back("bn.num_batches_tracked",
+                         torch::tensor(int64_t{0x0123456789ABCDEF}, torch::kInt64));
+  c.tensors.emplace_back("double", torch::randn({5}, torch::kFloat64));
+  c.tensors.emplace_back("bf16", torch::randn({2, 3}).to(torch::kBFloat16));
+  c.tensors.emplace_back("f16", torch::randn({4}).to(torch::kFloat16));
+  c.tensors.emplace_back("empty", torch::zeros({0, 3}));
+  // Not contiguous: the writer stores it in row-major order of its logical shape.
+  c.tensors.emplace_back("transposed", torch::arange(6, torch::kFloat32).reshape({2, 3}).t());
+  return c;
+}
+
+// A checkpoint a few hundred bytes long, for the loops over every byte.
+Checkpoint small_checkpoint() {
+  Checkpoint c;
+  c.config = CheckpointConfig{4, 10, 1, 32, 0.05, 7, 256, 2};
+  c.epochs_done = 1;
+  c.step_in_epoch = 3;
+  c.global_step = 11;
+  c.partial_sums = {6.5, 40, 96};
+  c.partial_seconds = 0.25;
+  c.history = {stats_for_epoch(1)};
+  c.tensors.emplace_back("w", torch::tensor({1.5f, -2.0f, 3.25f}));
+  c.tensors.emplace_back("n", torch::tensor(int64_t{42}, torch::kInt64));
+  return c;
+}
+
+bool same_bits(double a, double b) { return std::memcmp(&a, &b, sizeof a) == 0; }
+
+// Every field bit for bit, the tensors by name, dtype, shape and raw bytes.
+void expect_same_checkpoint(const Checkpoint& a, const Checkpoint& b) {
+  EXPECT_EQ(a.config.width, b.config.width);
+  EXPECT_EQ(a.config.num_classes, b.config.num_classes);
+  EXPECT_EQ(a.config.in_channels, b.config.in_channels);
+  EXPECT_EQ(a.config.batch_size, b.config.batch_size);
+  EXPECT_TRUE(same_bits(a.config.lr, b.config.lr));
+  EXPECT_EQ(a.config.seed, b.config.seed);
+  EXPECT_EQ(a.config.train_size, b.config.train_size);
+  EXPECT_EQ(a.config.world_size, b.config.world_size);
+  EXPECT_EQ(a.epochs_done, b.epochs_done);
+  EXPECT_EQ(a.step_in_epoch, b.step_in_epoch);
+  EXPECT_EQ(a.global_step, b.global_step);
+  for (size_t i = 0; i < a.partial_sums.size(); ++i) {
+    EXPECT_TRUE(same_bits(a.partial_sums[i], b.partial_sums[i])) << "partial sum " << i;
+  }
+  EXPECT_TRUE(same_bits(a.partial_seconds, b.partial_seconds));
+  ASSERT_EQ(a.history.size(), b.history.size());
+  for (size_t i = 0; i < a.history.size(); ++i) {
+    SCOPED_TRACE("history entry " + std::to_string(i));
+    const auto &x = a.history[i], &y = b.history[i];
+    EXPECT_EQ(x.epoch, y.epoch);
+    EXPECT_EQ(x.epochs, y.epochs);
+    EXPECT_TRUE(same_bits(x.train_loss, y.train_loss));
+    EXPECT_TRUE(same_bits(x.train_acc, y.train_acc));
+    EXPECT_TRUE(same_bits(x.test_loss, y.test_loss));
+    EXPECT_TRUE(same_bits(x.test_acc, y.test_acc));
+    EXPECT_TRUE(same_bits(x.seconds, y.seconds));
+    EXPECT_TRUE(same_bits(x.images_per_second, y.images_per_second));
+    EXPECT_EQ(x.steps, y.steps);
+  }
+  ASSERT_EQ(a.tensors.size(), b.tensors.size());
+  for (size_t i = 0; i < a.tensors.size(); ++i) {
+    const auto& [name, t] = a.tensors[i];
+    const auto& [other_name, u] = b.tensors[i];
+    SCOPED_TRACE("tensor " + name);
+    EXPECT_EQ(name, other_name);
+    ASSERT_EQ(t.scalar_type(), u.scalar_type());
+    ASSERT_EQ(t.sizes(), u.sizes());
+    const auto tc = t.contiguous(), uc = u.contiguous();
+    if (tc.numel() > 0) {
+      EXPECT_EQ(std::memcmp(tc.data_ptr(), uc.data_ptr(), tc.numel() * tc.element_size()), 0);
+    }
+  }
+}
+
+std::vector<uint8_t> read_bytes(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+
+std::vector<std::string> checkpoint_names_in(const std::string& directory);
+
+// Holds a soft RLIMIT_FSIZE of `bytes` for this process, with SIGXFSZ ignored, so that writing
+// past it fails with EFBIG; restores both on destruction.
+class FileSizeLimit {
+ public:
+  explicit FileSizeLimit(rlim_t bytes) {
+    getrlimit(RLIMIT_FSIZE, &saved_);
+    old_handler_ = signal(SIGXFSZ, SIG_IGN);
+    rlimit limit = saved_;
+    limit.rlim_cur = bytes;
+    ok_ = setrlimit(RLIMIT_FSIZE, &limit) == 0;
+  }
+  ~FileSizeLimit() {
+    setrlimit(RLIMIT_FSIZE, &saved_);
+    signal(SIGXFSZ, old_handler_);
+  }
+  bool ok() const { return ok_; }
+
+ private:
+  rlimit saved_{};
+  sighandler_t old_handler_ = SIG_DFL;
+  bool ok_ = false;
+};
+
+// ---- Round trip -------------------------------------------------------------------------
+
+TEST(CheckpointFormat, RoundTripIsExact) {
+  const auto original = sample_checkpoint();
+  const auto bytes = serialize_checkpoint(original);
+  const auto parsed = parse_checkpoint(bytes, "memory");
+  expect_same_checkpoint(original, parsed);
+  // The transposed tensor was stored by its logical order, not its storage order.
+  const auto& transposed = parsed.tensors.back().second;
+  EXPECT_TRUE(torch::equal(transposed, torch::tensor({{0.f, 3.f}, {1.f, 4.f}, {2.f, 5.f}})));
+  // Serialising the parsed checkpoint gives the same bytes again.
+  EXPECT_EQ(serialize_checkpoint(parsed), bytes);
+}
+
+TEST(CheckpointFormat, HeaderLayoutIsAsDocumented) {
+  const auto bytes = serialize_checkpoint(small_checkpoint());
+  ASSERT_GE(bytes.size(), 24u);
+  EXPECT_EQ(std::string(bytes.begin(), bytes.begin() + 8), "DPTRNCKP");
+  uint32_t version = 0;
+  uint64_t payload = 0;
+  for (int i = 0; i < 4; ++i) version |= uint32_t{bytes[8 + i]} << (8 * i);
+  for (int i = 0; i < 8; ++i) payload |= uint64_t{bytes[12 + i]} << (8 * i);
+  EXPECT_EQ(version, kCheckpointFormatVersion);
+  EXPECT_EQ(payload, bytes.size() - 24);
+}
+
+TEST(CheckpointFormat, FileRoundTripIsExact) {
+  TempDir dir;
+  const auto original = sample_checkpoint();
+  const std::string path = dir.file(checkpoint_file_name(2, 17));
+  write_checkpoint_atomically(original, path);
+  EXPECT_FALSE(path_exists(path + ".tmp"));
+  expect_same_checkpoint(original, read_checkpoint(path));
+}
+
+TEST(CheckpointFormat, FileNamesSortByPosition) {
+  EXPECT_EQ(checkpoint_file_name(3, 0), "checkpoint-e0003-s000000.dpt");
+  EXPECT_EQ(checkpoint_file_name(0, 12), "checkpoint-e0000-s000012.dpt");
+  EXPECT_EQ(checkpoint_file_name(12345, 1234567), "checkpoint-e12345-s1234567.dpt");
+}
+
+// ---- Foreign, truncated, corrupt, newer ----------------------------------------------------
+
+TEST(CheckpointFormat, ForeignFilesAreNotCheckpoints) {
+  TempDir dir;
+  // A torch::save archive (a zip), as --save-model writes.
+  const std::string zip = dir.file("model.pt");
+  torch::save(torch::ones({4}), zip);
+  ASSERT_GT(file_size(zip), 0);
+  expect_data_error([&] { read_checkpoint(zip); }, {zip, "not a dptrain checkpoint"});
+
+  std::mt19937 random(11);
+  std::vector<uint8_t> noise(1000);
+  for (auto& b : noise) b = static_cast<uint8_t>(random());
+  write_bytes(dir.file("noise"), noise);
+  expect_data_error([&] { read_checkpoint(dir.file("noise")); },
+                    {dir.file("noise"), "not a dptrain checkpoint"});
+
+  write_bytes(dir.file("empty"), {});
+  expect_data_error([&] { read_checkpoint(dir.file("empty")); },
+                    {dir.file("empty"), "not a dptrain checkpoint"});
+
+  // The magic alone, or almost.
+  write_bytes(dir.file("magic"), {'D', 'P', 'T', 'R', 'N', 'C', 'K'});
+  expect_data_error([&] { read_checkpoint(dir.file("magic")); }, {"not a dptrain checkpoint"});
+}
+
+TEST(CheckpointFormat, MissingFileAndDirectoryAreDataErrors) {
+  TempDir dir;
+  expect_data_error([&] { read_checkpoint(dir.file("absent.dpt")); },
+                    {dir.file("absent.dpt"), "cannot open"});
+  expect_data_error([&] { read_checkpoint(dir.path()); }, {dir.path(), "not a regular file"});
+}
+
+TEST(CheckpointFormat, EveryTruncationIsADataError) {
+  const auto bytes = serialize_checkpoint(small_checkpoint());
+  ASSERT_LT(bytes.size(), 2000u);  // keeps the loop short
+  for (size_t length = 0; length < bytes.size(); ++length) {
+    SCOPED_TRACE("first " + std::to_string(length) + " of " + std::to_string(bytes.size()) +
+                 " bytes");
+    const std::vector<uint8_t> prefix(bytes.begin(), bytes.begin() + length);
+    expect_data_error([&] { parse_checkpoint(prefix, "cut.dpt"); }, {"cut.dpt"});
+  }
+  // And one byte too many.
+  auto padded = bytes;
+  padded.push_back(0);
+  expect_data_error([&] { parse_checkpoint(padded, "padded.dpt"); }, {"padded.dpt", "padded"});
+}
+
+TEST(CheckpointFormat, EverySingleByteChangeIsADataError) {
+  const auto bytes = serialize_checkpoint(small_checkpoint());
+  for (size_t i = 0; i < bytes.size(); ++i) {
+    for (uint8_t mask : {uint8_t{0x01}, uint8_t{0x80}, uint8_t{0xFF}}) {
+      SCOPED_TRACE("byte " + std::to_string(i) + " ^ " + std::to_string(mask));
+      auto changed = bytes;
+      changed[i] ^= mask;
+      // The payload starts after the 24-byte header: there the CRC must catch every change.
+      std::vector<std::string> phrases{"flipped.dpt"};
+      if (i >= 24) phrases.push_back("CRC");
+      expect_data_error([&] { parse_checkpoint(changed, "flipped.dpt"); }, phrases);
+    }
+  }
+}
+
+TEST(CheckpointFormat, NewerFormatVersionIsNamed) {
+  auto bytes = serialize_checkpoint(small_checkpoint());
+  bytes[8] = static_cast<uint8_t>(kCheckpointFormatVersion + 1);
+  expect_data_error([&] { parse_checkpoint(bytes, "new.dpt"); },
+                    {"new.dpt", "format version " + std::to_string(kCheckpointFormatVersion + 1),
+                     "reads version " + std::to_string(kCheckpointFormatVersion)});
+  bytes[8] = 0;
+  bytes[11] = 0x80;  // version 2^31
+  expect_data_error([&] { parse_checkpoint(bytes, "new.dpt"); }, {"format version 2147483648"});
+}
+
+// A payload with a valid CRC but absurd contents: the reader still refuses, never allocates
+// what a hostile size asks for, and never reads past the end.
+TEST(CheckpointFormat, ConsistentCrcButAbsurdContentsAreDataErrors) {
+  const auto c = small_checkpoint();
+  // Rebuild the header around an edited payload, with the edited payload's own CRC.
+  const auto with_payload = [](std::vector<uint8_t> payload) {
+    auto file = serialize_checkpoint(Checkpoint{});
+    file.resize(24);
+    for (int i = 0; i < 8; ++i) file[12 + i] = static_cast<uint8_t>(payload.size() >> (8 * i));
+    const auto crc = ::crc32(0L, payload.data(), static_cast<uInt>(payload.size()));
+    for (int i = 0; i < 4; ++i) file[20 + i] = static_cast<uint8_t>(crc >> (8 * i));
+    file.insert(file.end(), payload.begin(), payload.end());
+    return file;
+  };
+  const auto original = serialize_checkpoint(c);
+  const std::vector<uint8_t> payload(original.begin() + 24, original.end());
+  // Sanity: rebuilding the unedited payload gives a readable file.
+  EXPECT_NO_THROW(parse_checkpoint(with_payload(payload), "same.dpt"));
+
+  // Offsets in the payload: 8 config fields, 3 position fields, 3 sums, seconds = 15 * 8 bytes,
+  // then the history count.
+  constexpr size_t kHistoryCount = 15 * 8;
+  const size_t history_bytes = 9 * 8 * c.history.size();
+  const size_t tensor_count = kHistoryCount + 8 + history_bytes;
+  const size_t first_name_size = tensor_count + 8;
+  const auto put_u64 = [](std::vector<uint8_t>& bytes, size_t at, uint64_t v) {
+    for (int i = 0; i < 8; ++i) bytes[at + i] = static_cast<uint8_t>(v >> (8 * i));
+  };
+  struct Edit {
+    const char* what;
+    size_t at;
+    uint64_t value;
+    const char* phrase;
+  };
+  const Edit edits[] = {
+      {"width 0", 0, 0, "zero setting"},
+      {"negative epochs done", 8 * 8, uint64_t(-1), "negative"},
+      {"a billion epochs of history", kHistoryCount, 1000000000, "epochs"},
+      {"history longer than the file", kHistoryCount, 1000, "truncated"},
+      {"2^40 tensors", tensor_count, uint64_t{1} << 40, "tensors"},
+      {"a tensor name of 2^63 bytes", first_name_size, uint64_t{1} << 63, "tensor name"},
+      {"a tensor name longer than the file", first_name_size, 1000, "truncated"},
+  };
+  for (const auto& edit : edits) {
+    SCOPED_TRACE(edit.what);
+    auto edited = payload;
+    put_u64(edited, edit.at, edit.value);
+    expect_data_error([&] { parse_checkpoint(with_payload(edited), "edited.dpt"); },
+                      {"edited.dpt", edit.phrase});
+  }
+  // The first tensor "w": name (8 + 1 bytes), dtype code, rank, one dimension, byte count.
+  const size_t dtype_at = first_name_size + 8 + 1;
+  const size_t rank_at = dtype_at + 4;
+  const size_t dim_at = rank_at + 8;
+  const size_t stored_at = dim_at + 8;
+  {
+    auto edited = payload;
+    edited[dtype_at] = 99;
+    expect_data_error([&] { parse_checkpoint(with_payload(edited), "edited.dpt"); },
+                      {"unknown dtype code in tensor w"});
+  }
+  {
+    auto edited = payload;
+    put_u64(edited, rank_at, 9);
+    expect_data_error([&] { parse_checkpoint(with_payload(edited), "edited.dpt"); },
+                      {"tensor w of rank 9"});
+  }
+  for (uint64_t dim : {uint64_t(-3), uint64_t{1} << 62, uint64_t{4}}) {
+    SCOPED_TRACE("dimension " + std::to_string(static_cast<int64_t>(dim)));
+    auto edited = payload;
+    put_u64(edited, dim_at, dim);
+    expect_data_error([&] { parse_checkpoint(with_payload(edited), "edited.dpt"); },
+                      {"edited.dpt", "tensor w"});
+  }
+  {
+    auto edited = payload;
+    put_u64(edited, stored_at, 8);  // 3 floats are 12 bytes
+    expect_data_error([&] { parse_checkpoint(with_payload(edited), "edited.dpt"); },
+                      {"tensor w holds 8 bytes"});
+  }
+}
+
+// ---- Atomic writes ----------------------------------------------------------------------
+
+TEST(CheckpointFiles, WriteIntoMissingDirectoryIsADataErrorAndLeavesNothing) {
+  TempDir dir;
+  const std::string path = dir.file("missing/checkpoint-e0001-s000000.dpt");
+  expect_data_error([&] { write_checkpoint_atomically(small_checkpoint(), path); },
+                    {path, "cannot create"});
+  EXPECT_FALSE(path_exists(dir.file("missing")));
+  EXPECT_FALSE(path_exists(path + ".tmp"));
+}
+
+TEST(CheckpointFiles, RewriteReplacesTheWholeFile) {
+  TempDir dir;
+  const std::string path = dir.file("c.dpt");
+  write_checkpoint_atomically(sample_checkpoint(), path);  // the larger one first
+  const auto small = small_checkpoint();
+  write_checkpoint_atomically(small, path);
+  EXPECT_EQ(file_size(path), static_cast<int64_t>(serialize_checkpoint(small).size()));
+  expect_same_checkpoint(small, read_checkpoint(path));
+}
+
+// A checkpoint too big to fit: the write fails, the older checkpoint under the same name still
+// reads, and no temporary file is left behind.
+void expect_failed_write_keeps_older(const std::string& path, const std::string& cause) {
+  SCOPED_TRACE(cause);
+  const auto older = read_bytes(path);
+  Checkpoint big = small_checkpoint();
+  big.global_step = 99;
+  big.tensors.emplace_back("big", torch::ones({50000}));  // 200 kB
+  expect_data_error([&] { write_checkpoint_atomically(big, path); },
+                    {path, "cannot write", cause, "previous checkpoints are untouched"});
+  EXPECT_FALSE(path_exists(path + ".tmp"));
+  EXPECT_EQ(read_bytes(path), older);
+  EXPECT_EQ(read_checkpoint(path).global_step, small_checkpoint().global_step);
+}
+
+TEST(CheckpointFiles, FailedWriteOverFileSizeLimitKeepsTheOlderCheckpoint) {
+  TempDir dir;
+  const std::string path = dir.file("checkpoint-e0001-s000000.dpt");
+  write_checkpoint_atomically(small_checkpoint(), path);
+  {
+    // Only this test writes while the limit holds; the process's other files are untouched.
+    FileSizeLimit limit(64 * 1024);
+    ASSERT_TRUE(limit.ok()) << std::strerror(errno);
+    expect_failed_write_keeps_older(path, std::strerror(EFBIG));
+  }
+  // Without the limit the same write succeeds: the failure was the limit's.
+  Checkpoint big = small_checkpoint();
+  big.tensors.emplace_back("big", torch::ones({50000}));
+  write_checkpoint_atomically(big, path);
+  EXPECT_EQ(read_checkpoint(path).tensors.size(), 3u);
+}
+
+// ENOSPC from a device that is always full: the temporary name is made a link to /dev/full, so
+// the writer opens that and every write fails as on a full disk.
+TEST(CheckpointFiles, FailedWriteOnAFullDeviceKeepsTheOlderCheckpoint) {
+  ASSERT_TRUE(path_exists("/dev/full")) << "Linux has /dev/full";
+  TempDir dir;
+  const std::string path = dir.file("checkpoint-e0001-s000000.dpt");
+  write_checkpoint_atomically(small_checkpoint(), path);
+  ASSERT_EQ(::symlink("/dev/full", (path + ".tmp").c_str()), 0) << std::strerror(errno);
+  expect_failed_write_keeps_older(path, std::strerror(ENOSPC));
+  EXPECT_TRUE(path_exists("/dev/full"));  // the writer removed its link, not the device
+}
+
+// A real full file system: a 64 KiB tmpfs. Needs the right to mount (root in most containers).
+TEST(CheckpointFiles, FailedWriteOnAFullTmpfsKeepsTheOlderCheckpoint) {
+  TempDir dir;
+  const std::string mount_point = dir.file("small");
+  make_directories(mount_point);
+  if (::mount("tmpfs", mount_point.c_str(), "tmpfs", 0, "size=64k") != 0) {
+    GTEST_SKIP() << "cannot mount a tmpfs here (" << std::strerror(errno)
+                 << "); the file-size-limit and /dev/full tests cover the failed write";
+  }
+  struct Unmount {
+    std::string path;
+    ~Unmount() { ::umount2(path.c_str(), MNT_DETACH); }
+  } unmount{mount_point};
+  const std::string path = mount_point + "/checkpoint-e0001-s000000.dpt";
+  write_checkpoint_atomically(small_checkpoint(), path);
+  expect_failed_write_keeps_older(path, std::strerror(ENOSPC));
+  EXPECT_EQ(checkpoint_names_in(mount_point),
+            std::vector<std::string>{"checkpoint-e0001-s000000.dpt"});
+}
+
+// ---- newest_valid_checkpoint --------------------------------------------------------------
+
+std::vector<std::string> checkpoint_names_in(const std::string& directory) {
+  std::vector<std::string> names;
+  // The listing itself is what newest_valid_checkpoint reads; list it the same POSIX way.
+  if (DIR* d = ::opendir(directory.c_str())) {
+    while (const dirent* e = ::readdir(d)) {
+      const std::string name = e->d_name;
+      if (name != "." && name != "..") names.push_back(name);
+    }
+    ::closedir(d);
+  }
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
+Checkpoint checkpoint_at(int64_t epochs_done, int64_t step) {
+  auto c = small_checkpoint();
+  c.epochs_done = epochs_done;
+  c.step_in_epoch = step;
+  c.global_step = epochs_done * 100 + step;
+  return c;
+}
+
+TEST(NewestValidCheckpoint, MissingOrEmptyDirectoryHasNone) {
+  TempDir dir;
+  std::vector<std::string> skipped;
+  EXPECT_FALSE(newest_valid_checkpoint(dir.file("absent"), &skipped).has_value());
+  EXPECT_FALSE(newest_valid_checkpoint(dir.path(), &skipped).has_value());
+  EXPECT_TRUE(skipped.empty());
+}
+
+TEST(NewestValidCheckpoint, PicksTheLatestPosition) {
+  TempDir dir;
+  for (const auto& [epoch, step] :
+       std::vector<std::pair<int64_t, int64_t>>{{0, 5}, {1, 0}, {1, 12}, {9999, 3}, {10000, 0}}) {
+    write_checkpoint_atomically(checkpoint_at(epoch, step),
+                                dir.file(checkpoint_file_name(epoch, step)));
+  }
+  // Neither other files nor a leftover temporary are candidates.
+  write_bytes(dir.file("notes.txt"), {'h', 'i'});
+  write_bytes(dir.file("checkpoint-e99999-s000000.dpt.tmp"),
+              serialize_checkpoint(checkpoint_at(99999, 0)));
+  std::vector<std::string> skipped;
+  const auto found = newest_valid_checkpoint(dir.path(), &skipped);
+  ASSERT_TRUE(found.has_value());
+  EXPECT_EQ(found->first, dir.file("checkpoint-e10000-s000000.dpt"));
+  EXPECT_EQ(found->second.global_step, 10000 * 100);
+  EXPECT_TRUE(skipped.empty());
+}
+
+TEST(NewestValidCheckpoint, SkipsCorruptNewerFilesAndSaysWhy) {
+  TempDir dir;
+  const std::string good = dir.file(checkpoint_file_name(1, 0));
+  write_checkpoint_atomically(checkpoint_at(1, 0), good);
+  // Newer, but one flipped payload byte; newer still, cut short; newest, not ours at all.
+  auto flipped = serialize_checkpoint(checkpoint_at(1, 4));
+  flipped[40] ^= 0x10;
+  write_bytes(dir.file(checkpoint_file_name(1, 4)), flipped);
+  auto cut = serialize_checkpoint(checkpoint_at(2, 0));
+  cut.resize(cut.size() / 2);
+  write_bytes(dir.file(checkpoint_file_name(2, 0)), cut);
+  write_bytes(dir.file(checkpoint_file_name(3, 0)), {'P', 'K', 3, 4});
+
+  std::vector<std::string> skipped;
+  const auto found = newest_valid_checkpoint(dir.path(), &skipped);
+  ASSERT_TRUE(found.has_value());
+  EXPECT_EQ(found->first, good);
+  EXPECT_EQ(found->second.global_step, 100);
+  ASSERT_EQ(skipped.size(), 3u);
+  // Newest first, each naming its file and its fault.
+  EXPECT_NE(skipped[0].find(checkpoint_file_name(3, 0)), std::string::npos) << skipped[0];
+  EXPECT_NE(skipped[0].find("not a dptrain checkpoint"), std::string::npos) << skipped[0];
+  EXPECT_NE(skipped[1].find(checkpoint_file_name(2, 0)), std::string::npos) << skipped[1];
+  EXPECT_NE(skipped[1].find("truncated"), std::string::npos) << skipped[1];
+  EXPECT_NE(skipped[2].find(checkpoint_file_name(1, 4)), std::string::npos) << skipped[2];
+  EXPECT_NE(skipped[2].find("CRC"), std::string::npos) << skipped[2];
+
+  // No valid file at all: nothing, and every file listed.
+  remove_path(good);
+  skipped.clear();
+  EXPECT_FALSE(newest_valid_checkpoint(dir.path(), &skipped).has_value());
+  EXPECT_EQ(skipped.size(), 3u);
+  // A null list is allowed.
+  EXPECT_FALSE(newest_valid_checkpoint(dir.path(), nullptr).has_value());
+}
+
+TEST(NewestValidCheckpoint, UnlistableDirectoryIsADataError) {
+  TempDir dir;
+  write_bytes(dir.file("file"), {1});
+  expect_data_error([&] { newest_valid_checkpoint(dir.file("file"), nullptr); },
+                    {dir.file("file"), "cannot list"});
+}
+
+// ---- check_checkpoint_matches -------------------------------------------------------------
+
+TEST(CheckCheckpointMatches, NamesEveryDifferingModelSettingWithBothValues) {
+  const CheckpointConfig saved{8, 10, 1, 32, 0.1, 1, 100, 1};
+  // Settings of the run, not of the model, may differ.
+  EXPECT_NO_THROW(
+      check_checkpoint_matches(saved, CheckpointConfig{8, 10, 1, 64, 0.5, 2, 50, 4}, "c.dpt"));
+  try {
+    check_checkpoint_matches(saved, CheckpointConfig{16, 10, 1, 32, 0.1, 1, 100, 1}, "c.dpt");
+    ADD_FAILURE() << "no UsageError for another width";
+  } catch (const UsageError& e) {
+    const std::string message = e.what();
+    EXPECT_NE(message.find("c.dpt"), std::string::npos) << message;
+    EXPECT_NE(message.find("--width 8 (this run: 16)"), std::string::npos) << message;
+  }
+  try {
+    check_checkpoint_matches(saved, CheckpointConfig{4, 100, 3, 32, 0.1, 1, 100, 1}, "c.dpt");
+    ADD_FAILURE() << "no UsageError for another model";
+  } catch (const UsageError& e) {
+    const std::string message = e.what();
+    EXPECT_NE(message.find("--width 8 (this run: 4)"), std::string::npos) << message;
+    EXPECT_NE(message.find("classes 10 (this run: 100)"), std::string::npos) << message;
+    EXPECT_NE(message.find("input channels 1 (this run: 3)"), std::string::npos) << message;
+  }
+}
+
+// ---- model_tensors / load_model_tensors ----------------------------------------------------
+
+class LoadModelTensors : public ::testing::Test {
+ protected:
+  LoadModelTensors()
+      : source_(ResNetOptions{kNumClasses, 1, 2}), target_(ResNetOptions{kNumClasses, 1, 2}) {
+    init_reference_weights(*source_, 1);
+    init_reference_weights(*target_, 2);
+    // Buffers that differ from a fresh model's too.
+    torch::NoGradGuard no_grad;
+    for (auto& b : source_->buffers()) b.add_(1);
+    tensors_ = model_tensors(*source_);
+  }
+  ResNet source_, target_;
+  std::vector<std::pair<std::string, torch::Tensor>> tensors_;
+};
+
+TEST_F(LoadModelTensors, RoundTripCopiesEveryParameterAndBuffer) {
+  EXPECT_EQ(tensors_.size(), source_->parameters().size() + source_->buffers().size());
+  load_model_tensors(*target_, tensors_, "c.dpt");
+  const auto loaded = model_tensors(*target_);
+  ASSERT_EQ(loaded.size(), tensors_.size());
+  for (size_t i = 0; i < loaded.size(); ++i) {
+    EXPECT_EQ(loaded[i].first, tensors_[i].first);
+    EXPECT_TRUE(torch::equal(loaded[i].second, tensors_[i].second)) << loaded[i].first;
+  }
+  // Copies, not views: changing the model afterwards leaves the tensors alone.
+  torch::NoGradGuard no_grad;
+  for (auto& p : target_->parameters()) p.zero_();
+  EXPECT_FALSE(torch::equal(tensors_.front().second, torch::zeros_like(tensors_.front().second)));
+}
+
+TEST_F(LoadModelTensors, MissingTensorIsNamed) {
+  const std::string dropped = tensors_[3].first;
+  tensors_.erase(tensors_.begin() + 3);
+  expect_data_error([&] { load_model_tensors(*target_, tensors_, "c.dpt"); },
+                    {"c.dpt", "has no tensor '" + dropped + "'"});
+}
+
+TEST_F(LoadModelTensors, WrongShapeOrDtypeIsNamedWithBothShapes) {
+  auto& [name, tensor] = tensors_[0];
+  const auto original = tensor;
+  auto wrong_shape = original.sizes().vec();
+  wrong_shape[0] += 1;
+  tensor = torch::zeros(wrong_shape);
+  std::ostringstream saved_shape, model_shape;
+  saved_shape << tensor.sizes();
+  model_shape << original.sizes();
+  expect_data_error([&] { load_model_tensors(*target_, tensors_, "c.dpt"); },
+                    {"c.dpt", "tensor '" + name + "'", saved_shape.str(), model_shape.str()});
+  tensor = original.to(torch::kFloat64);
+  expect_data_error([&] { load_model_tensors(*target_, tensors_, "c.dpt"); },
+                    {"c.dpt", "tensor '" + name + "'", "Double", "Float"});
+}
+
+TEST_F(LoadModelTensors, ExtraOrDuplicateTensorsAreRefused) {
+  auto extra = tensors_;
+  extra.emplace_back("not.in.the.model", torch::zeros({1}));
+  expect_data_error([&] { load_model_tensors(*target_, extra, "c.dpt"); },
+                    {"c.dpt", "holds " + std::to_string(extra.size()) + " tensors, the model " +
+                                  std::to_string(tensors_.size())});
+  auto duplicate = tensors_;
+  duplicate.push_back(tensors_[0]);
+  expect_data_error([&] { load_model_tensors(*target_, duplicate, "c.dpt"); },
+                    {"c.dpt", "appears twice"});
+}
+
+// ---- prepare_checkpoint_directory -------------------------------------------------------------
+
+TEST(PrepareCheckpointDirectory, CreatesNestedDirectories) {
+  TempDir dir;
+  const std::string nested = dir.file("a/b/c");
+  prepare_checkpoint_directory(nested);
+  EXPECT_TRUE(path_exists(nested));
+  EXPECT_FALSE(is_regular_file(nested));
+  prepare_checkpoint_directory(nested);  // again: already there is fine
+  prepare_checkpoint_directory(dir.file("d/e/"));
+  EXPECT_TRUE(path_exists(dir.file("d/e")));
+  // A relative path, from the current directory.
+  const std::string cwd = current_directory();
+  change_directory(dir.path());
+  EXPECT_NO_THROW(prepare_checkpoint_directory("rel/ative"));
+  change_directory(cwd);
+  EXPECT_TRUE(path_exists(dir.file("rel/ative")));
+}
+
+TEST(PrepareCheckpointDirectory, AFileInTheWayIsADataError) {
+  TempDir dir;
+  write_bytes(dir.file("file"), {1, 2, 3});
+  expect_data_error([&] { prepare_checkpoint_directory(dir.file("file")); },
+                    {dir.file("file"), "not a directory"});
+  expect_data_error([&] { prepare_checkpoint_directory(dir.file("file/sub")); },
+                    {dir.file("file/sub"), "cannot create"});
+  EXPECT_TRUE(is_regular_file(dir.file("file")));
+  EXPECT_EQ(file_size(dir.file("file")), 3);
+}
+
+}  // namespace

@@ -1,0 +1,455 @@
+// Tests of checkpoints in training (train.h): a run stopped and resumed, at an epoch boundary or
+// mid-epoch by a stop request, ends bit-identical to an uninterrupted one; a resume that would
+// not continue the same run is refused; non-finite steps stop or are skipped; evaluate_weights
+// reproduces the training's own evaluation. In process, on small synthetic data.
+// Not here: the file format (test_checkpoint.cpp) and the signals themselves (test_cli.cpp).
+#include <dirent.h>
+#include <gtest/gtest.h>
+#include <signal.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "dptrain/checkpoint.h"
+#include "dptrain/errors.h"
+#include "dptrain/train.h"
+#include "test_support.h"
+
+namespace {
+
+using namespace dptrain;
+using namespace dptrain::testing;
+
+// ---- Helpers ------------------------------------------------------------------------------
+
+constexpr int64_t kTrainExamples = 256;
+constexpr int64_t kTestExamples = 128;
+constexpr int64_t kBatch = 32;
+constexpr int64_t kStepsPerEpoch = kTrainExamples / kBatch;  // 8
+
+// Random images and labels: enough to compare runs with each other, no files needed.
+const FashionMnist& synthetic_data() {
+  static const FashionMnist data = [] {
+    torch::manual_seed(21);
+    FashionMnist d;
+    d.train.images = torch::randint(0, 256, {kTrainExamples, 28, 28}, torch::kUInt8);
+    d.train.labels = torch::randint(0, 10, {kTrainExamples}, torch::kInt64);
+    d.test.images = torch::randint(0, 256, {kTestExamples, 28, 28}, torch::kUInt8);
+    d.test.labels = torch::randint(0, 10, {kTestExamples}, torch::kInt64);
+    return d;
+  }();
+  return data;
+}
+
+WorldPlan cpu_world(int replicas) {
+  WorldPlan world;
+  world.local_devices.assign(static_cast<size_t>(replicas), torch::Device(torch::kCPU));
+  world.world_size = replicas;
+  return world;
+}
+
+TrainOptions resume_options(int replicas, const std::string& checkpoint_dir) {
+  TrainOptions options;
+  options.epochs = 2;
+  options.batch_size = kBatch;
+  options.lr = 0.05;
+  options.seed = 3;
+  options.width = 4;
+  options.threads = replicas;  // one intra-op thread per replica
+  options.timeout = std::chrono::seconds(60);
+  options.checkpoint_dir = checkpoint_dir;
+  return options;
+}
+
+std::vector<std::string> checkpoint_files(const std::string& directory) {
+  std::vector<std::string> names;
+  if (DIR* d = ::opendir(directory.c_str())) {
+    while (const dirent* e = ::readdir(d)) {
+      const std::string name = e->d_name;
+      if (name != "." && name != "..") names.push_back(name);
+    }
+    ::closedir(d);
+  }
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
+// The tensors of two checkpoints by name: parameters bit for bit, and the BatchNorm running
+// statistics too unless `running_tolerance` (relative) allows float rounding.
+void expect_same_tensors(const Checkpoint& a, const Checkpoint& b, double running_tolerance = 0) {
+  ASSERT_EQ(a.tensors.size(), b.tensors.size());
+  int differing = 0;
+  for (size_t i = 0; i < a.tensors.size(); ++i) {
+    const auto& [name, x] = a.tensors[i];
+    const auto& y = b.tensors[i].second;
+    EXPECT_EQ(name, b.tensors[i].first);
+    if (torch::equal(x, y)) continue;
+    const double difference =
+        (x.to(torch::kFloat64) - y.to(torch::kFloat64)).abs().max().item<double>();
+    const double scale = x.to(torch::kFloat64).abs().max().item<double>();
+    if (name.find("running_") != std::string::npos && difference <= running_tolerance * scale) {
+      continue;
+    }
+    ++differing;
+    ADD_FAILURE() << "tensor " << name << " differs by up to " << difference << " (of " << scale
+                  << ")";
+  }
+  EXPECT_EQ(differing, 0);
+}
+
+// The figures of each epoch: exact, or the losses to `loss_tolerance` where float sums are
+// regrouped.
+void expect_same_epochs(const std::vector<EpochStats>& a, const std::vector<EpochStats>& b,
+                        double loss_tolerance) {
+  ASSERT_EQ(a.size(), b.size());
+  for (size_t i = 0; i < a.size(); ++i) {
+    SCOPED_TRACE("epoch " + std::to_string(i + 1));
+    EXPECT_EQ(a[i].epoch, b[i].epoch);
+    EXPECT_EQ(a[i].steps, b[i].steps);
+    if (loss_tolerance == 0) {
+      EXPECT_EQ(a[i].train_loss, b[i].train_loss);
+      EXPECT_EQ(a[i].test_loss, b[i].test_loss);
+    } else {
+      EXPECT_NEAR(a[i].train_loss, b[i].train_loss, loss_tolerance);
+      EXPECT_NEAR(a[i].test_loss, b[i].test_loss, loss_tolerance);
+    }
+    EXPECT_EQ(a[i].train_acc, b[i].train_acc);
+    EXPECT_EQ(a[i].test_acc, b[i].test_acc);
+  }
+}
+
+void expect_usage_error(const std::function<void()>& body, const std::vector<std::string>& parts) {
+  try {
+    body();
+    ADD_FAILURE() << "no UsageError";
+  } catch (const UsageError& e) {
+    for (const auto& part : parts) {
+      EXPECT_NE(std::string(e.what()).find(part), std::string::npos)
+          << "lacks '" << part << "': " << e.what();
+    }
+  } catch (const std::exception& e) {
+    ADD_FAILURE() << "not a UsageError: " << e.what();
+  }
+}
+
+class Resume : public ::testing::TestWithParam<int> {
+ protected:
+  int replicas() const { return GetParam(); }
+  // The uninterrupted two-epoch run every resumed run is compared with.
+  void run_straight() {
+    auto options = resume_options(replicas(), straight_dir_.path());
+    straight_ = train(synthetic_data(), options, cpu_world(replicas()));
+    ASSERT_EQ(straight_.epochs.size(), 2u);
+    ASSERT_EQ(straight_.last_checkpoint, straight_dir_.file(checkpoint_file_name(2, 0)));
+    straight_final_ = read_checkpoint(*straight_.last_checkpoint);
+  }
+  TempDir straight_dir_, dir_;
+  TrainResult straight_;
+  Checkpoint straight_final_;
+};
+
+std::string replicas_name(const ::testing::TestParamInfo<int>& info) {
+  return info.param == 1 ? "OneReplica" : std::to_string(info.param) + "Replicas";
+}
+
+// ---- Resuming at an epoch boundary ----------------------------------------------------------
+
+TEST_P(Resume, AtAnEpochBoundaryEndsBitIdentical) {
+  ASSERT_NO_FATAL_FAILURE(run_straight());
+  auto options = resume_options(replicas(), dir_.path());
+  options.epochs = 1;
+  const auto first = train(synthetic_data(), options, cpu_world(replicas()));
+  const std::string boundary = dir_.file(checkpoint_file_name(1, 0));
+  ASSERT_EQ(first.last_checkpoint, boundary);
+  EXPECT_FALSE(first.resumed_from.has_value());
+
+  options.epochs = 2;
+  options.resume = true;
+  const auto second = train(synthetic_data(), options, cpu_world(replicas()));
+  EXPECT_EQ(second.resumed_from, boundary);
+  EXPECT_EQ(second.stopped_by, 0);
+  ASSERT_EQ(second.last_checkpoint, dir_.file(checkpoint_file_name(2, 0)));
+
+  const auto final_checkpoint = read_checkpoint(*second.last_checkpoint);
+  expect_same_tensors(straight_final_, final_checkpoint);
+  EXPECT_EQ(final_checkpoint.global_step, 2 * kStepsPerEpoch);
+  EXPECT_EQ(final_checkpoint.global_step, straight_final_.global_step);
+  // Epoch 1 comes from the checkpoint's history, epoch 2 was run again: both as straight.
+  expect_same_epochs(straight_.epochs, second.epochs, 0);
+  expect_same_epochs(straight_.epochs, final_checkpoint.history, 0);
+  EXPECT_EQ(checkpoint_files(dir_.path()),
+            (std::vector<std::string>{checkpoint_file_name(1, 0), checkpoint_file_name(2, 0)}));
+}
+
+// ---- A stop request mid-epoch, and the resume ------------------------------------------------
+
+TEST_P(Resume, StopMidEpochWritesACheckpointAndTheResumeEndsBitIdentical) {
+  ASSERT_NO_FATAL_FAILURE(run_straight());
+  constexpr int64_t kStopAt = 3;
+  auto options = resume_options(replicas(), dir_.path());
+  std::atomic<int> stop{0};
+  options.stop_signal = &stop;
+  double loss_sum = 0;  // the shard losses of rank 0 so far, as sums
+  const auto stopping =
+      train(synthetic_data(), options, cpu_world(replicas()), nullptr, [&](const StepStats& s) {
+        loss_sum += s.shard_loss * static_cast<double>(kBatch / replicas());
+        if (s.epoch == 1 && s.step == kStopAt) stop = SIGINT;
+      });
+  EXPECT_EQ(stopping.stopped_by, SIGINT);
+  EXPECT_TRUE(stopping.epochs.empty());
+  const std::string middle = dir_.file(checkpoint_file_name(0, kStopAt));
+  ASSERT_EQ(stopping.last_checkpoint, middle);
+  EXPECT_EQ(checkpoint_files(dir_.path()),
+            std::vector<std::string>{checkpoint_file_name(0, kStopAt)});
+
+  const auto saved = read_checkpoint(middle);
+  EXPECT_EQ(saved.epochs_done, 0);
+  EXPECT_EQ(saved.step_in_epoch, kStopAt);
+  EXPECT_EQ(saved.global_step, kStopAt);
+  EXPECT_TRUE(saved.history.empty());
+  EXPECT_EQ(saved.partial_sums[2], static_cast<double>(kStopAt * kBatch));
+  EXPECT_EQ(saved.partial_sums[1], std::floor(saved.partial_sums[1]));  // a count
+  EXPECT_LE(saved.partial_sums[1], saved.partial_sums[2]);
+  if (replicas() == 1) {
+    // shard_loss * 32 undoes an exact division by a power of two: the same float64 sum.
+    EXPECT_EQ(saved.partial_sums[0], loss_sum);
+  }
+  EXPECT_GT(saved.partial_seconds, 0);
+
+  stop = 0;
+  options.resume = true;
+  const auto resumed = train(synthetic_data(), options, cpu_world(replicas()));
+  EXPECT_EQ(resumed.resumed_from, middle);
+  EXPECT_EQ(resumed.stopped_by, 0);
+  ASSERT_EQ(resumed.last_checkpoint, dir_.file(checkpoint_file_name(2, 0)));
+  const auto final_checkpoint = read_checkpoint(*resumed.last_checkpoint);
+  // One replica resumes exactly. Several replicas each track their own BatchNorm statistics
+  // mid-epoch, and the checkpoint holds their mean: the mean at the epoch's end is the same
+  // up to float rounding (saving rank 0's alone moved it by 2e-4), and with it the test loss.
+  // The parameters never depend on those statistics: bit-identical either way.
+  const bool exact = replicas() == 1;
+  expect_same_tensors(straight_final_, final_checkpoint, exact ? 0 : 1e-5);
+  expect_same_epochs(straight_.epochs, resumed.epochs, exact ? 0 : 1e-6);
+  EXPECT_GE(resumed.epochs[0].seconds, saved.partial_seconds);
+}
+
+// A stop requested at the last step of an epoch is taken at the epoch's end: the boundary
+// checkpoint is the one to resume from, and no mid-epoch file is written.
+TEST_P(Resume, StopAtTheLastStepOfAnEpochStopsAtTheBoundary) {
+  auto options = resume_options(replicas(), dir_.path());
+  std::atomic<int> stop{0};
+  options.stop_signal = &stop;
+  const auto result =
+      train(synthetic_data(), options, cpu_world(replicas()), nullptr, [&](const StepStats& s) {
+        if (s.epoch == 1 && s.step == kStepsPerEpoch) stop = SIGTERM;
+      });
+  EXPECT_EQ(result.stopped_by, SIGTERM);
+  EXPECT_EQ(result.epochs.size(), 1u);
+  EXPECT_EQ(result.last_checkpoint, dir_.file(checkpoint_file_name(1, 0)));
+  EXPECT_EQ(checkpoint_files(dir_.path()), std::vector<std::string>{checkpoint_file_name(1, 0)});
+}
+
+// The same with checkpoints every other epoch: a stop must still keep the finished epoch.
+TEST_P(Resume, StopAtAnEpochBoundaryWritesACheckpointBetweenScheduledOnes) {
+  auto options = resume_options(replicas(), dir_.path());
+  options.epochs = 4;
+  options.checkpoint_every = 2;
+  std::atomic<int> stop{0};
+  options.stop_signal = &stop;
+  const auto result =
+      train(synthetic_data(), options, cpu_world(replicas()), nullptr, [&](const StepStats& s) {
+        if (s.epoch == 1 && s.step == kStepsPerEpoch) stop = SIGINT;
+      });
+  EXPECT_EQ(result.stopped_by, SIGINT);
+  EXPECT_EQ(result.epochs.size(), 1u);
+  EXPECT_EQ(result.last_checkpoint, dir_.file(checkpoint_file_name(1, 0)));
+  EXPECT_EQ(checkpoint_files(dir_.path()), std::vector<std::string>{checkpoint_file_name(1, 0)});
+}
+
+// ---- evaluate_weights -------------------------------------------------------------------------
+
+TEST_P(Resume, EvaluateWeightsReproducesTheLastEpochsTestFigures) {
+  auto options = resume_options(replicas(), dir_.path());
+  options.epochs = 1;
+  const auto result = train(synthetic_data(), options, cpu_world(replicas()));
+  const auto checkpoint = read_checkpoint(*result.last_checkpoint);
+  const auto eval =
+      evaluate_weights(synthetic_data(), options, cpu_world(replicas()), checkpoint.tensors);
+  EXPECT_EQ(eval.test_acc, result.epochs.back().test_acc);
+  EXPECT_EQ(eval.test_loss, result.epochs.back().test_loss);
+  EXPECT_EQ(eval.examples, kTestExamples);
+  EXPECT_EQ(eval.devices, std::vector<std::string>(static_cast<size_t>(replicas()), "cpu"));
+  // Not vacuous: the initial weights score differently.
+  Checkpoint untrained = checkpoint;
+  {
+    auto fresh = options;
+    fresh.epochs = 1;
+    fresh.max_steps = 1;
+    fresh.lr = 1e-9;
+    fresh.checkpoint_dir = dir_.file("untrained");
+    const auto barely = train(synthetic_data(), fresh, cpu_world(replicas()));
+    untrained = read_checkpoint(*barely.last_checkpoint);
+  }
+  const auto before =
+      evaluate_weights(synthetic_data(), options, cpu_world(replicas()), untrained.tensors);
+  EXPECT_NE(before.test_loss, eval.test_loss);
+}
+
+// ---- Resumes that would not continue the same run ----------------------------------------------
+
+TEST_P(Resume, AnotherModelOrDataOrderIsAUsageError) {
+  auto options = resume_options(replicas(), dir_.path());
+  options.epochs = 1;
+  train(synthetic_data(), options, cpu_world(replicas()));
+  const std::string saved = dir_.file(checkpoint_file_name(1, 0));
+  options.epochs = 2;
+  options.resume = true;
+  {
+    auto other = options;
+    other.width = 8;
+    expect_usage_error([&] { train(synthetic_data(), other, cpu_world(replicas())); },
+                       {saved, "--width 4 (this run: 8)"});
+  }
+  {
+    auto other = options;
+    other.batch_size = 64;
+    expect_usage_error([&] { train(synthetic_data(), other, cpu_world(replicas())); },
+                       {saved, "--batch-size 32", "this run has 64"});
+  }
+  {
+    auto other = options;
+    other.seed = 4;
+    expect_usage_error([&] { train(synthetic_data(), other, cpu_world(replicas())); },
+                       {saved, "--seed 3", "this run has 4"});
+  }
+  {
+    FashionMnist fewer = synthetic_data();
+    fewer.train.images = fewer.train.images.narrow(0, 0, kTrainExamples - 1);
+    fewer.train.labels = fewer.train.labels.narrow(0, 0, kTrainExamples - 1);
+    expect_usage_error([&] { train(fewer, options, cpu_world(replicas())); },
+                       {saved, std::to_string(kTrainExamples), std::to_string(kTrainExamples - 1)});
+  }
+  // Nothing was written by the refused runs.
+  EXPECT_EQ(checkpoint_files(dir_.path()), std::vector<std::string>{checkpoint_file_name(1, 0)});
+}
+
+TEST(ResumeOptions, ResumeWithoutADirectoryIsAUsageError) {
+  auto options = resume_options(1, "");
+  options.checkpoint_dir.reset();
+  options.resume = true;
+  expect_usage_error([&] { train(synthetic_data(), options, cpu_world(1)); },
+                     {"--resume needs --checkpoint-dir"});
+}
+
+TEST(ResumeOptions, ResumeFromAnEmptyDirectoryStartsAfresh) {
+  TempDir dir, fresh_dir;
+  auto options = resume_options(1, fresh_dir.path());
+  options.epochs = 1;
+  const auto fresh = train(synthetic_data(), options, cpu_world(1));
+  options.checkpoint_dir = dir.path();
+  options.resume = true;
+  const auto resumed = train(synthetic_data(), options, cpu_world(1));
+  EXPECT_FALSE(resumed.resumed_from.has_value());
+  expect_same_epochs(fresh.epochs, resumed.epochs, 0);
+  expect_same_tensors(read_checkpoint(*fresh.last_checkpoint),
+                      read_checkpoint(*resumed.last_checkpoint));
+}
+
+// ---- Non-finite steps ---------------------------------------------------------------------------
+
+// lr 1e30 sends the weights past float32's range within a few steps (step 2 here).
+constexpr double kDivergingLr = 1e30;
+
+std::string nonfinite_error(const std::function<void()>& body) {
+  try {
+    body();
+  } catch (const UsageError& e) {
+    ADD_FAILURE() << "a UsageError: " << e.what();
+  } catch (const DataError& e) {
+    ADD_FAILURE() << "a DataError: " << e.what();
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+  ADD_FAILURE() << "training went on with a non-finite gradient";
+  return "";
+}
+
+TEST_P(Resume, NonFiniteStopNamesTheStepAndWritesNoCheckpoint) {
+  auto options = resume_options(replicas(), dir_.path());
+  options.lr = kDivergingLr;
+  options.on_nonfinite = NonFinite::kStop;
+  int64_t last_step = 0;
+  const auto message = nonfinite_error([&] {
+    train(synthetic_data(), options, cpu_world(replicas()), nullptr,
+          [&](const StepStats& s) { last_step = s.step; });
+  });
+  ASSERT_GT(last_step, 0);
+  EXPECT_LE(last_step, 3) << message;
+  // On the CPU the check is made after every step: the step named is the last one taken.
+  EXPECT_NE(message.find("epoch 1 step " + std::to_string(last_step) + ":"), std::string::npos)
+      << message;
+  EXPECT_NE(message.find("not finite"), std::string::npos) << message;
+  EXPECT_NE(message.find("--on-nonfinite skip"), std::string::npos) << message;
+  EXPECT_TRUE(checkpoint_files(dir_.path()).empty());
+}
+
+TEST_P(Resume, NonFiniteStopAfterAGoodEpochKeepsItsCheckpoint) {
+  auto options = resume_options(replicas(), dir_.path());
+  options.epochs = 1;
+  train(synthetic_data(), options, cpu_world(replicas()));
+  const std::string good = dir_.file(checkpoint_file_name(1, 0));
+  const auto good_before = read_checkpoint(good);
+
+  // The same run resumed at a learning rate that diverges: stopped in epoch 2.
+  options.epochs = 3;
+  options.resume = true;
+  options.lr = kDivergingLr;
+  int64_t last_step = 0;
+  const auto message = nonfinite_error([&] {
+    train(synthetic_data(), options, cpu_world(replicas()), nullptr,
+          [&](const StepStats& s) { last_step = s.step; });
+  });
+  EXPECT_NE(message.find("epoch 2 step " + std::to_string(last_step) + ":"), std::string::npos)
+      << message;
+  EXPECT_EQ(checkpoint_files(dir_.path()), std::vector<std::string>{checkpoint_file_name(1, 0)});
+  expect_same_tensors(good_before, read_checkpoint(good));
+}
+
+TEST_P(Resume, NonFiniteSkipFinishesWithFiniteIdenticalReplicas) {
+  auto options = resume_options(replicas(), dir_.path());
+  options.epochs = 1;
+  options.lr = kDivergingLr;
+  options.on_nonfinite = NonFinite::kSkip;
+  options.check_replicas_every = 1;  // throws on the first step where replicas differ
+  const auto result = train(synthetic_data(), options, cpu_world(replicas()));
+  EXPECT_GT(result.skipped_steps, 0);
+  EXPECT_LT(result.skipped_steps, kStepsPerEpoch);  // the first step is finite
+  ASSERT_EQ(result.epochs.size(), 1u);
+  EXPECT_EQ(result.epochs[0].steps, kStepsPerEpoch);
+  EXPECT_TRUE(std::isfinite(result.epochs[0].train_loss));
+  const auto final_checkpoint = read_checkpoint(*result.last_checkpoint);
+  for (const auto& [name, tensor] : final_checkpoint.tensors) {
+    if (tensor.is_floating_point()) {
+      EXPECT_TRUE(torch::isfinite(tensor).all().item<bool>()) << name;
+    }
+  }
+  // After the first step the weights are ~1e30 times the gradient and every later gradient
+  // overflows: all of them are skipped, leaving weights and BatchNorm statistics exactly as a
+  // run of that one step leaves them.
+  EXPECT_EQ(result.skipped_steps, kStepsPerEpoch - 1);
+  TempDir one_step_dir;
+  options.max_steps = 1;
+  options.checkpoint_dir = one_step_dir.path();
+  const auto one_step = train(synthetic_data(), options, cpu_world(replicas()));
+  EXPECT_EQ(one_step.skipped_steps, 0);
+  expect_same_tensors(read_checkpoint(*one_step.last_checkpoint), final_checkpoint);
+}
+
+INSTANTIATE_TEST_SUITE_P(, Resume, ::testing::Values(1, 2), replicas_name);
+
+}  // namespace
