@@ -17,6 +17,7 @@
 #include "dptrain/plot.h"
 #include "dptrain/model.h"
 #include "progress.h"
+#include "rendezvous_watchdog.h"
 #include "signals.h"
 #include "dptrain/data.h"
 #include "dptrain/devices.h"
@@ -142,9 +143,23 @@ int run_train(dptrain::TrainCommand command) {
       dptrain::write_plot_atomically(*command.plot, dptrain::render_training_plot(records, plot));
     }
   };
+  // Under a launcher the world meets over TCP; the library's timeout bounds every wait it can
+  // interrupt, this bounds the one it cannot (rendezvous_watchdog.h), with a margin for the
+  // library's own diagnosis to come first.
+  std::unique_ptr<dptrain::RendezvousWatchdog> watchdog;
+  if (world.multi_process) {
+    const auto& launch = world.launch;
+    watchdog = std::make_unique<dptrain::RendezvousWatchdog>(
+        options.timeout * 2 + std::chrono::seconds(10),
+        "rank " + std::to_string(launch.rank) + ": rendezvous at " + launch.master_addr + ":" +
+            std::to_string(launch.master_port) + " did not complete within " +
+            std::to_string(2 * options.timeout.count() / 1000 + 10) +
+            " s: the server there does not answer (is another program using that port?)");
+  }
   callbacks.on_start = [&](const std::vector<std::string>& all_devices,
                            const std::vector<dptrain::EpochStats>& done,
                            const std::optional<std::string>& resumed_from) {
+    if (watchdog) watchdog->cancel();
     devices = all_devices;
     if (resumed_from && reporter && !command.quiet) print("resuming from " + *resumed_from);
     if (!records_writer) return;

@@ -1,6 +1,7 @@
 // Launcher environments, stores and the bounded store barrier. See rendezvous.h.
 #include "dptrain/rendezvous.h"
 
+#include <algorithm>
 #include <cstdlib>
 #include <thread>
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
@@ -133,8 +134,27 @@ std::string rank_list(const std::vector<int>& ranks) {
   return list;
 }
 
+static void store_barrier_unguarded(c10d::Store& store, const std::string& name, int rank,
+                             int world_size, std::chrono::milliseconds timeout);
+
 void store_barrier(c10d::Store& store, const std::string& name, int rank, int world_size,
                    std::chrono::milliseconds timeout) {
+  try {
+    store_barrier_unguarded(store, name, rank, world_size, timeout);
+  } catch (const CollectiveError&) {
+    throw;
+  } catch (const std::exception& e) {
+    // The store's own errors ("Broken pipe", "Connection reset") do not say whose store it is.
+    std::string reason = e.what();
+    reason.resize(std::min(reason.size(), reason.find('\n')));
+    throw CollectiveError("rank " + std::to_string(rank) + ": " + name +
+                          " lost the rendezvous store (" + reason +
+                          "); the rank serving it, rank 0, has probably exited");
+  }
+}
+
+static void store_barrier_unguarded(c10d::Store& store, const std::string& name, int rank,
+                             int world_size, std::chrono::milliseconds timeout) {
   const std::string prefix = "dptrain/barrier/" + name + "/rank/";
   store.set(prefix + std::to_string(rank), to_bytes(std::to_string(world_size)));
   const auto missing = ranks_missing_after(store, prefix, world_size, timeout);
