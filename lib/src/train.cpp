@@ -476,6 +476,20 @@ TrainResult run_rank(const FashionMnist& data, const TrainOptions& options, cons
     result.epochs.push_back(stats);
     if (reporter && callbacks.on_epoch) callbacks.on_epoch(stats);
 
+    if (steps < batches_per_epoch) {
+      // --max-steps cut this epoch short: its checkpoint records the position inside it (and
+      // the sums so far, all-reduced by tally.reduce), so that a resume finishes the epoch.
+      if (options.checkpoint_dir) {
+        const auto sums = tally.sums.to(torch::kCPU);
+        result.epochs.pop_back();
+        save(make_checkpoint(epoch, steps,
+                             {sums[0].item<double>(), sums[1].item<double>(),
+                              sums[2].item<double>()},
+                             seconds));
+        result.epochs.push_back(stats);
+      }
+      break;
+    }
     const bool last = epoch + 1 == options.epochs;
     const bool scheduled = (epoch + 1) % options.checkpoint_every == 0 || last;
     if (options.checkpoint_dir && scheduled) save(make_checkpoint(epoch + 1, 0, {0, 0, 0}, 0));
