@@ -39,10 +39,13 @@ ResidualBlockImpl::ResidualBlockImpl(int64_t in_channels, int64_t out_channels, 
 }
 
 torch::Tensor ResidualBlockImpl::forward(const torch::Tensor& x) {
-  auto y = torch::relu(bn1_->forward(conv1_->forward(x)));  // (N, C_out, H', W')
-  y = bn2_->forward(conv2_->forward(y));                    // (N, C_out, H', W')
-  auto shortcut = conv3_ ? conv3_->forward(x) : x;          // (N, C_out, H', W')
-  return torch::relu(y + shortcut);
+  // The ReLUs and the shortcut's addition work in place on BatchNorm's output, which its
+  // backward pass does not need: the same values as the book's relu(y + shortcut), with two
+  // fewer activation-sized tensors to allocate and fill per block.
+  auto y = bn1_->forward(conv1_->forward(x)).relu_();  // (N, C_out, H', W')
+  y = bn2_->forward(conv2_->forward(y));               // (N, C_out, H', W')
+  y += conv3_ ? conv3_->forward(x) : x;                // (N, C_out, H', W'), the shortcut
+  return y.relu_();
 }
 
 torch::nn::Sequential make_resnet_stage(int64_t in_channels, int64_t out_channels,
@@ -84,7 +87,7 @@ ResNetImpl::ResNetImpl(const ResNetOptions& options) : options_(options) {
 }
 
 torch::Tensor ResNetImpl::forward(const torch::Tensor& x) {
-  auto y = torch::relu(stem_bn_->forward(stem_conv_->forward(x)));  // (N, w, 28, 28)
+  auto y = stem_bn_->forward(stem_conv_->forward(x)).relu_();  // (N, w, 28, 28)
   y = stage1_->forward(y);                                          // (N, w, 28, 28)
   y = stage2_->forward(y);                                          // (N, 2w, 14, 14)
   y = stage3_->forward(y);                                          // (N, 4w, 7, 7)

@@ -71,13 +71,20 @@ struct Tally {
     sums[1] += logits.argmax(1).eq(labels).sum().to(torch::kFloat64);
     sums[2] += static_cast<double>(labels.size(0));
   }
-  // Sums over all ranks; returns {mean loss, accuracy, count}.
+  // The sums as they stand, read on the host (which waits for the device).
+  std::array<double, 3> read() const {
+    const auto host = sums.to(torch::kCPU);
+    return {host[0].item<double>(), host[1].item<double>(), host[2].item<double>()};
+  }
+  // {mean loss, accuracy, count} of sums {loss sum, correct, count}.
+  static std::array<double, 3> means(const std::array<double, 3>& sums) {
+    const double count = std::max(sums[2], 1.0);
+    return {sums[0] / count, sums[1] / count, sums[2]};
+  }
+  // Sums over all ranks, in place; returns their means.
   std::array<double, 3> reduce(Communicator& communicator, const std::string& what) {
     communicator.allreduce_sum(sums, what);
-    const auto host = sums.to(torch::kCPU);
-    const double count = host[2].item<double>();
-    return {host[0].item<double>() / std::max(count, 1.0),
-            host[1].item<double>() / std::max(count, 1.0), count};
+    return means(read());
   }
 };
 
@@ -413,12 +420,10 @@ TrainResult run_rank(const FashionMnist& data, const TrainOptions& options, cons
       }
       if (reporter && callbacks.on_progress && options.progress_every > 0 &&
           (steps % options.progress_every == 0 || steps == batches_per_epoch)) {
-        const auto sums = tally.sums.to(torch::kCPU);
-        const double count = std::max(sums[2].item<double>(), 1.0);
+        const auto running = Tally::means(tally.read());
         callbacks.on_progress(ProgressStats{epoch + 1, options.epochs, steps, batches_per_epoch,
-                                            images, seconds_before + elapsed(),
-                                            sums[0].item<double>() / count,
-                                            sums[1].item<double>() / count});
+                                            images, seconds_before + elapsed(), running[0],
+                                            running[1]});
       }
       if (options.check_replicas_every > 0 && global_step % options.check_replicas_every == 0) {
         check_replicas_identical(*model, *communicator, global_step);
@@ -442,13 +447,8 @@ TrainResult run_rank(const FashionMnist& data, const TrainOptions& options, cons
         // mean after the epoch's end is the same (to rounding) as without the stop; rank 0's
         // alone would move it by (1 - momentum)^k times the replicas' spread.
         average_buffers(*model, *communicator);
-        auto sums = tally.sums.clone();
-        communicator->allreduce_sum(sums, "partial epoch sums");
-        const auto host = sums.to(torch::kCPU);
-        save(make_checkpoint(epoch, steps,
-                             {host[0].item<double>(), host[1].item<double>(),
-                              host[2].item<double>()},
-                             seconds));
+        communicator->allreduce_sum(tally.sums, "partial epoch sums");
+        save(make_checkpoint(epoch, steps, tally.read(), seconds));
       }
       break;
     }
@@ -480,12 +480,8 @@ TrainResult run_rank(const FashionMnist& data, const TrainOptions& options, cons
       // --max-steps cut this epoch short: its checkpoint records the position inside it (and
       // the sums so far, all-reduced by tally.reduce), so that a resume finishes the epoch.
       if (options.checkpoint_dir) {
-        const auto sums = tally.sums.to(torch::kCPU);
-        result.epochs.pop_back();
-        save(make_checkpoint(epoch, steps,
-                             {sums[0].item<double>(), sums[1].item<double>(),
-                              sums[2].item<double>()},
-                             seconds));
+        result.epochs.pop_back();  // the checkpoint's history holds finished epochs only
+        save(make_checkpoint(epoch, steps, tally.read(), seconds));
         result.epochs.push_back(stats);
       }
       break;
