@@ -150,7 +150,6 @@ std::vector<uint8_t> read_bytes(const std::string& path) {
   return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
 }
 
-std::vector<std::string> checkpoint_names_in(const std::string& directory);
 
 // Holds a soft RLIMIT_FSIZE of `bytes` for this process, with SIGXFSZ ignored, so that writing
 // past it fails with EFBIG; restores both on destruction.
@@ -453,25 +452,11 @@ TEST(CheckpointFiles, FailedWriteOnAFullTmpfsKeepsTheOlderCheckpoint) {
   const std::string path = mount_point + "/checkpoint-e0001-s000000.dpt";
   write_checkpoint_atomically(small_checkpoint(), path);
   expect_failed_write_keeps_older(path, std::strerror(ENOSPC));
-  EXPECT_EQ(checkpoint_names_in(mount_point),
+  EXPECT_EQ(list_directory(mount_point),
             std::vector<std::string>{"checkpoint-e0001-s000000.dpt"});
 }
 
 // ---- newest_valid_checkpoint --------------------------------------------------------------
-
-std::vector<std::string> checkpoint_names_in(const std::string& directory) {
-  std::vector<std::string> names;
-  // The listing itself is what newest_valid_checkpoint reads; list it the same POSIX way.
-  if (DIR* d = ::opendir(directory.c_str())) {
-    while (const dirent* e = ::readdir(d)) {
-      const std::string name = e->d_name;
-      if (name != "." && name != "..") names.push_back(name);
-    }
-    ::closedir(d);
-  }
-  std::sort(names.begin(), names.end());
-  return names;
-}
 
 Checkpoint checkpoint_at(int64_t epochs_done, int64_t step) {
   auto c = small_checkpoint();

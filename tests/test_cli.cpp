@@ -29,6 +29,7 @@ namespace dptrain {
 namespace {
 
 using testing::CommandResult;
+using testing::read_text;
 using testing::TempDir;
 
 // ---- Helpers ------------------------------------------------------------------------------
@@ -808,11 +809,6 @@ std::vector<std::string> checkpoints_in(const std::string& directory) {
   }
   std::sort(names.begin(), names.end());
   return names;
-}
-
-std::string read_text(const std::string& path) {
-  std::ifstream in(path);
-  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
 }
 
 // Fake data big enough for a run that is still training when a signal comes: 64 steps an epoch.

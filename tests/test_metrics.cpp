@@ -18,16 +18,10 @@
 namespace dptrain {
 namespace {
 
+using testing::read_text;
 using testing::TempDir;
 
 constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
-
-std::string read_text(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::stringstream text;
-  text << in.rdbuf();
-  return text.str();
-}
 
 void write_text(const std::string& path, const std::string& text) {
   std::ofstream(path, std::ios::binary) << text;

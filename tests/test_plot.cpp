@@ -22,16 +22,10 @@
 namespace dptrain {
 namespace {
 
+using testing::read_text;
 using testing::TempDir;
 
 constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
-
-std::string read_text(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::stringstream text;
-  text << in.rdbuf();
-  return text.str();
-}
 
 size_t count(const std::string& text, const std::string& what) {
   size_t n = 0;

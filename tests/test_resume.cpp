@@ -34,23 +34,8 @@ constexpr int64_t kStepsPerEpoch = kTrainExamples / kBatch;  // 8
 
 // Random images and labels: enough to compare runs with each other, no files needed.
 const FashionMnist& synthetic_data() {
-  static const FashionMnist data = [] {
-    torch::manual_seed(21);
-    FashionMnist d;
-    d.train.images = torch::randint(0, 256, {kTrainExamples, 28, 28}, torch::kUInt8);
-    d.train.labels = torch::randint(0, 10, {kTrainExamples}, torch::kInt64);
-    d.test.images = torch::randint(0, 256, {kTestExamples, 28, 28}, torch::kUInt8);
-    d.test.labels = torch::randint(0, 10, {kTestExamples}, torch::kInt64);
-    return d;
-  }();
+  static const FashionMnist data = dptrain::testing::synthetic_data(kTrainExamples, kTestExamples);
   return data;
-}
-
-WorldPlan cpu_world(int replicas) {
-  WorldPlan world;
-  world.local_devices.assign(static_cast<size_t>(replicas), torch::Device(torch::kCPU));
-  world.world_size = replicas;
-  return world;
 }
 
 TrainOptions resume_options(int replicas, const std::string& checkpoint_dir) {
@@ -64,19 +49,6 @@ TrainOptions resume_options(int replicas, const std::string& checkpoint_dir) {
   options.timeout = std::chrono::seconds(60);
   options.checkpoint_dir = checkpoint_dir;
   return options;
-}
-
-std::vector<std::string> checkpoint_files(const std::string& directory) {
-  std::vector<std::string> names;
-  if (DIR* d = ::opendir(directory.c_str())) {
-    while (const dirent* e = ::readdir(d)) {
-      const std::string name = e->d_name;
-      if (name != "." && name != "..") names.push_back(name);
-    }
-    ::closedir(d);
-  }
-  std::sort(names.begin(), names.end());
-  return names;
 }
 
 // The tensors of two checkpoints by name: parameters bit for bit, and the BatchNorm running
@@ -182,7 +154,7 @@ TEST_P(Resume, AtAnEpochBoundaryEndsBitIdentical) {
   // Epoch 1 comes from the checkpoint's history, epoch 2 was run again: both as straight.
   expect_same_epochs(straight_.epochs, second.epochs, 0);
   expect_same_epochs(straight_.epochs, final_checkpoint.history, 0);
-  EXPECT_EQ(checkpoint_files(dir_.path()),
+  EXPECT_EQ(list_directory(dir_.path()),
             (std::vector<std::string>{checkpoint_file_name(1, 0), checkpoint_file_name(2, 0)}));
 }
 
@@ -204,7 +176,7 @@ TEST_P(Resume, StopMidEpochWritesACheckpointAndTheResumeEndsBitIdentical) {
   EXPECT_TRUE(stopping.epochs.empty());
   const std::string middle = dir_.file(checkpoint_file_name(0, kStopAt));
   ASSERT_EQ(stopping.last_checkpoint, middle);
-  EXPECT_EQ(checkpoint_files(dir_.path()),
+  EXPECT_EQ(list_directory(dir_.path()),
             std::vector<std::string>{checkpoint_file_name(0, kStopAt)});
 
   const auto saved = read_checkpoint(middle);
@@ -251,7 +223,7 @@ TEST_P(Resume, StopAtTheLastStepOfAnEpochStopsAtTheBoundary) {
   EXPECT_EQ(result.stopped_by, SIGTERM);
   EXPECT_EQ(result.epochs.size(), 1u);
   EXPECT_EQ(result.last_checkpoint, dir_.file(checkpoint_file_name(1, 0)));
-  EXPECT_EQ(checkpoint_files(dir_.path()), std::vector<std::string>{checkpoint_file_name(1, 0)});
+  EXPECT_EQ(list_directory(dir_.path()), std::vector<std::string>{checkpoint_file_name(1, 0)});
 }
 
 // The same with checkpoints every other epoch: a stop must still keep the finished epoch.
@@ -268,7 +240,7 @@ TEST_P(Resume, StopAtAnEpochBoundaryWritesACheckpointBetweenScheduledOnes) {
   EXPECT_EQ(result.stopped_by, SIGINT);
   EXPECT_EQ(result.epochs.size(), 1u);
   EXPECT_EQ(result.last_checkpoint, dir_.file(checkpoint_file_name(1, 0)));
-  EXPECT_EQ(checkpoint_files(dir_.path()), std::vector<std::string>{checkpoint_file_name(1, 0)});
+  EXPECT_EQ(list_directory(dir_.path()), std::vector<std::string>{checkpoint_file_name(1, 0)});
 }
 
 // ---- evaluate_weights -------------------------------------------------------------------------
@@ -335,7 +307,7 @@ TEST_P(Resume, AnotherModelOrDataOrderIsAUsageError) {
                        {saved, std::to_string(kTrainExamples), std::to_string(kTrainExamples - 1)});
   }
   // Nothing was written by the refused runs.
-  EXPECT_EQ(checkpoint_files(dir_.path()), std::vector<std::string>{checkpoint_file_name(1, 0)});
+  EXPECT_EQ(list_directory(dir_.path()), std::vector<std::string>{checkpoint_file_name(1, 0)});
 }
 
 TEST(ResumeOptions, ResumeWithoutADirectoryIsAUsageError) {
@@ -395,7 +367,7 @@ TEST_P(Resume, NonFiniteStopNamesTheStepAndWritesNoCheckpoint) {
       << message;
   EXPECT_NE(message.find("not finite"), std::string::npos) << message;
   EXPECT_NE(message.find("--on-nonfinite skip"), std::string::npos) << message;
-  EXPECT_TRUE(checkpoint_files(dir_.path()).empty());
+  EXPECT_TRUE(list_directory(dir_.path()).empty());
 }
 
 TEST_P(Resume, NonFiniteStopAfterAGoodEpochKeepsItsCheckpoint) {
@@ -416,7 +388,7 @@ TEST_P(Resume, NonFiniteStopAfterAGoodEpochKeepsItsCheckpoint) {
   });
   EXPECT_NE(message.find("epoch 2 step " + std::to_string(last_step) + ":"), std::string::npos)
       << message;
-  EXPECT_EQ(checkpoint_files(dir_.path()), std::vector<std::string>{checkpoint_file_name(1, 0)});
+  EXPECT_EQ(list_directory(dir_.path()), std::vector<std::string>{checkpoint_file_name(1, 0)});
   expect_same_tensors(good_before, read_checkpoint(good));
 }
 

@@ -2,6 +2,7 @@
 #include "test_support.h"
 
 #include <arpa/inet.h>
+#include <dirent.h>
 #include <fcntl.h>
 #include <ftw.h>
 #include <gtest/gtest.h>
@@ -14,6 +15,7 @@
 #include <unistd.h>
 #include <zlib.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
@@ -315,6 +317,44 @@ void run_thread_ranks(int world_size, const std::function<void(Communicator&)>& 
   for (auto& error : errors) {
     if (error) std::rethrow_exception(error);
   }
+}
+
+std::string read_text(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+std::vector<std::string> list_directory(const std::string& directory) {
+  std::vector<std::string> names;
+  if (DIR* d = ::opendir(directory.c_str())) {
+    while (const dirent* e = ::readdir(d)) {
+      const std::string name = e->d_name;
+      if (name != "." && name != "..") names.push_back(name);
+    }
+    ::closedir(d);
+  }
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
+FashionMnist synthetic_data(int64_t train, int64_t test) {
+  // Callers in threads would race on LibTorch's global generator; the tests call it up front.
+  torch::manual_seed(21);
+  FashionMnist data;
+  data.train.images = torch::randint(0, 256, {train, 28, 28}, torch::kUInt8);
+  data.train.labels = torch::randint(0, 10, {train}, torch::kInt64);
+  data.test.images = torch::randint(0, 256, {test, 28, 28}, torch::kUInt8);
+  data.test.labels = torch::randint(0, 10, {test}, torch::kInt64);
+  return data;
+}
+
+WorldPlan cpu_world(int replicas) {
+  WorldPlan world;
+  world.local_devices.assign(static_cast<size_t>(replicas), torch::Device(torch::kCPU));
+  world.world_size = replicas;
+  return world;
 }
 
 }  // namespace dptrain::testing

@@ -10,7 +10,9 @@
 #include <string>
 #include <vector>
 
+#include "dptrain/data.h"
 #include "dptrain/distributed.h"
+#include "dptrain/train.h"
 
 namespace dptrain::testing {
 
@@ -50,6 +52,17 @@ std::vector<uint8_t> make_idx(uint8_t type, const std::vector<uint32_t>& dims,
 // records a test failure otherwise.
 void expect_data_error(const std::function<void()>& action,
                        const std::vector<std::string>& phrases);
+
+// The whole file as text ("" when it cannot be read).
+std::string read_text(const std::string& path);
+// The names in `directory` but . and .., sorted; empty when it cannot be listed.
+std::vector<std::string> list_directory(const std::string& directory);
+
+// `train` and `test` random images and labels from a fixed seed: enough to compare runs with
+// each other, no files needed.
+FashionMnist synthetic_data(int64_t train, int64_t test);
+// `replicas` CPU replicas, threads of this process.
+WorldPlan cpu_world(int replicas);
 
 // Where the real Fashion-MNIST is (resolve_data_dir without a flag), or nullopt.
 std::optional<std::string> real_data_dir();

@@ -7,6 +7,7 @@
 #include <signal.h>
 #include <sys/socket.h>
 #include <unistd.h>
+#include <torch/nn/functional/loss.h>
 #include <torch/serialize.h>
 
 #include <fstream>
@@ -23,24 +24,6 @@ namespace {
 
 using namespace dptrain;
 using namespace dptrain::testing;
-
-// Random images and labels: enough to compare runs with each other, no files needed.
-FashionMnist synthetic_data(int64_t train, int64_t test) {
-  torch::manual_seed(21);
-  FashionMnist data;
-  data.train.images = torch::randint(0, 256, {train, 28, 28}, torch::kUInt8);
-  data.train.labels = torch::randint(0, 10, {train}, torch::kInt64);
-  data.test.images = torch::randint(0, 256, {test, 28, 28}, torch::kUInt8);
-  data.test.labels = torch::randint(0, 10, {test}, torch::kInt64);
-  return data;
-}
-
-WorldPlan cpu_world(int replicas) {
-  WorldPlan world;
-  world.local_devices.assign(static_cast<size_t>(replicas), torch::Device(torch::kCPU));
-  world.world_size = replicas;
-  return world;
-}
 
 std::vector<torch::Tensor> load_parameters(const std::string& path, int64_t width) {
   ResNet model(ResNetOptions{10, 1, width});
@@ -132,9 +115,7 @@ TEST(Training, PinnedFirstLosses) {
   options.width = 8;
   options.seed = 0;
   options.batch_size = 16;
-  // The contiguous layout, as PyTorch's default: channels-last regroups the convolutions' sums,
-  // which these chaotic first steps amplify to 8e-4 by step 2 (MemoryFormatEquivalence bounds
-  // that difference where the dynamics do not amplify it).
+  // The contiguous layout, PyTorch's default (Note [Channels-last numerics]).
   options.channels_last = false;
   std::vector<double> losses;
   train(data, options, cpu_world(1), nullptr,
@@ -214,41 +195,57 @@ INSTANTIATE_TEST_SUITE_P(
         EquivalenceCase{"FourStepsThreeReplicas", 3, 100, 1e-4, 1e-6f}),
     [](const auto& info) { return std::string(info.param.name); });
 
-// Channels-last changes only the order of the convolutions' sums: held to the same bounds as
-// sync-bn against one replica (Note [Why the equivalence runs are short or slow]).
-class MemoryFormatEquivalence : public ::testing::TestWithParam<EquivalenceCase> {};
-
-TEST_P(MemoryFormatEquivalence, ChannelsLastMatchesContiguousToRounding) {
-  const auto c = GetParam();
-  const auto data_dir = real_data_dir();
-  if (!data_dir) GTEST_SKIP() << "the real Fashion-MNIST is not installed (dataset-fashion-mnist)";
-  const auto data = load_fashion_mnist(*data_dir, c.train_examples, 20);
-  TempDir dir;
-  auto options = small_options();
-  options.lr = c.lr;
-  options.threads = c.replicas;
-  options.channels_last = false;
-  options.save_model = dir.file("contiguous.pt");
-  train(data, options, cpu_world(c.replicas));
-  options.channels_last = true;
-  options.save_model = dir.file("channels_last.pt");
-  train(data, options, cpu_world(c.replicas));
-  const auto contiguous = load_parameters(dir.file("contiguous.pt"), 4);
-  EXPECT_LT(max_difference(contiguous, load_parameters(dir.file("channels_last.pt"), 4)),
-            c.tolerance);
-  // Not vacuous: training moved the weights by far more than the bound.
-  ResNet initial(ResNetOptions{10, 1, 4});
-  init_reference_weights(*initial, options.seed);
-  std::vector<torch::Tensor> initial_values;
-  for (const auto& p : initial->parameters()) initial_values.push_back(p.detach().clone());
-  EXPECT_GT(max_difference(contiguous, initial_values), 100 * c.tolerance);
+// Note [Channels-last numerics]
+// On the CPU, LibTorch's channels-last BatchNorm backward forms sum(x * dy) and subtracts the
+// mean's share in float32, where the contiguous kernel sums centred values. With the book's
+// N(0, 0.01) weights a channel's mean is large against its spread, so that difference cancels:
+// measured at width 4, seed 3, 31 real images, the stem's gradient is 2% off its float64 value
+// in channels-last and 3e-6 off in the contiguous layout (PyTorch 1.13 and 2.11 alike). It is
+// rounding, not a different computation, and training does not suffer (README, "The fast path"),
+// but it is why the pinned first losses use the contiguous layout.
+std::vector<torch::Tensor> gradients_of(const torch::Tensor& x, const torch::Tensor& y,
+                                        bool channels_last, bool float64) {
+  ResNet model(ResNetOptions{10, 1, 4});
+  init_reference_weights(*model, 3);
+  auto input = x;
+  if (float64) {
+    model->to(torch::kFloat64);
+    input = input.to(torch::kFloat64);
+  }
+  if (channels_last) {
+    convert_to_channels_last(*model);
+    input = input.contiguous(at::MemoryFormat::ChannelsLast);
+  }
+  torch::nn::functional::cross_entropy(model->forward(input), y).backward();
+  std::vector<torch::Tensor> grads;
+  for (const auto& p : model->parameters()) grads.push_back(p.grad().to(torch::kFloat64));
+  return grads;
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Cases, MemoryFormatEquivalence,
-    ::testing::Values(EquivalenceCase{"OneStepOneReplica", 1, 31, 0.1, 1e-5f},
-                      EquivalenceCase{"FourStepsTwoReplicas", 2, 100, 1e-4, 1e-6f}),
-    [](const auto& info) { return std::string(info.param.name); });
+TEST(MemoryFormat, GradientsAgainstFloat64) {
+  const auto data_dir = real_data_dir();
+  if (!data_dir) GTEST_SKIP() << "the real Fashion-MNIST is not installed (dataset-fashion-mnist)";
+  const auto data = load_fashion_mnist(*data_dir, 31, 1);
+  const auto x = to_model_input(data.train.images);  // (31, 1, 28, 28)
+  const auto exact = gradients_of(x, data.train.labels, false, true);
+  const auto contiguous = gradients_of(x, data.train.labels, false, false);
+  const auto channels_last = gradients_of(x, data.train.labels, true, false);
+  // Errors against the largest gradient of all (the stem's): a conv bias before BatchNorm has
+  // an exact gradient of zero, of which float32 leaves some 1e-6 in either layout, so its own
+  // scale would measure nothing.
+  double largest = 0;
+  for (const auto& g : exact) largest = std::max(largest, g.abs().max().item<double>());
+  double worst_contiguous = 0;
+  for (size_t i = 0; i < exact.size(); ++i) {
+    const double contiguous_error = (contiguous[i] - exact[i]).abs().max().item<double>() / largest;
+    const double channels_last_error =
+        (channels_last[i] - exact[i]).abs().max().item<double>() / largest;
+    EXPECT_LT(contiguous_error, 1e-4) << "parameter " << i;
+    EXPECT_LT(channels_last_error, 5e-2) << "parameter " << i;
+    worst_contiguous = std::max(worst_contiguous, contiguous_error);
+  }
+  EXPECT_GT(worst_contiguous, 0) << "float32 matched float64 exactly: the test compares nothing";
+}
 
 // bfloat16 autocast keeps 8 bits of mantissa in the forward pass: the first loss moves by
 // about 1e-3, never by more than 1e-2, and training still learns.
