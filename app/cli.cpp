@@ -164,10 +164,10 @@ cxxopts::Options download_options() {
 }
 // clang-format on
 
-const std::vector<std::string> kTrainGroups{"Experiment", "Checkpoints", "Devices",
-                                            "Data parallelism", "Speed", "Output"};
-const std::vector<std::string> kEvalGroups{"Weights", "Experiment", "Devices",
-                                           "Data parallelism", "Speed", "Output"};
+const std::vector<std::string> kTrainGroups{"Experiment",       "Checkpoints", "Devices",
+                                            "Data parallelism", "Speed",       "Output"};
+const std::vector<std::string> kEvalGroups{"Weights",          "Experiment", "Devices",
+                                           "Data parallelism", "Speed",      "Output"};
 
 // Parses argv[1:] ("<command> flags...") with `options`; nullopt means help was asked for.
 std::optional<cxxopts::ParseResult> parse_flags(cxxopts::Options& options, int argc,
@@ -210,8 +210,8 @@ void read_common_flags(const cxxopts::ParseResult& result, TrainCommand& train) 
   if (result.count("threads")) o.threads = parse_integer_flag("threads", text("threads"), 1, 4096);
   o.channels_last = parse_choice_flag("memory-format", text("memory-format"),
                                       {"channels-last", "contiguous"}) == "channels-last";
-  o.amp = parse_choice_flag("amp", text("amp"), {"off", "bf16"}) == "bf16" ? Amp::kBFloat16
-                                                                           : Amp::kOff;
+  o.amp =
+      parse_choice_flag("amp", text("amp"), {"off", "bf16"}) == "bf16" ? Amp::kBFloat16 : Amp::kOff;
   o.cudnn_benchmark =
       parse_choice_flag("cudnn-benchmark", text("cudnn-benchmark"), {"on", "off"}) == "on";
   if (result.count("test-limit")) {
@@ -323,10 +323,10 @@ ParsedCommandLine parse_command_line(int argc, const char* const argv[]) {
         parse_integer_flag("seed", text("seed"), 0, std::numeric_limits<int64_t>::max()));
     o.bucket_bytes = parse_integer_flag("bucket-mb", text("bucket-mb"), 1, 65536) * 1024 * 1024;
     o.sync_bn = (*result)["sync-bn"].as<bool>();
-    o.on_nonfinite = parse_choice_flag("on-nonfinite", text("on-nonfinite"), {"stop", "skip"}) ==
-                             "skip"
-                         ? NonFinite::kSkip
-                         : NonFinite::kStop;
+    o.on_nonfinite =
+        parse_choice_flag("on-nonfinite", text("on-nonfinite"), {"stop", "skip"}) == "skip"
+            ? NonFinite::kSkip
+            : NonFinite::kStop;
     if (result->count("check-replicas")) {
       o.check_replicas_every =
           parse_integer_flag("check-replicas", text("check-replicas"), 1, kMax);
@@ -337,7 +337,8 @@ ParsedCommandLine parse_command_line(int argc, const char* const argv[]) {
     if (result->count("train-limit")) {
       train.train_limit = parse_integer_flag("train-limit", text("train-limit"), 1, kMax);
     }
-    if (result->count("checkpoint-dir")) o.checkpoint_dir = non_empty_path(*result, "checkpoint-dir");
+    if (result->count("checkpoint-dir"))
+      o.checkpoint_dir = non_empty_path(*result, "checkpoint-dir");
     o.checkpoint_every = parse_integer_flag("checkpoint-every", text("checkpoint-every"), 1, kMax);
     o.resume = (*result)["resume"].as<bool>();
     if (o.resume && !o.checkpoint_dir) {
@@ -384,8 +385,8 @@ ParsedCommandLine parse_command_line(int argc, const char* const argv[]) {
       download.directory = non_empty_path(*result, "data-dir");
     } else {
       const char* from_environment = std::getenv("DPTRAIN_DATA");
-      download.directory = from_environment && *from_environment ? from_environment
-                                                                 : "data/fashion-mnist";
+      download.directory =
+          from_environment && *from_environment ? from_environment : "data/fashion-mnist";
     }
     if (result->count("url")) download.url = non_empty_path(*result, "url");
     download.force = (*result)["force"].as<bool>();

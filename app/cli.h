@@ -21,8 +21,8 @@ struct TrainCommand {
   int64_t test_limit = 0;
   bool verbose = false;
   // Output (progress.h, and the metrics and plot files).
-  bool quiet = false;         // only the final line
-  int64_t log_every = 50;     // steps between plain progress lines when stderr is no terminal
+  bool quiet = false;      // only the final line
+  int64_t log_every = 50;  // steps between plain progress lines when stderr is no terminal
   std::optional<std::string> metrics;  // .csv or .jsonl
   std::optional<std::string> plot;     // .svg
 };

@@ -1,30 +1,29 @@
 // dptrain's entry point: parse the command line, wire the library's pieces together, and turn
 // every failure into one "error:" line and an exit status (2 for usage, 1 for run time).
 #include <c10/util/Exception.h>
+#include <torch/serialize.h>
+#include <unistd.h>
 
 #include <cstdio>
 #include <exception>
 #include <memory>
 #include <string>
 
-#include <torch/serialize.h>
-#include <unistd.h>
-
 #include "cli.h"
 #include "dptrain/checkpoint.h"
-#include "dptrain/download.h"
-#include "dptrain/metrics.h"
-#include "dptrain/plot.h"
-#include "dptrain/model.h"
-#include "progress.h"
-#include "rendezvous_watchdog.h"
-#include "signals.h"
 #include "dptrain/data.h"
 #include "dptrain/devices.h"
+#include "dptrain/download.h"
 #include "dptrain/errors.h"
+#include "dptrain/metrics.h"
+#include "dptrain/model.h"
+#include "dptrain/plot.h"
 #include "dptrain/rendezvous.h"
 #include "dptrain/report.h"
 #include "dptrain/train.h"
+#include "progress.h"
+#include "rendezvous_watchdog.h"
+#include "signals.h"
 
 namespace {
 
@@ -182,10 +181,9 @@ int run_train(dptrain::TrainCommand command) {
   }
   if (result.stopped_by != 0) {
     if (reporter) {
-      std::fprintf(stderr, "%sdptrain: stopped by signal %d%s\n", prefix.c_str(),
-                   result.stopped_by,
-                   result.last_checkpoint ? ("; resume from " + *result.last_checkpoint).c_str()
-                                          : "");
+      std::fprintf(
+          stderr, "%sdptrain: stopped by signal %d%s\n", prefix.c_str(), result.stopped_by,
+          result.last_checkpoint ? ("; resume from " + *result.last_checkpoint).c_str() : "");
     }
     return 128 + result.stopped_by;
   }
@@ -209,9 +207,8 @@ std::vector<std::pair<std::string, torch::Tensor>> load_weights(dptrain::EvalCom
   try {
     torch::load(model, *command.model);
   } catch (const c10::Error& e) {
-    throw dptrain::DataError("--model " + *command.model +
-                             ": not a model of width " + std::to_string(width) +
-                             " saved by dptrain train --save-model (" +
+    throw dptrain::DataError("--model " + *command.model + ": not a model of width " +
+                             std::to_string(width) + " saved by dptrain train --save-model (" +
                              first_line(e.what_without_backtrace()) + ")");
   }
   return dptrain::model_tensors(*model);
@@ -243,8 +240,7 @@ int run_download(const dptrain::DownloadCommand& command) {
         break;
       case Stage::kDone:
         if (terminal) std::fputs("\r\033[K", stderr);
-        std::fprintf(stderr, "%s: %.1f MB, SHA-256 verified\n", p.file.c_str(),
-                     p.bytes_done / 1e6);
+        std::fprintf(stderr, "%s: %.1f MB, SHA-256 verified\n", p.file.c_str(), p.bytes_done / 1e6);
         break;
     }
     std::fflush(stderr);

@@ -9,8 +9,8 @@
 namespace dptrain {
 namespace {
 
-constexpr int kBarWidth = 30;            // characters between the brackets
-constexpr int64_t kStepsBetweenBars = 5; // each redraw reads the device, so not every step
+constexpr int kBarWidth = 30;             // characters between the brackets
+constexpr int64_t kStepsBetweenBars = 5;  // each redraw reads the device, so not every step
 
 }  // namespace
 

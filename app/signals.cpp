@@ -10,7 +10,8 @@ namespace dptrain {
 namespace {
 
 std::atomic<int> g_stop_signal{0};
-static_assert(std::atomic<int>::is_always_lock_free, "the handler may only touch lock-free atomics");
+static_assert(std::atomic<int>::is_always_lock_free,
+              "the handler may only touch lock-free atomics");
 
 // Only async-signal-safe calls in here: an atomic exchange, write(2) and _exit(2).
 void on_stop_signal(int signal_number) {

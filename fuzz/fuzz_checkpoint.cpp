@@ -40,8 +40,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   // is tried a second time with its header's payload size and CRC made to fit the rest.
   if (bytes.size() >= kHeaderBytes) {
     const uint64_t payload = bytes.size() - kHeaderBytes;
-    const uint32_t crc = static_cast<uint32_t>(
-        ::crc32(0L, bytes.data() + kHeaderBytes, static_cast<uInt>(payload)));
+    const uint32_t crc =
+        static_cast<uint32_t>(::crc32(0L, bytes.data() + kHeaderBytes, static_cast<uInt>(payload)));
     for (int i = 0; i < 8; ++i) bytes[12 + i] = static_cast<uint8_t>(payload >> (8 * i));
     for (int i = 0; i < 4; ++i) bytes[20 + i] = static_cast<uint8_t>(crc >> (8 * i));
     check_one(bytes);

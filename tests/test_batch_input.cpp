@@ -10,7 +10,7 @@ namespace {
 
 struct Pool {
   torch::Tensor images = torch::randint(0, 256, {50, 28, 28}, torch::kUInt8);  // (50, 28, 28)
-  torch::Tensor labels = torch::randint(0, 10, {50}, torch::kInt64);          // (50)
+  torch::Tensor labels = torch::randint(0, 10, {50}, torch::kInt64);           // (50)
 };
 
 class BatchAssemblerLayout : public ::testing::TestWithParam<bool> {};

@@ -150,7 +150,6 @@ std::vector<uint8_t> read_bytes(const std::string& path) {
   return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
 }
 
-
 // Holds a soft RLIMIT_FSIZE of `bytes` for this process, with SIGXFSZ ignored, so that writing
 // past it fails with EFBIG; restores both on destruction.
 class FileSizeLimit {
@@ -452,8 +451,7 @@ TEST(CheckpointFiles, FailedWriteOnAFullTmpfsKeepsTheOlderCheckpoint) {
   const std::string path = mount_point + "/checkpoint-e0001-s000000.dpt";
   write_checkpoint_atomically(small_checkpoint(), path);
   expect_failed_write_keeps_older(path, std::strerror(ENOSPC));
-  EXPECT_EQ(list_directory(mount_point),
-            std::vector<std::string>{"checkpoint-e0001-s000000.dpt"});
+  EXPECT_EQ(list_directory(mount_point), std::vector<std::string>{"checkpoint-e0001-s000000.dpt"});
 }
 
 // ---- newest_valid_checkpoint --------------------------------------------------------------

@@ -279,11 +279,13 @@ TEST(CliParse, FastPathAndRecoveryFlags) {
   EXPECT_EQ(defaults.options.checkpoint_every, 1);
   EXPECT_FALSE(defaults.options.resume);
   EXPECT_EQ(defaults.log_every, 50);
-  const auto given =
-      parse({"train", "--memory-format", "contiguous", "--amp", "bf16", "--cudnn-benchmark", "off",
-             "--on-nonfinite", "skip", "--checkpoint-dir", "ck", "--checkpoint-every", "3",
-             "--resume", "--quiet", "--log-every", "7", "--metrics", "m.csv", "--plot", "p.svg"})
-          .train;
+  const auto given = parse({"train", "--memory-format",   "contiguous", "--amp",
+                            "bf16",  "--cudnn-benchmark", "off",        "--on-nonfinite",
+                            "skip",  "--checkpoint-dir",  "ck",         "--checkpoint-every",
+                            "3",     "--resume",          "--quiet",    "--log-every",
+                            "7",     "--metrics",         "m.csv",      "--plot",
+                            "p.svg"})
+                         .train;
   EXPECT_FALSE(given.options.channels_last);
   EXPECT_EQ(given.options.amp, Amp::kBFloat16);
   EXPECT_FALSE(given.options.cudnn_benchmark);
@@ -437,14 +439,37 @@ TEST(CliHelp, TrainHelpDescribesEveryFlag) {
   expect_no_crash(result);
   ASSERT_EQ(result.exit_code, 0) << describe(result);
   EXPECT_EQ(result.err, "") << describe(result);
-  for (const char* flag :
-       {"--data-dir",       "--epochs",     "--batch-size", "--lr",          "--seed",
-        "--width",          "--devices",    "--gpus",       "--train-limit", "--test-limit",
-        "--threads",        "--save-model", "--backend",    "--sync-bn",     "--bucket-mb",
-        "--check-replicas", "--timeout",    "--max-steps",  "--verbose",     "--help",
-        "--memory-format",  "--amp",        "--cudnn-benchmark", "--on-nonfinite",
-        "--checkpoint-dir", "--checkpoint-every", "--resume", "--quiet", "--log-every",
-        "--metrics",        "--plot"}) {
+  for (const char* flag : {"--data-dir",
+                           "--epochs",
+                           "--batch-size",
+                           "--lr",
+                           "--seed",
+                           "--width",
+                           "--devices",
+                           "--gpus",
+                           "--train-limit",
+                           "--test-limit",
+                           "--threads",
+                           "--save-model",
+                           "--backend",
+                           "--sync-bn",
+                           "--bucket-mb",
+                           "--check-replicas",
+                           "--timeout",
+                           "--max-steps",
+                           "--verbose",
+                           "--help",
+                           "--memory-format",
+                           "--amp",
+                           "--cudnn-benchmark",
+                           "--on-nonfinite",
+                           "--checkpoint-dir",
+                           "--checkpoint-every",
+                           "--resume",
+                           "--quiet",
+                           "--log-every",
+                           "--metrics",
+                           "--plot"}) {
     EXPECT_TRUE(contains(result.out, std::string(flag) + " ")) << flag << "\n" << result.out;
   }
 }

@@ -2,12 +2,12 @@
 // the all-reduced result over 1, 2 and 3 thread ranks compared with exact expected sums and
 // with the single-replica gradient of the whole batch.
 #include <gtest/gtest.h>
-#include <torch/optim/sgd.h>
 #include <torch/nn/functional/loss.h>
 #include <torch/nn/modules/activation.h>
 #include <torch/nn/modules/container/sequential.h>
 #include <torch/nn/modules/conv.h>
 #include <torch/nn/modules/linear.h>
+#include <torch/optim/sgd.h>
 
 #include <mutex>
 

@@ -1,14 +1,14 @@
 // Tests of the training run (train.h): it learns, it is deterministic, its first losses are
 // pinned, N replicas with sync-bn match one replica, replicas stay bit-identical without it,
 // and several processes under torchrun match the same world in threads.
-#include <gtest/gtest.h>
 #include <arpa/inet.h>
+#include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <signal.h>
 #include <sys/socket.h>
-#include <unistd.h>
 #include <torch/nn/functional/loss.h>
 #include <torch/serialize.h>
+#include <unistd.h>
 
 #include <fstream>
 #include <numeric>

@@ -113,23 +113,35 @@ class ByteReader {
 // The dtypes a model of ours holds; the codes are part of the file format.
 uint32_t dtype_code(torch::ScalarType type) {
   switch (type) {
-    case torch::kFloat32: return 1;
-    case torch::kFloat64: return 2;
-    case torch::kInt64: return 3;
-    case torch::kBFloat16: return 4;
-    case torch::kFloat16: return 5;
-    default: TORCH_CHECK(false, "checkpoint: no code for dtype ", type);
+    case torch::kFloat32:
+      return 1;
+    case torch::kFloat64:
+      return 2;
+    case torch::kInt64:
+      return 3;
+    case torch::kBFloat16:
+      return 4;
+    case torch::kFloat16:
+      return 5;
+    default:
+      TORCH_CHECK(false, "checkpoint: no code for dtype ", type);
   }
 }
 
 std::optional<torch::ScalarType> dtype_of_code(uint32_t code) {
   switch (code) {
-    case 1: return torch::kFloat32;
-    case 2: return torch::kFloat64;
-    case 3: return torch::kInt64;
-    case 4: return torch::kBFloat16;
-    case 5: return torch::kFloat16;
-    default: return std::nullopt;
+    case 1:
+      return torch::kFloat32;
+    case 2:
+      return torch::kFloat64;
+    case 3:
+      return torch::kInt64;
+    case 4:
+      return torch::kBFloat16;
+    case 5:
+      return torch::kFloat16;
+    default:
+      return std::nullopt;
   }
 }
 
@@ -429,8 +441,8 @@ void check_checkpoint_matches(const CheckpointConfig& saved, const CheckpointCon
   std::string differences;
   const auto compare = [&](const char* flag, int64_t was, int64_t is) {
     if (was == is) return;
-    differences += std::string(differences.empty() ? "" : ", ") + flag + " " +
-                   std::to_string(was) + " (this run: " + std::to_string(is) + ")";
+    differences += std::string(differences.empty() ? "" : ", ") + flag + " " + std::to_string(was) +
+                   " (this run: " + std::to_string(is) + ")";
   };
   compare("--width", saved.width, run.width);
   compare("classes", saved.num_classes, run.num_classes);

@@ -54,12 +54,12 @@ void check_host_memory(int64_t width, int64_t shard_batch, int replicas_on_host,
   const double needed =
       static_cast<double>(estimate_training_bytes(width, shard_batch)) * replicas_on_host;
   if (needed <= static_cast<double>(available_bytes)) return;
-  throw UsageError("--batch-size and --width too large for this machine: " +
-                   std::to_string(replicas_on_host) + " replica(s) of width " +
-                   std::to_string(width) + " on " + std::to_string(shard_batch) +
-                   " examples each need about " + gibibytes(needed) + ", and " +
-                   gibibytes(static_cast<double>(available_bytes)) +
-                   " of memory is available; lower --batch-size or --width");
+  throw UsageError(
+      "--batch-size and --width too large for this machine: " + std::to_string(replicas_on_host) +
+      " replica(s) of width " + std::to_string(width) + " on " + std::to_string(shard_batch) +
+      " examples each need about " + gibibytes(needed) + ", and " +
+      gibibytes(static_cast<double>(available_bytes)) +
+      " of memory is available; lower --batch-size or --width");
 }
 
 }  // namespace dptrain

@@ -88,12 +88,12 @@ ResNetImpl::ResNetImpl(const ResNetOptions& options) : options_(options) {
 
 torch::Tensor ResNetImpl::forward(const torch::Tensor& x) {
   auto y = stem_bn_->forward(stem_conv_->forward(x)).relu_();  // (N, w, 28, 28)
-  y = stage1_->forward(y);                                          // (N, w, 28, 28)
-  y = stage2_->forward(y);                                          // (N, 2w, 14, 14)
-  y = stage3_->forward(y);                                          // (N, 4w, 7, 7)
-  y = stage4_->forward(y);                                          // (N, 8w, 4, 4)
-  y = torch::adaptive_avg_pool2d(y, {1, 1});                        // (N, 8w, 1, 1)
-  return fc_->forward(y);                                           // (N, K)
+  y = stage1_->forward(y);                                     // (N, w, 28, 28)
+  y = stage2_->forward(y);                                     // (N, 2w, 14, 14)
+  y = stage3_->forward(y);                                     // (N, 4w, 7, 7)
+  y = stage4_->forward(y);                                     // (N, 8w, 4, 4)
+  y = torch::adaptive_avg_pool2d(y, {1, 1});                   // (N, 8w, 1, 1)
+  return fc_->forward(y);                                      // (N, K)
 }
 
 // ---- Initialisation -----------------------------------------------------------

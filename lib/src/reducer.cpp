@@ -71,13 +71,15 @@ Reducer::Reducer(std::vector<torch::Tensor> parameters, Communicator& communicat
     int64_t offset = 0;
     for (size_t k : bucket.parameters) {
       auto& p = parameters_[k];
-      TORCH_CHECK(p.is_non_overlapping_and_dense(),
-                  "reducer: parameter ", k, " is not dense; it cannot live in a flat bucket");
+      TORCH_CHECK(p.is_non_overlapping_and_dense(), "reducer: parameter ", k,
+                  " is not dense; it cannot live in a flat bucket");
       // View the slice with the parameter's own strides (contiguous or channels-last).
-      auto data = bucket.parameter_flat.narrow(0, offset, p.numel()).as_strided(p.sizes(), p.strides());
+      auto data =
+          bucket.parameter_flat.narrow(0, offset, p.numel()).as_strided(p.sizes(), p.strides());
       data.copy_(p.detach());
       p.set_data(data);
-      p.mutable_grad() = bucket.flat.narrow(0, offset, p.numel()).as_strided(p.sizes(), p.strides());
+      p.mutable_grad() =
+          bucket.flat.narrow(0, offset, p.numel()).as_strided(p.sizes(), p.strides());
       offset += p.numel();
       bucket_of_[k] = b;
     }

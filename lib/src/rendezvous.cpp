@@ -135,7 +135,7 @@ std::string rank_list(const std::vector<int>& ranks) {
 }
 
 static void store_barrier_unguarded(c10d::Store& store, const std::string& name, int rank,
-                             int world_size, std::chrono::milliseconds timeout);
+                                    int world_size, std::chrono::milliseconds timeout);
 
 void store_barrier(c10d::Store& store, const std::string& name, int rank, int world_size,
                    std::chrono::milliseconds timeout) {
@@ -154,7 +154,7 @@ void store_barrier(c10d::Store& store, const std::string& name, int rank, int wo
 }
 
 static void store_barrier_unguarded(c10d::Store& store, const std::string& name, int rank,
-                             int world_size, std::chrono::milliseconds timeout) {
+                                    int world_size, std::chrono::milliseconds timeout) {
   const std::string prefix = "dptrain/barrier/" + name + "/rank/";
   store.set(prefix + std::to_string(rank), to_bytes(std::to_string(world_size)));
   const auto missing = ranks_missing_after(store, prefix, world_size, timeout);

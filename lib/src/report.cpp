@@ -33,7 +33,9 @@ std::string format_final_line(const TrainResult& result) {
 
 namespace {
 
-double images_per_second(const ProgressStats& p) { return p.seconds > 0 ? p.images / p.seconds : 0; }
+double images_per_second(const ProgressStats& p) {
+  return p.seconds > 0 ? p.images / p.seconds : 0;
+}
 
 // Seconds left in the epoch at the pace so far.
 double seconds_left(const ProgressStats& p) {
@@ -44,9 +46,9 @@ double seconds_left(const ProgressStats& p) {
 }  // namespace
 
 std::string format_progress_bar(const ProgressStats& p, int bar_width) {
-  const double fraction =
-      p.steps_in_epoch > 0 ? static_cast<double>(p.step) / static_cast<double>(p.steps_in_epoch)
-                           : 0;
+  const double fraction = p.steps_in_epoch > 0
+                              ? static_cast<double>(p.step) / static_cast<double>(p.steps_in_epoch)
+                              : 0;
   const int filled = std::max(0, std::min(bar_width, static_cast<int>(fraction * bar_width)));
   const auto left = static_cast<long long>(seconds_left(p) + 0.5);
   char tail[160];

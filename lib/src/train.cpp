@@ -42,7 +42,7 @@ struct RankPlan {
   int threads = 1;
   c10::intrusive_ptr<c10d::Store> store;  // null for a world of one
   bool loopback = true;
-  bool first_local = true;  // the first replica of this process: it calls the callbacks
+  bool first_local = true;            // the first replica of this process: it calls the callbacks
   const Checkpoint* start = nullptr;  // weights and position to start from, if any
   std::string start_name;             // where `start` came from, for messages
   bool evaluate_only = false;         // evaluate the start's weights instead of training
@@ -228,8 +228,7 @@ TrainResult run_rank(const FashionMnist& data, const TrainOptions& options, cons
   if (plan.world_size > 1 && options.resume && !plan.evaluate_only) {
     // Processes that found different newest checkpoints (or none) must not mix them.
     const int64_t position =
-        plan.start ? plan.start->epochs_done * (int64_t{1} << 32) + plan.start->step_in_epoch
-                   : -1;
+        plan.start ? plan.start->epochs_done * (int64_t{1} << 32) + plan.start->step_in_epoch : -1;
     auto extremes = torch::tensor({position, -position}, torch::kInt64).to(plan.device);
     communicator->allreduce_max(extremes, "resume agreement");
     if (extremes[0].item<int64_t>() != -extremes[1].item<int64_t>()) {
@@ -270,8 +269,8 @@ TrainResult run_rank(const FashionMnist& data, const TrainOptions& options, cons
   const int64_t num_train = data.train.size();
   const int64_t batches_per_epoch = num_batches(num_train, options.batch_size);
   BatchAssembler assembler(
-      shard_range(std::min(options.batch_size, num_train), plan.world_size, 0).second,
-      plan.device, options.channels_last);
+      shard_range(std::min(options.batch_size, num_train), plan.world_size, 0).second, plan.device,
+      options.channels_last);
   const auto config = checkpoint_config(options, num_train, plan.world_size);
 
   // Where to begin: a resumed run carries on at the checkpoint's epoch and step, with the
@@ -298,13 +297,13 @@ TrainResult run_rank(const FashionMnist& data, const TrainOptions& options, cons
   const auto throw_if_nonfinite = [&] {
     const int64_t bad = first_bad_step.item<int64_t>();
     if (bad < 0) return;
-    throw std::runtime_error(
-        "epoch " + std::to_string((bad - 1) / batches_per_epoch + 1) + " step " +
-        std::to_string((bad - 1) % batches_per_epoch + 1) +
-        ": the gradient is not finite (NaN or infinity); training stopped" +
-        (result.last_checkpoint ? "; the last good checkpoint is " + *result.last_checkpoint
-                                : std::string()) +
-        ". Lower --lr, or pass --on-nonfinite skip");
+    throw std::runtime_error("epoch " + std::to_string((bad - 1) / batches_per_epoch + 1) +
+                             " step " + std::to_string((bad - 1) % batches_per_epoch + 1) +
+                             ": the gradient is not finite (NaN or infinity); training stopped" +
+                             (result.last_checkpoint
+                                  ? "; the last good checkpoint is " + *result.last_checkpoint
+                                  : std::string()) +
+                             ". Lower --lr, or pass --on-nonfinite skip");
   };
   // kSkip restores the BatchNorm statistics that the skipped step's forward pass moved.
   std::vector<torch::Tensor> buffers, saved_buffers;
@@ -345,9 +344,9 @@ TrainResult run_rank(const FashionMnist& data, const TrainOptions& options, cons
     if (resume_step > 0 && start) {
       seconds_before = start->partial_seconds;
       if (plan.rank == 0) {
-        tally.sums.copy_(torch::tensor({start->partial_sums[0], start->partial_sums[1],
-                                        start->partial_sums[2]},
-                                       torch::kFloat64));
+        tally.sums.copy_(
+            torch::tensor({start->partial_sums[0], start->partial_sums[1], start->partial_sums[2]},
+                          torch::kFloat64));
       }
     }
 
@@ -570,16 +569,15 @@ TrainResult run_rank_reporting_memory(const FashionMnist& data, const TrainOptio
 
 // Runs one rank per local device (a thread each when there are several) and returns the first
 // local replica's result.
-TrainResult run_world(const FashionMnist& data, const TrainOptions& options,
-                      const WorldPlan& world, RankPlan base, const TrainCallbacks& callbacks) {
+TrainResult run_world(const FashionMnist& data, const TrainOptions& options, const WorldPlan& world,
+                      RankPlan base, const TrainCallbacks& callbacks) {
   check_world(options, world);
   // LibTorch cannot run a convolution on an empty channels-last batch, which a replica meets
   // with sync-bn when the last batch has fewer examples than there are replicas (it must still
   // join the statistics all-reduces). Such a run uses the contiguous layout throughout: the same
   // results up to float rounding.
   const int64_t last_batch = data.train.size() % options.batch_size;
-  if (options.sync_bn && options.channels_last && last_batch > 0 &&
-      last_batch < world.world_size) {
+  if (options.sync_bn && options.channels_last && last_batch > 0 && last_batch < world.world_size) {
     TrainOptions contiguous = options;
     contiguous.channels_last = false;
     return run_world(data, contiguous, world, base, callbacks);
@@ -672,9 +670,8 @@ TrainResult train(const FashionMnist& data, const TrainOptions& options, const W
     start = newest_valid_checkpoint(*options.checkpoint_dir, nullptr);
     if (start) {
       const auto& [path, checkpoint] = *start;
-      check_checkpoint_matches(checkpoint.config,
-                               checkpoint_config(options, data.train.size(), world.world_size),
-                               path);
+      check_checkpoint_matches(
+          checkpoint.config, checkpoint_config(options, data.train.size(), world.world_size), path);
       const auto differ = [&](const char* flag, const std::string& was, const std::string& is) {
         if (was != is) {
           throw UsageError("--resume: checkpoint " + path + " was written with " + flag + " " +

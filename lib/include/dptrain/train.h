@@ -74,7 +74,7 @@ struct WorldPlan {
 };
 
 struct TrainResult {
-  std::vector<EpochStats> epochs;  // every finished epoch, those before a resume included
+  std::vector<EpochStats> epochs;    // every finished epoch, those before a resume included
   std::vector<std::string> devices;  // every rank's device, in rank order
   int world_size = 1;
   int64_t parameter_count = 0;
@@ -91,8 +91,8 @@ struct ProgressStats {
   int64_t epochs = 0;
   int64_t step = 0;  // steps done in this epoch
   int64_t steps_in_epoch = 0;
-  int64_t images = 0;  // global examples trained on in this epoch so far
-  double seconds = 0;  // since this epoch (or its resumed part) started
+  int64_t images = 0;       // global examples trained on in this epoch so far
+  double seconds = 0;       // since this epoch (or its resumed part) started
   double running_loss = 0;  // this replica's shard: mean loss and accuracy so far this epoch
   double running_acc = 0;
 };
