@@ -14,6 +14,7 @@
 #include <map>
 #include <sstream>
 
+#include "dptrain/durable_file.h"
 #include "dptrain/errors.h"
 
 namespace dptrain {
@@ -197,12 +198,6 @@ std::vector<uint8_t> read_whole_file(const std::string& path) {
   return bytes;
 }
 
-std::string directory_of(const std::string& path) {
-  const auto slash = path.rfind('/');
-  if (slash == std::string::npos) return ".";
-  return slash == 0 ? "/" : path.substr(0, slash);
-}
-
 }  // namespace
 
 // ---- Serialisation ---------------------------------------------------------------------
@@ -335,43 +330,8 @@ Checkpoint parse_checkpoint(const std::vector<uint8_t>& bytes, const std::string
 
 void write_checkpoint_atomically(const Checkpoint& checkpoint, const std::string& path) {
   const auto bytes = serialize_checkpoint(checkpoint);
-  const std::string temporary = path + ".tmp";
-  const auto fail = [&](const std::string& what) {
-    const std::string reason = errno_text();
-    ::unlink(temporary.c_str());
-    throw DataError("checkpoint " + path + ": cannot " + what + ": " + reason +
-                    " (the previous checkpoints are untouched)");
-  };
-  const int fd = ::open(temporary.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) fail("create " + temporary);
-  size_t done = 0;
-  while (done < bytes.size()) {
-    const ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) {
-      if (n == 0) errno = ENOSPC;
-      const int saved = errno;
-      ::close(fd);
-      errno = saved;
-      fail("write");
-    }
-    done += static_cast<size_t>(n);
-  }
-  // The data must be on disk before the rename makes it the checkpoint.
-  if (::fsync(fd) != 0) {
-    const int saved = errno;
-    ::close(fd);
-    errno = saved;
-    fail("flush to disk");
-  }
-  if (::close(fd) != 0) fail("close");
-  if (::rename(temporary.c_str(), path.c_str()) != 0) fail("rename into place");
-  // And the rename itself, by syncing the directory (best effort: not every file system can).
-  const int dir = ::open(directory_of(path).c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (dir >= 0) {
-    ::fsync(dir);
-    ::close(dir);
-  }
+  write_file_atomically(path, bytes.data(), bytes.size(), "checkpoint " + path,
+                        " (the previous checkpoints are untouched)");
 }
 
 void prepare_checkpoint_directory(const std::string& directory) {

@@ -19,6 +19,7 @@
 #include <thread>
 
 #include "dptrain/data.h"
+#include "dptrain/durable_file.h"
 #include "dptrain/errors.h"
 #include "dptrain/sha256.h"
 
@@ -79,14 +80,6 @@ void make_directories(const std::string& directory) {
   if (!is_directory(directory)) {
     throw DataError("cannot create download directory " + directory + ": " + errno_text(ENOTDIR));
   }
-}
-
-// Makes a rename durable; some file systems cannot fsync a directory, which is harmless here.
-void sync_directory(const std::string& directory) {
-  const int fd = ::open(directory.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (fd < 0) return;
-  ::fsync(fd);
-  ::close(fd);
 }
 
 // ---- The ".part" file ------------------------------------------------------------------------

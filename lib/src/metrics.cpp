@@ -16,6 +16,7 @@
 #include <map>
 #include <utility>
 
+#include "dptrain/durable_file.h"
 #include "dptrain/errors.h"
 
 namespace dptrain {
@@ -139,18 +140,6 @@ off_t complete_lines_size(int fd, off_t size, const std::string& path) {
     end = begin;
   }
   return 0;
-}
-
-// Syncs the directory holding `path`, so a newly created file's name survives a crash too.
-// Best effort: some file systems refuse to open or sync a directory.
-void sync_parent_directory(const std::string& path) {
-  const size_t slash = path.rfind('/');
-  const std::string directory =
-      slash == std::string::npos ? "." : (slash == 0 ? "/" : path.substr(0, slash));
-  const int fd = ::open(directory.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (fd < 0) return;
-  ::fsync(fd);
-  ::close(fd);
 }
 
 // ============================================================================================

@@ -3,17 +3,15 @@
 // are estimates and the layout leaves room for them. Files go through POSIX calls (fsync, rename).
 #include "dptrain/plot.h"
 
-#include <fcntl.h>
-#include <unistd.h>
 
 #include <algorithm>
-#include <cerrno>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <map>
 
 #include "dptrain/devices.h"
+#include "dptrain/durable_file.h"
 #include "dptrain/errors.h"
 
 namespace dptrain {
@@ -338,46 +336,7 @@ void check_plot_path(const std::string& path) {
 
 void write_plot_atomically(const std::string& path, const std::string& svg) {
   check_plot_path(path);
-  const std::string temporary = path + ".tmp";
-  const auto fail = [&](const std::string& what) {
-    const std::string reason = std::strerror(errno);
-    ::unlink(temporary.c_str());
-    throw DataError("cannot write plot " + path + ": " + what + ": " + reason);
-  };
-  const int fd = ::open(temporary.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) {
-    const std::string reason = std::strerror(errno);
-    throw DataError("cannot write plot " + path + ": cannot create " + temporary + ": " + reason);
-  }
-  for (size_t done = 0; done < svg.size();) {
-    const ssize_t n = ::write(fd, svg.data() + done, svg.size() - done);
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) {
-      const int saved = errno;
-      ::close(fd);
-      errno = saved;
-      fail("write " + temporary);
-    }
-    done += static_cast<size_t>(n);
-  }
-  if (::fsync(fd) != 0) {
-    const int saved = errno;
-    ::close(fd);
-    errno = saved;
-    fail("fsync " + temporary);
-  }
-  if (::close(fd) != 0) fail("close " + temporary);
-  if (::rename(temporary.c_str(), path.c_str()) != 0) fail("rename " + temporary);
-  // The rename itself is durable once the directory is synced; best effort, as not every file
-  // system lets a directory be opened for it.
-  const size_t slash = path.rfind('/');
-  const std::string directory =
-      slash == std::string::npos ? "." : (slash == 0 ? "/" : path.substr(0, slash));
-  const int dir_fd = ::open(directory.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (dir_fd >= 0) {
-    ::fsync(dir_fd);
-    ::close(dir_fd);
-  }
+  write_file_atomically(path, svg.data(), svg.size(), "plot " + path);
 }
 
 }  // namespace dptrain
