@@ -669,7 +669,9 @@ TrainResult train(const FashionMnist& data, const TrainOptions& options, const W
     // ranks then check that they all start from the same position.
     start = newest_valid_checkpoint(*options.checkpoint_dir, nullptr);
     if (start) {
-      const auto& [path, checkpoint] = *start;
+      // Named references, not a structured binding: C++17 lambdas cannot capture those (clang).
+      const std::string& path = start->first;
+      const Checkpoint& checkpoint = start->second;
       check_checkpoint_matches(
           checkpoint.config, checkpoint_config(options, data.train.size(), world.world_size), path);
       const auto differ = [&](const char* flag, const std::string& was, const std::string& is) {
