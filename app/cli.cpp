@@ -81,8 +81,9 @@ void add_device_flags(cxxopts::Options& options) {
       ("timeout", "seconds that the rendezvous and each collective may take",
        cxxopts::value<std::string>()->default_value("300"), "SECONDS");
   options.add_options("Speed")
-      ("memory-format", "layout of weights and activations: channels-last or contiguous",
-       cxxopts::value<std::string>()->default_value("channels-last"), "NAME")
+      ("memory-format", "layout of weights and activations: auto (channels-last on CUDA, "
+                        "contiguous on the CPU), channels-last or contiguous",
+       cxxopts::value<std::string>()->default_value("auto"), "NAME")
       ("amp", "autocast the forward pass: off or bf16",
        cxxopts::value<std::string>()->default_value("off"), "MODE")
       ("cudnn-benchmark", "let cuDNN pick the fastest algorithm per shape: on or off",
@@ -208,8 +209,11 @@ void read_common_flags(const cxxopts::ParseResult& result, TrainCommand& train) 
   o.width = parse_integer_flag("width", text("width"), 1, 4096);
   o.timeout = std::chrono::seconds(parse_integer_flag("timeout", text("timeout"), 1, 86400 * 7));
   if (result.count("threads")) o.threads = parse_integer_flag("threads", text("threads"), 1, 4096);
-  o.channels_last = parse_choice_flag("memory-format", text("memory-format"),
-                                      {"channels-last", "contiguous"}) == "channels-last";
+  const auto layout = parse_choice_flag("memory-format", text("memory-format"),
+                                        {"auto", "channels-last", "contiguous"});
+  o.memory_format = layout == "channels-last" ? MemoryFormat::kChannelsLast
+                    : layout == "contiguous"  ? MemoryFormat::kContiguous
+                                              : MemoryFormat::kAuto;
   o.amp =
       parse_choice_flag("amp", text("amp"), {"off", "bf16"}) == "bf16" ? Amp::kBFloat16 : Amp::kOff;
   o.cudnn_benchmark =

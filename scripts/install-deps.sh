@@ -2,7 +2,7 @@
 # Installs what dptrain needs on Debian 12 (run as root, or with sudo available):
 # the compiler and CMake, Debian's CPU LibTorch 1.13 with Gloo headers, cxxopts, GoogleTest,
 # zlib, libcurl, the real Fashion-MNIST, Debian's python3-torch (torchrun for the multi-process
-# tests) and Chromium (the plot test renders the SVG headless).
+# tests), Chromium (the plot test renders the SVG headless) and valgrind (the layout test).
 # Arguments name more packages to install with them (scripts/fuzz.sh passes clang's).
 set -euo pipefail
 
@@ -15,6 +15,7 @@ packages=(
   python3-torch                 # torchrun, for the multi-process tests
   python3-venv                  # quickstart.sh keeps the CUDA LibTorch of a GPU machine in a venv
   chromium                      # headless, renders the training plot's SVG in test_plot.cpp
+  valgrind                      # checks the default layout for heap corruption (test_cli.cpp)
 )
 packages+=("$@")
 

@@ -34,6 +34,11 @@ namespace {
 
 namespace F = torch::nn::functional;
 
+// A rank's options have their layout resolved for its device (run_world): never kAuto here.
+bool channels_last(const TrainOptions& options) {
+  return options.memory_format == MemoryFormat::kChannelsLast;
+}
+
 // Everything one rank needs to know to run.
 struct RankPlan {
   int rank = 0;
@@ -99,7 +104,7 @@ std::array<double, 3> evaluate(ResNet& model, const DeviceData& data, int64_t ba
   for (int64_t i = begin; i < end; i += batch_size) {
     const int64_t n = std::min(batch_size, end - i);
     auto x = to_model_input(data.test_images.narrow(0, i, n));  // (n, 1, 28, 28)
-    if (options.channels_last) x = x.contiguous(at::MemoryFormat::ChannelsLast);
+    if (channels_last(options)) x = x.contiguous(at::MemoryFormat::ChannelsLast);
     auto y = data.test_labels.narrow(0, i, n);  // (n)
     torch::Tensor logits;                       // (n, 10)
     {
@@ -246,7 +251,7 @@ TrainResult run_rank(const FashionMnist& data, const TrainOptions& options, cons
   const Checkpoint* start = plan.evaluate_only ? nullptr : plan.start;
   if (plan.start) load_model_tensors(*model, plan.start->tensors, plan.start_name);
   model->to(plan.device);
-  if (options.channels_last) convert_to_channels_last(*model);
+  if (channels_last(options)) convert_to_channels_last(*model);
   if (options.sync_bn) set_batch_norm_sync(*model, communicator.get());
   broadcast_from_rank0(*model, *communicator);
   result.parameter_count = count_parameters(*model);
@@ -270,7 +275,7 @@ TrainResult run_rank(const FashionMnist& data, const TrainOptions& options, cons
   const int64_t batches_per_epoch = num_batches(num_train, options.batch_size);
   BatchAssembler assembler(
       shard_range(std::min(options.batch_size, num_train), plan.world_size, 0).second, plan.device,
-      options.channels_last);
+      channels_last(options));
   const auto config = checkpoint_config(options, num_train, plan.world_size);
 
   // Where to begin: a resumed run carries on at the checkpoint's epoch and step, with the
@@ -544,6 +549,11 @@ void check_world(const TrainOptions& options, const WorldPlan& world) {
       }
     }
   }
+  // A layout known to corrupt memory on one of the devices is refused before anything runs.
+  const auto cpu = detect_cpu_kernels();
+  for (const auto& device : world.local_devices) {
+    resolve_memory_format(options.memory_format, device, cpu);
+  }
 }
 
 namespace {
@@ -577,11 +587,19 @@ TrainResult run_world(const FashionMnist& data, const TrainOptions& options, con
   // join the statistics all-reduces). Such a run uses the contiguous layout throughout: the same
   // results up to float rounding.
   const int64_t last_batch = data.train.size() % options.batch_size;
-  if (options.sync_bn && options.channels_last && last_batch > 0 && last_batch < world.world_size) {
+  if (options.sync_bn && options.memory_format != MemoryFormat::kContiguous && last_batch > 0 &&
+      last_batch < world.world_size) {
     TrainOptions contiguous = options;
-    contiguous.channels_last = false;
+    contiguous.memory_format = MemoryFormat::kContiguous;
     return run_world(data, contiguous, world, base, callbacks);
   }
+  // Each rank lays out its replica for its own device (memory_format.h).
+  const auto cpu = detect_cpu_kernels();
+  const auto options_for = [&](const torch::Device& device) {
+    TrainOptions rank_options = options;
+    rank_options.memory_format = resolve_memory_format(options.memory_format, device, cpu);
+    return rank_options;
+  };
 
   const auto local = static_cast<int>(world.local_devices.size());
   // Impossible sizes are refused before any allocation (the estimate covers CPU replicas; a
@@ -615,7 +633,7 @@ TrainResult run_world(const FashionMnist& data, const TrainOptions& options, con
     RankPlan plan = base;
     plan.rank = world.first_rank;
     plan.device = world.local_devices[0];
-    return run_rank_reporting_memory(data, options, plan, callbacks);
+    return run_rank_reporting_memory(data, options_for(plan.device), plan, callbacks);
   }
 
   // Replicas in this process: a thread each. The first failure is reported; the others usually
@@ -630,7 +648,8 @@ TrainResult run_world(const FashionMnist& data, const TrainOptions& options, con
       plan.first_local = i == 0;
       plan.device = world.local_devices[static_cast<size_t>(i)];
       try {
-        results[static_cast<size_t>(i)] = run_rank_reporting_memory(data, options, plan, callbacks);
+        results[static_cast<size_t>(i)] =
+            run_rank_reporting_memory(data, options_for(plan.device), plan, callbacks);
       } catch (...) {
         errors[static_cast<size_t>(i)] = std::current_exception();
       }

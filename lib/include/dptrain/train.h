@@ -19,6 +19,7 @@
 #include "dptrain/data.h"
 #include "dptrain/distributed.h"
 #include "dptrain/epoch_stats.h"
+#include "dptrain/memory_format.h"
 #include "dptrain/reducer.h"
 #include "dptrain/rendezvous.h"
 
@@ -39,9 +40,10 @@ struct TrainOptions {
   int64_t threads = 0;  // intra-op CPU threads for the whole process; 0 = all cores
   Backend backend = Backend::kGloo;
   bool sync_bn = false;  // all-reduce BatchNorm batch statistics over replicas
-  // The fast path. Channels-last and cuDNN's benchmark mode change results by float rounding
-  // only, so they are on by default; bfloat16 autocast changes them more and is opt-in.
-  bool channels_last = true;    // weights, activations and inputs laid out (N, H, W, C)
+  // The fast path. The layout and cuDNN's benchmark mode change results by float rounding
+  // only, so they are on by default where they are safe; bfloat16 autocast changes them more and
+  // is opt-in. kAuto: channels-last on CUDA, contiguous on the CPU (memory_format.h).
+  MemoryFormat memory_format = MemoryFormat::kAuto;
   bool cudnn_benchmark = true;  // let cuDNN time its algorithms for each shape (CUDA only)
   Amp amp = Amp::kOff;          // autocast the forward pass
   int64_t bucket_bytes = kDefaultBucketBytes;

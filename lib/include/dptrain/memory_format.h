@@ -1,0 +1,37 @@
+// The memory layout of a replica's weights and activations: channels-last (N, H, W, C) or
+// contiguous (N, C, H, W), chosen per device from evidence, and refused where LibTorch is known
+// to corrupt memory with it. Not here: converting a model (model.h) or its inputs (batch_input.h).
+#pragma once
+
+#include <torch/types.h>
+
+#include <string>
+
+namespace dptrain {
+
+enum class MemoryFormat {
+  kAuto,          // channels-last on CUDA, contiguous on the CPU (Note [Channels-last on the CPU])
+  kChannelsLast,  // (N, H, W, C)
+  kContiguous,    // (N, C, H, W), PyTorch's default
+};
+
+std::string memory_format_name(MemoryFormat format);
+
+// The instruction set oneDNN, LibTorch's CPU convolution library, runs its kernels with.
+struct CpuKernels {
+  bool avx512 = false;           // the CPU has AVX-512 F, BW, VL and DQ (oneDNN's "avx512_core")
+  std::string isa_cap;           // ONEDNN_MAX_CPU_ISA or DNNL_MAX_CPU_ISA as set, else empty
+  bool runs_avx512() const;      // avx512, and no cap below AVX-512
+  std::string describe() const;  // "this CPU has no AVX-512", for messages
+};
+
+// This process's CPU and environment.
+CpuKernels detect_cpu_kernels();
+
+// The layout a replica on `device` uses: kAuto resolved, never kAuto itself. Throws UsageError
+// naming --memory-format for a combination known to corrupt memory (channels-last on a CPU
+// whose oneDNN runs its AVX2 kernels).
+MemoryFormat resolve_memory_format(MemoryFormat requested, const torch::Device& device,
+                                   const CpuKernels& cpu);
+
+}  // namespace dptrain
