@@ -2,7 +2,7 @@
 # LibTorch: find_package(Torch) -- Debian's 1.13 by default, or a CUDA LibTorch 2.x through
 # CMAKE_PREFIX_PATH. cxxopts, GoogleTest and zlib: Debian's packages, else a pinned FetchContent.
 # libcurl (dptrain download) and OpenSSL's libcrypto (its SHA-256): the system's, found by
-# find_package.
+# find_package. libpng (the plot test reads Chromium's screenshots): the system's, tests only.
 include(FetchContent)
 
 # ---- LibTorch ---------------------------------------------------------------
@@ -86,4 +86,6 @@ if(BUILD_TESTING)
     FetchContent_MakeAvailable(googletest)
   endif()
   include(GoogleTest)
+  # libpng: the plot test decodes headless Chromium's PNG screenshots (tests/png_check.h).
+  find_package(PNG REQUIRED)
 endif()
