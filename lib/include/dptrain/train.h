@@ -21,6 +21,7 @@
 #include "dptrain/epoch_stats.h"
 #include "dptrain/reducer.h"
 #include "dptrain/rendezvous.h"
+#include "dptrain/world_plan.h"
 
 namespace dptrain {
 
@@ -61,16 +62,6 @@ struct TrainOptions {
   const std::atomic<int>* stop_signal = nullptr;
   NonFinite on_nonfinite = NonFinite::kStop;
   int64_t progress_every = 0;  // steps between progress callbacks; 0 = none
-};
-
-// Where this process stands: all replicas in this process (one thread per device), or one rank
-// of a multi-process world launched by torchrun or Slurm.
-struct WorldPlan {
-  std::vector<torch::Device> local_devices;  // one replica per entry
-  int first_rank = 0;                        // global rank of local_devices[0]
-  int world_size = 1;
-  bool multi_process = false;
-  LaunchEnvironment launch;  // multi-process only: where the ranks meet
 };
 
 struct StepStats {
