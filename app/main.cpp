@@ -21,6 +21,7 @@
 #include "dptrain/rendezvous.h"
 #include "dptrain/report.h"
 #include "dptrain/train.h"
+#include "dptrain/world_plan.h"
 #include "progress.h"
 #include "rendezvous_watchdog.h"
 #include "signals.h"
@@ -35,66 +36,13 @@ using dptrain::UsageError;
 // One line: c10 errors carry a C++ backtrace after the first line, which is not for users.
 std::string first_line(const std::string& text) { return text.substr(0, text.find('\n')); }
 
-// The devices of the replicas in this process, and where this process stands in the world.
-dptrain::WorldPlan plan_world(const dptrain::TrainCommand& command) {
-  std::vector<torch::Device> devices;
-  if (command.gpus) {
-    devices = dptrain::first_gpus(*command.gpus);
-  } else if (command.devices) {
-    devices = dptrain::parse_device_list(*command.devices);
-  }
-
-  dptrain::WorldPlan world;
-  const auto launch = dptrain::read_launch_environment();
-  if (!launch) {
-    world.local_devices = devices.empty() ? dptrain::default_devices() : devices;
-    world.world_size = static_cast<int>(world.local_devices.size());
-    return world;
-  }
-  // Under a launcher this process is one rank; the device list names this node's devices and
-  // LOCAL_RANK picks one (a single "cpu" serves every local rank).
-  world.multi_process = true;
-  world.first_rank = launch->rank;
-  world.world_size = launch->world_size;
-  world.launch = *launch;
-  const auto local = static_cast<size_t>(launch->local_rank);
-  if (devices.empty()) {
-    const int gpus = dptrain::cuda_device_count();
-    if (gpus == 0) {
-      devices = {torch::Device(torch::kCPU)};
-    } else if (launch->local_rank < gpus) {
-      devices = {torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(launch->local_rank))};
-    } else {
-      throw UsageError(launch->launcher + " local rank " + std::to_string(launch->local_rank) +
-                       " has no GPU: this machine has " + std::to_string(gpus));
-    }
-  }
-  if (devices.size() == 1 && devices[0].is_cpu()) {
-    world.local_devices = devices;
-  } else if (local < devices.size()) {
-    world.local_devices = {devices[local]};
-  } else {
-    throw UsageError("--devices lists " + std::to_string(devices.size()) +
-                     " device(s) but this is local rank " + std::to_string(local));
-  }
-  return world;
-}
-
-// The backend the user named, else NCCL where every replica is a GPU and NCCL was built.
-dptrain::Backend choose_backend(const dptrain::TrainCommand& command,
-                                const dptrain::WorldPlan& world) {
-  if (command.backend) {
-    return *command.backend == "nccl" ? dptrain::Backend::kNccl : dptrain::Backend::kGloo;
-  }
-  const bool all_cuda = world.local_devices.front().is_cuda();
-  return all_cuda && dptrain::backend_available(dptrain::Backend::kNccl) ? dptrain::Backend::kNccl
-                                                                         : dptrain::Backend::kGloo;
-}
-
 int run_train(dptrain::TrainCommand command) {
-  const auto world = plan_world(command);
+  const auto world =
+      dptrain::plan_world(command.devices, command.gpus, dptrain::read_launch_environment(),
+                          dptrain::cuda_device_count());
   auto& options = command.options;
-  options.backend = choose_backend(command, world);
+  options.backend = dptrain::choose_backend(command.backend, world,
+                                            dptrain::backend_available(dptrain::Backend::kNccl));
   dptrain::check_world(options, world);  // usage mistakes before the data is loaded
   if (command.metrics) dptrain::check_metrics_path(*command.metrics);
   if (command.plot) dptrain::check_plot_path(*command.plot);
@@ -251,9 +199,12 @@ int run_download(const dptrain::DownloadCommand& command) {
 }
 
 int run_eval(dptrain::EvalCommand command) {
-  const auto world = plan_world(command.common);
+  const auto world =
+      dptrain::plan_world(command.common.devices, command.common.gpus,
+                          dptrain::read_launch_environment(), dptrain::cuda_device_count());
   auto& options = command.common.options;
-  options.backend = choose_backend(command.common, world);
+  options.backend = dptrain::choose_backend(command.common.backend, world,
+                                            dptrain::backend_available(dptrain::Backend::kNccl));
   dptrain::check_world(options, world);
   const auto weights = load_weights(command);
   const auto data_dir = dptrain::resolve_data_dir(command.common.data_dir);

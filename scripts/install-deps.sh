@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Installs what dptrain needs on Debian 12 (run as root, or with sudo available):
 # the compiler and CMake, Debian's CPU LibTorch 1.13 with Gloo headers, cxxopts, GoogleTest,
-# zlib, libcurl, the real Fashion-MNIST, Debian's python3-torch (torchrun for the multi-process
-# tests), Chromium (the plot test renders the SVG headless) and valgrind (the layout test).
+# zlib, libcurl, OpenSSL's libcrypto, the real Fashion-MNIST, Debian's python3-torch (torchrun for
+# the multi-process tests), Chromium and libpng (the plot test renders the SVG headless and reads
+# the screenshot) and valgrind (the memory-layout test).
 # Arguments name more packages to install with them (scripts/fuzz.sh passes clang's).
 set -euo pipefail
 
@@ -11,6 +12,8 @@ packages=(
   libtorch-dev libgloo-dev      # LibTorch 1.13 (CPU) and the Gloo headers c10d needs
   libcxxopts-dev libgtest-dev zlib1g-dev
   libcurl4-openssl-dev          # dptrain download: http, https and file URLs
+  libssl-dev                    # libcrypto's SHA-256, checking the downloaded files
+  libpng-dev                    # the plot test decodes Chromium's PNG screenshots
   dataset-fashion-mnist         # /usr/share/datasets/fashion-mnist
   python3-torch                 # torchrun, for the multi-process tests
   python3-venv                  # quickstart.sh keeps the CUDA LibTorch of a GPU machine in a venv

@@ -1,6 +1,6 @@
-// Reads the PNG screenshots headless Chromium writes and measures how much is drawn on them, so a
-// test can tell a rendered plot from a blank page. Only what Chromium writes: 8-bit RGB or RGBA,
-// not interlaced. Palettes, grey, 16-bit and Adam7 are refused, not decoded.
+// Reads the PNG screenshots headless Chromium writes (decoded by libpng) and measures how much is
+// drawn on them, so a test can tell a rendered plot from a blank page. 8-bit images only: libpng
+// would convert 16-bit ones from linear light, so they are refused rather than altered.
 #pragma once
 
 #include <cstdint>
@@ -15,9 +15,9 @@ struct RgbImage {
   std::vector<uint8_t> rgb;  // (height, width, 3); RGBA is composited over white
 };
 
-// Decodes a whole PNG file image: checks the signature and every chunk's CRC, inflates the IDAT
-// stream with zlib and undoes each row's filter (None, Sub, Up, Average, Paeth). Throws
-// std::runtime_error saying what is wrong.
+// Decodes a whole PNG file image with libpng's simplified API (which checks the signature and
+// every CRC). Grey and palette images come out as RGB. Throws std::runtime_error with libpng's
+// reason.
 RgbImage decode_png(const std::vector<uint8_t>& bytes);
 RgbImage read_png(const std::string& path);
 

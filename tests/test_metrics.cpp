@@ -1,9 +1,10 @@
-// Tests for metrics.h: the exact CSV and JSON Lines text, bit-exact round trips, appending after a
-// resume (no second header, a cut-off line dropped) and the errors for bad paths and bad files.
+// Tests for metrics.h: the exact CSV and JSON Lines text, numbers that read back bit for bit, each
+// epoch on disk before the next, and the errors for bad paths.
 // Not here: the plot drawn from the records (test_plot.cpp).
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <fstream>
 #include <functional>
 #include <limits>
@@ -90,9 +91,8 @@ void expect_same_records(const std::vector<EpochRecord>& expected,
   }
 }
 
-void write_all(const std::string& path, const std::vector<EpochRecord>& records,
-               bool append = false) {
-  MetricsWriter writer(path, append);
+void write_all(const std::string& path, const std::vector<EpochRecord>& records) {
+  MetricsWriter writer(path);
   for (const auto& r : records) writer.write(r);
 }
 
@@ -183,18 +183,60 @@ TEST(MetricsText, MakeEpochRecordJoinsDevices) {
 // ============================================================================================
 // Round trips
 
+// The numbers of each record in `text` (CSV rows or JSON Lines), in column order from epoch to lr,
+// read with strtod; a missing value is NaN. Enough parsing for records whose devices hold no
+// newline: the numbers come first, so the first eight comma-separated pieces are they (in JSON,
+// after their "key":).
+std::vector<std::vector<double>> numbers_in(const std::string& text) {
+  std::vector<std::vector<double>> rows;
+  std::istringstream lines(text);
+  for (std::string line; std::getline(lines, line);) {
+    std::istringstream pieces(line);
+    std::vector<double> row;
+    for (std::string piece; row.size() < 8 && std::getline(pieces, piece, ',');) {
+      piece = piece.substr(piece.rfind(':') + 1);  // npos + 1 == 0: the whole CSV field
+      char* end = nullptr;
+      row.push_back(piece.empty() || piece == "null" ? kNaN : std::strtod(piece.c_str(), &end));
+      if (end != nullptr) {
+        EXPECT_EQ(*end, '\0') << "not a number: " << piece;
+      }
+    }
+    rows.push_back(row);
+  }
+  return rows;
+}
+
 class MetricsRoundTrip : public ::testing::TestWithParam<std::string> {};
 
-TEST_P(MetricsRoundTrip, ReadsBackBitForBit) {
+TEST_P(MetricsRoundTrip, NumbersReadBackBitForBit) {
   TempDir dir;
   const std::string path = dir.file("m." + GetParam());
   std::vector<EpochRecord> records = two_epochs();
   records.push_back(record(3, 1.0 / 3, 0.1 + 0.2, 1e-300, std::numeric_limits<double>::max(),
-                           5e-324, -0.0, 2.0 / 3, "cuda:0,\"odd\" name\n\\ é"));
+                           5e-324, -0.0, 2.0 / 3, "cuda:0"));
   records.push_back(
       record(-1, 123456789.123456789, 0.7, 6.02214076e23, 0, 0.015625, 1e22, 1e-5, ""));
   write_all(path, records);
-  expect_same_records(records, read_metrics(path));
+  std::string text = read_text(path);
+  if (GetParam() == "csv") {
+    ASSERT_EQ(text.rfind(kCsvHeader, 0), 0u);
+    text = text.substr(sizeof kCsvHeader - 1);
+  }
+  const std::vector<std::vector<double>> rows = numbers_in(text);
+  ASSERT_EQ(rows.size(), records.size());
+  for (size_t i = 0; i < records.size(); ++i) {
+    SCOPED_TRACE("record " + std::to_string(i));
+    const EpochRecord& r = records[i];
+    ASSERT_EQ(rows[i].size(), 8u);
+    EXPECT_EQ(rows[i][0], static_cast<double>(r.epoch));
+    expect_same_double(r.train_loss, rows[i][1], "train_loss");
+    expect_same_double(r.train_acc, rows[i][2], "train_acc");
+    expect_same_double(r.test_loss, rows[i][3], "test_loss");
+    expect_same_double(r.test_acc, rows[i][4], "test_acc");
+    expect_same_double(r.seconds, rows[i][5], "seconds");
+    expect_same_double(r.images_per_second, rows[i][6], "images_per_second");
+    expect_same_double(r.lr, rows[i][7], "lr");
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Metrics, MetricsRoundTrip, ::testing::Values("csv", "jsonl", "ndjson"));
@@ -205,66 +247,18 @@ TEST(MetricsWriter, EachRecordIsOnDiskBeforeTheNextEpoch) {
   EXPECT_EQ(read_text(dir.file("m.csv")), "");  // the header comes with the first record
   writer.write(two_epochs()[0]);
   // Read through another descriptor while the writer is still open, as after a crash.
-  EXPECT_EQ(read_metrics(dir.file("m.csv")).size(), 1u);
+  EXPECT_EQ(read_text(dir.file("m.csv")),
+            std::string(kCsvHeader) + "1,0.5,0.8125,0.4375,0.84375,12.5,4800,0.1,\"cpu,cpu\"\n");
   writer.write(two_epochs()[1]);
-  EXPECT_EQ(read_metrics(dir.file("m.csv")).size(), 2u);
+  EXPECT_EQ(read_text(dir.file("m.csv")), std::string(kCsvHeader) + kCsvRows);
 }
 
-// ============================================================================================
-// Appending after a resume
-
-TEST(MetricsWriter, AppendAddsNoSecondHeader) {
+TEST(MetricsWriter, AnExistingFileStartsOver) {
   TempDir dir;
   const std::string path = dir.file("m.csv");
-  write_all(path, {two_epochs()[0]});
-  write_all(path, {two_epochs()[1]}, /*append=*/true);
+  write_text(path, "step,loss\n1,0.5\n2,0.");
+  write_all(path, two_epochs());
   EXPECT_EQ(read_text(path), std::string(kCsvHeader) + kCsvRows);
-}
-
-TEST(MetricsWriter, AppendToAMissingOrEmptyFileWritesTheHeader) {
-  TempDir dir;
-  write_all(dir.file("new.csv"), two_epochs(), /*append=*/true);
-  EXPECT_EQ(read_text(dir.file("new.csv")), std::string(kCsvHeader) + kCsvRows);
-  write_text(dir.file("empty.csv"), "");
-  write_all(dir.file("empty.csv"), two_epochs(), /*append=*/true);
-  EXPECT_EQ(read_text(dir.file("empty.csv")), std::string(kCsvHeader) + kCsvRows);
-}
-
-TEST(MetricsWriter, AppendJsonLines) {
-  TempDir dir;
-  const std::string path = dir.file("m.jsonl");
-  write_all(path, {two_epochs()[0]});
-  write_all(path, {two_epochs()[1]}, /*append=*/true);
-  EXPECT_EQ(read_text(path), kJsonLines);
-}
-
-TEST(MetricsWriter, AppendDropsALineCutShortByACrash) {
-  TempDir dir;
-  const std::string csv = dir.file("m.csv");
-  write_text(csv, std::string(kCsvHeader) +
-                      "1,0.5,0.8125,0.4375,0.84375,12.5,4800,0.1,\"cpu,cpu\"\n"
-                      "2,0.3,0.");
-  write_all(csv, {two_epochs()[1]}, /*append=*/true);
-  EXPECT_EQ(read_text(csv), std::string(kCsvHeader) + kCsvRows);
-
-  const std::string jsonl = dir.file("m.jsonl");
-  write_text(jsonl, "{\"epoch\":1,\"train_lo");
-  write_all(jsonl, two_epochs(), /*append=*/true);
-  EXPECT_EQ(read_text(jsonl), kJsonLines);
-}
-
-TEST(MetricsWriter, AppendRefusesACsvWithAnotherHeader) {
-  TempDir dir;
-  const std::string path = dir.file("m.csv");
-  write_text(path, "step,loss\n1,0.5\n");
-  testing::expect_data_error([&] { MetricsWriter writer(path, /*append=*/true); },
-                             {path, "header"});
-  EXPECT_EQ(read_text(path), "step,loss\n1,0.5\n");  // left as it was
-}
-
-TEST(MetricsWriter, WithoutAppendTheFileStartsOver) {
-  TempDir dir;
-  const std::string path = dir.file("m.csv");
   write_all(path, {two_epochs()[1]});
   write_all(path, two_epochs());
   EXPECT_EQ(read_text(path), std::string(kCsvHeader) + kCsvRows);
@@ -279,104 +273,6 @@ TEST(MetricsWriter, UnwritablePathIsADataError) {
   testing::expect_data_error([&] { MetricsWriter writer(dir.file("a_directory.jsonl")); },
                              {dir.file("a_directory.jsonl")});
 }
-
-// ============================================================================================
-// Reading bad files
-
-TEST(MetricsReader, EmptyFileAndBlankLines) {
-  TempDir dir;
-  write_text(dir.file("empty.csv"), "");
-  EXPECT_TRUE(read_metrics(dir.file("empty.csv")).empty());
-  write_text(dir.file("header.csv"), kCsvHeader);
-  EXPECT_TRUE(read_metrics(dir.file("header.csv")).empty());
-  write_text(dir.file("blank.csv"), std::string("\n") + kCsvHeader + "\n" + kCsvRows + "\r\n\n");
-  expect_same_records(two_epochs(), read_metrics(dir.file("blank.csv")));
-  write_text(dir.file("blank.jsonl"), std::string("\n  \n") + kJsonLines + "\n");
-  expect_same_records(two_epochs(), read_metrics(dir.file("blank.jsonl")));
-}
-
-TEST(MetricsReader, WindowsLineEndingsAndUnknownJsonKeys) {
-  TempDir dir;
-  std::string crlf = std::string(kCsvHeader) + kCsvRows;
-  for (size_t at = crlf.find('\n'); at != std::string::npos; at = crlf.find('\n', at + 2)) {
-    crlf.insert(at, "\r");
-  }
-  write_text(dir.file("crlf.csv"), crlf);
-  expect_same_records(two_epochs(), read_metrics(dir.file("crlf.csv")));
-  write_text(dir.file("extra.jsonl"),
-             "{ \"note\" : \"x\\u00e9\\ud83d\\ude00\", \"epoch\":1,\"train_loss\":5E-1,"
-             "\"train_acc\":0.8125,\"test_loss\":0.4375,\"test_acc\":0.84375,\"seconds\":12.5,"
-             "\"images_per_second\":4.8e3,\"lr\":0.1,\"devices\":\"cpu\\u002ccpu\"}\n");
-  expect_same_records({two_epochs()[0]}, read_metrics(dir.file("extra.jsonl")));
-}
-
-TEST(MetricsReader, MissingFileIsADataError) {
-  TempDir dir;
-  testing::expect_data_error([&] { read_metrics(dir.file("absent.csv")); },
-                             {dir.file("absent.csv"), "No such file or directory"});
-}
-
-struct BadFile {
-  const char* name;
-  const char* extension;
-  const char* content;
-  const char* phrase;  // the message must name it, as well as the path
-};
-
-class MetricsBadFile : public ::testing::TestWithParam<BadFile> {};
-
-TEST_P(MetricsBadFile, IsADataErrorNamingTheLine) {
-  TempDir dir;
-  const std::string path = dir.file(std::string("bad.") + GetParam().extension);
-  write_text(path, GetParam().content);
-  testing::expect_data_error([&] { read_metrics(path); }, {path, GetParam().phrase});
-}
-
-const char kRow1[] = "1,0.5,0.8125,0.4375,0.84375,12.5,4800,0.1,cpu\n";
-
-INSTANTIATE_TEST_SUITE_P(
-    Metrics, MetricsBadFile,
-    ::testing::Values(
-        BadFile{"CsvOtherHeader", "csv", "epoch,loss\n1,2\n", "line 1: the header"},
-        BadFile{"CsvFewFields", "csv",
-                "epoch,train_loss,train_acc,test_loss,test_acc,seconds,images_per_second,lr,"
-                "devices\n1,0.5\n",
-                "line 2: 2 fields, expected 9"},
-        BadFile{"CsvBadNumber", "csv",
-                "epoch,train_loss,train_acc,test_loss,test_acc,seconds,images_per_second,lr,"
-                "devices\n1,abc,1,1,1,1,1,1,cpu\n",
-                "line 2: train_loss \"abc\""},
-        BadFile{"CsvFractionalEpoch", "csv",
-                "epoch,train_loss,train_acc,test_loss,test_acc,seconds,images_per_second,lr,"
-                "devices\n1.5,1,1,1,1,1,1,1,cpu\n",
-                "line 2: epoch \"1.5\""},
-        BadFile{"CsvUnclosedQuote", "csv",
-                "epoch,train_loss,train_acc,test_loss,test_acc,seconds,images_per_second,lr,"
-                "devices\n1,1,1,1,1,1,1,1,\"cpu\n",
-                "line 2: a quoted field is never closed"},
-        BadFile{"CsvTextAfterQuote", "csv",
-                "epoch,train_loss,train_acc,test_loss,test_acc,seconds,images_per_second,lr,"
-                "devices\n1,1,1,1,1,1,1,1,\"cpu\"x\n",
-                "line 2: text after a closing quote"},
-        BadFile{"CsvBinary", "csv", "\x89PNG\r\n\x1a\n\xff\xfe", "line 1"},
-        BadFile{"JsonNotAnObject", "jsonl", "[1,2]\n", "line 1: expected '{'"},
-        BadFile{"JsonMissingField", "jsonl", "{\"epoch\":1}\n", "line 1: no \"train_loss\""},
-        BadFile{"JsonCutShort", "jsonl", "{\"epoch\":1,", "line 1"},
-        BadFile{"JsonNested", "jsonl", "{\"epoch\":{\"a\":1}}", "line 1: the value of \"epoch\""},
-        BadFile{"JsonBoolean", "jsonl", "{\"epoch\":true}", "line 1: the value of \"epoch\""},
-        BadFile{"JsonTrailingText", "jsonl", "{\"epoch\":1} x", "line 1: text after"},
-        BadFile{"JsonBadEscape", "jsonl", "{\"e\\q\":1}", "line 1: an unknown escape"},
-        BadFile{"JsonLoneSurrogate", "jsonl", "{\"e\\ud800\":1}", "line 1: a lone UTF-16"},
-        BadFile{"JsonBadNumber", "jsonl",
-                "\n{\"epoch\":1,\"train_loss\":1e,\"train_acc\":1,\"test_loss\":1,"
-                "\"test_acc\":1,\"seconds\":1,\"images_per_second\":1,\"lr\":1,\"devices\":\"\"}",
-                "line 2: train_loss \"1e\""},
-        BadFile{"JsonNullEpoch", "jsonl",
-                "{\"epoch\":null,\"train_loss\":1,\"train_acc\":1,\"test_loss\":1,"
-                "\"test_acc\":1,\"seconds\":1,\"images_per_second\":1,\"lr\":1,\"devices\":\"\"}",
-                "line 1: epoch"},
-        BadFile{"JsonControlCharacter", "jsonl", "{\"a\x01\":1}", "line 1: a control character"}),
-    [](const ::testing::TestParamInfo<BadFile>& info) { return std::string(info.param.name); });
 
 }  // namespace
 }  // namespace dptrain

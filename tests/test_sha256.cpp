@@ -1,7 +1,9 @@
-// Tests of our SHA-256 (sha256.h) against the FIPS 180-2 appendix B examples and sha256sum.
+// Tests of the SHA-256 wrapper (sha256.h) against the FIPS 180-2 appendix B examples: the
+// digest is OpenSSL's, the feeding in pieces, the hex text and the file reading are ours.
 // Not here: the download that uses it (test_download.cpp).
 #include <gtest/gtest.h>
 
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -54,31 +56,11 @@ INSTANTIATE_TEST_SUITE_P(
         KnownDigest{std::string(1000000, 'a'),
                     "cdc76e5c9914fb9281a1c7e284d73e67f1809a48a497200e046d39ccc7112cd0"}));
 
-// Lengths around the padding boundaries (55, 56, 63, 64 bytes and beyond), fed in uneven chunks,
-// against the digest of the same bytes fed at once.
-TEST(Sha256, UnevenChunksAroundBlockBoundaries) {
-  for (size_t length : {55u, 56u, 57u, 63u, 64u, 65u, 119u, 120u, 128u, 1000u}) {
-    std::string message(length, '\0');
-    for (size_t i = 0; i < length; ++i) message[i] = static_cast<char>(i * 7 + 3);
-    const std::string whole = sha256_hex(message);
-    Sha256 hash;
-    size_t at = 0;
-    for (size_t chunk = 1; at < length; chunk = chunk * 3 % 71 + 1) {
-      const size_t take = std::min(chunk, length - at);
-      hash.update(message.data() + at, take);
-      at += take;
-    }
-    EXPECT_EQ(hash.hex_digest(), whole) << "length " << length;
-  }
-}
-
-TEST(Sha256, ResetStartsANewMessage) {
+TEST(Sha256, ASecondDigestIsRefused) {
   Sha256 hash;
-  hash.update(std::string("something else"));
-  EXPECT_NE(hash.hex_digest(), sha256_hex("abc"));
-  hash.reset();
   hash.update(std::string("abc"));
   EXPECT_EQ(hash.hex_digest(), sha256_hex("abc"));
+  EXPECT_THROW(hash.hex_digest(), std::runtime_error);
 }
 
 TEST(Sha256, FileDigestEqualsStringDigest) {

@@ -1,7 +1,8 @@
 # The one place where dptrain finds outside libraries.
 # LibTorch: find_package(Torch) -- Debian's 1.13 by default, or a CUDA LibTorch 2.x through
 # CMAKE_PREFIX_PATH. cxxopts, GoogleTest and zlib: Debian's packages, else a pinned FetchContent.
-# libcurl (dptrain download): the system's, found by find_package(CURL).
+# libcurl (dptrain download) and OpenSSL's libcrypto (its SHA-256): the system's, found by
+# find_package. libpng (the plot test reads Chromium's screenshots): the system's, tests only.
 include(FetchContent)
 
 # ---- LibTorch ---------------------------------------------------------------
@@ -34,6 +35,9 @@ find_package(ZLIB REQUIRED)
 
 # ---- libcurl: fetching the data set (http, https, file) ----------------------------
 find_package(CURL REQUIRED)
+
+# ---- OpenSSL's libcrypto: SHA-256 of the downloaded files (sha256.h) -----------------
+find_package(OpenSSL REQUIRED COMPONENTS Crypto)
 
 # ---- Python with torch: torchrun for the multi-process tests ----------------------
 # The first interpreter whose torch has the same major.minor version as the LibTorch found:
@@ -82,4 +86,6 @@ if(BUILD_TESTING)
     FetchContent_MakeAvailable(googletest)
   endif()
   include(GoogleTest)
+  # libpng: the plot test decodes headless Chromium's PNG screenshots (tests/png_check.h).
+  find_package(PNG REQUIRED)
 endif()

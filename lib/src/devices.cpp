@@ -15,7 +15,7 @@ int cuda_device_count() {
 
 namespace {
 
-torch::Device parse_one_device(const std::string& text) {
+torch::Device parse_one_device(const std::string& text, int available) {
   if (text == "cpu") return torch::Device(torch::kCPU);
   if (text.rfind("cuda", 0) != 0) {
     throw UsageError("--devices: '" + text + "' is not a device; expected cpu or cuda:N");
@@ -29,7 +29,6 @@ torch::Device parse_one_device(const std::string& text) {
     }
     index = std::stoi(number);
   }
-  const int available = cuda_device_count();
   if (available == 0) {
     throw UsageError("--devices: '" + text +
                      "' needs CUDA, but this machine (or this build of LibTorch) has no GPU");
@@ -44,7 +43,7 @@ torch::Device parse_one_device(const std::string& text) {
 
 }  // namespace
 
-std::vector<torch::Device> parse_device_list(const std::string& list) {
+std::vector<torch::Device> parse_device_list(const std::string& list, int cuda_devices) {
   std::vector<torch::Device> devices;
   if (!list.empty() && list.back() == ',') {
     throw UsageError("--devices: empty entry in '" + list + "'");
@@ -56,15 +55,14 @@ std::vector<torch::Device> parse_device_list(const std::string& list) {
     const auto last = item.find_last_not_of(' ');
     item = first == std::string::npos ? "" : item.substr(first, last - first + 1);
     if (item.empty()) throw UsageError("--devices: empty entry in '" + list + "'");
-    devices.push_back(parse_one_device(item));
+    devices.push_back(parse_one_device(item, cuda_devices));
   }
   if (devices.empty()) throw UsageError("--devices: no device given");
   return devices;
 }
 
-std::vector<torch::Device> first_gpus(int count) {
+std::vector<torch::Device> first_gpus(int count, int available) {
   if (count <= 0) throw UsageError("--gpus: must be at least 1, got " + std::to_string(count));
-  const int available = cuda_device_count();
   if (available < count) {
     throw UsageError("--gpus " + std::to_string(count) + ": this machine has " +
                      std::to_string(available) + " usable GPU(s)" +
@@ -75,11 +73,6 @@ std::vector<torch::Device> first_gpus(int count) {
     devices.emplace_back(torch::kCUDA, static_cast<c10::DeviceIndex>(i));
   }
   return devices;
-}
-
-std::vector<torch::Device> default_devices() {
-  if (cuda_device_count() > 0) return {torch::Device(torch::kCUDA, 0)};
-  return {torch::Device(torch::kCPU)};
 }
 
 std::string device_name(const torch::Device& device) {

@@ -9,17 +9,15 @@
 
 namespace dptrain {
 
-// Parses a comma list such as "cpu,cpu" or "cuda:0,cuda:1"; "cuda" means cuda:0. Throws
-// UsageError naming the bad entry, or a CUDA device this machine does not have.
-std::vector<torch::Device> parse_device_list(const std::string& list);
-
-// cuda:0 .. cuda:(count-1); a UsageError when fewer GPUs exist.
-std::vector<torch::Device> first_gpus(int count);
-
-// The first GPU when there is one, else the CPU.
-std::vector<torch::Device> default_devices();
-
+// The number of GPUs this process can use: 0 without CUDA or with a CPU-only LibTorch.
 int cuda_device_count();
+
+// Parses a comma list such as "cpu,cpu" or "cuda:0,cuda:1"; "cuda" means cuda:0. Throws
+// UsageError naming the bad entry, or a CUDA device beyond the machine's `cuda_devices`.
+std::vector<torch::Device> parse_device_list(const std::string& list, int cuda_devices);
+
+// cuda:0 .. cuda:(count-1); a UsageError when the machine has fewer than `count`.
+std::vector<torch::Device> first_gpus(int count, int cuda_devices);
 
 // "cpu", "cuda:0"
 std::string device_name(const torch::Device& device);

@@ -1,8 +1,12 @@
-// The figures of one training epoch, as printed, recorded in metrics files and kept in
-// checkpoints. Plain data: who computes them is train.h, who formats them is report.h.
+// The figures a run produces: each epoch's (printed, recorded in metrics files, kept in
+// checkpoints), the progress inside one, the whole run's and an evaluation's. Plain data, free of
+// LibTorch: who computes them is train.h, who formats them is report.h and metrics.h.
 #pragma once
 
 #include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
 
 namespace dptrain {
 
@@ -16,6 +20,39 @@ struct EpochStats {
   double seconds = 0;  // training only, devices synchronised
   double images_per_second = 0;
   int64_t steps = 0;
+};
+
+// Where an epoch is, for a progress bar: read from this process's first replica every
+// TrainOptions::progress_every steps (reading makes the host wait for the device).
+struct ProgressStats {
+  int64_t epoch = 0;  // 1-based
+  int64_t epochs = 0;
+  int64_t step = 0;  // steps done in this epoch
+  int64_t steps_in_epoch = 0;
+  int64_t images = 0;       // global examples trained on in this epoch so far
+  double seconds = 0;       // since this epoch (or its resumed part) started
+  double running_loss = 0;  // this replica's shard: mean loss and accuracy so far this epoch
+  double running_acc = 0;
+};
+
+// What train() returns (train.h).
+struct TrainResult {
+  std::vector<EpochStats> epochs;    // every finished epoch, those before a resume included
+  std::vector<std::string> devices;  // every rank's device, in rank order
+  int world_size = 1;
+  int64_t parameter_count = 0;
+  std::optional<std::string> resumed_from;  // the checkpoint the run started from
+  std::optional<std::string> last_checkpoint;
+  int stopped_by = 0;         // the signal that stopped the run early, or 0
+  int64_t skipped_steps = 0;  // steps left out under NonFinite::kSkip
+};
+
+// What evaluate_weights() returns (train.h).
+struct EvalResult {
+  double test_loss = 0;
+  double test_acc = 0;
+  int64_t examples = 0;
+  std::vector<std::string> devices;  // every rank's device, in rank order
 };
 
 }  // namespace dptrain

@@ -1,18 +1,19 @@
 // The machine-readable record of a run: one line per epoch in a CSV or JSON Lines file (the
-// --metrics flag), each written and synced as soon as the epoch ends, and a reader for such files.
-// Not here: what a person reads on the terminal (report.h) or the figure drawn from it (plot.h).
+// --metrics flag), each written and synced as soon as the epoch ends. Written anew by each run
+// (a resumed run rewrites the epochs its checkpoint holds). Not here: what a person reads on the
+// terminal (report.h) or the figure drawn from it (plot.h).
 #pragma once
 
 #include <cstdint>
 #include <string>
 #include <vector>
 
-#include "dptrain/train.h"
+#include "dptrain/epoch_stats.h"
 
 namespace dptrain {
 
 // One epoch as the metrics file holds it. Non-finite figures are written as missing values
-// (an empty CSV field, JSON null) and read back as NaN.
+// (an empty CSV field, JSON null).
 struct EpochRecord {
   int64_t epoch = 0;  // 1-based
   double train_loss = 0;
@@ -49,12 +50,9 @@ std::string format_metrics_record(const EpochRecord& record, MetricsFormat forma
 // fsync, so a crash keeps every epoch finished before it.
 class MetricsWriter {
  public:
-  // Opens `path` (format from check_metrics_path). With `append` (a resumed run), records go after
-  // the file's content; a CSV that already has content gets no second header, and a last line cut
-  // short by a crash is dropped first. Without it the file is truncated. Throws UsageError for
-  // the extension, DataError (path and reason) when the file cannot be opened, or when appending
-  // to a CSV whose header differs from metrics_csv_header().
-  explicit MetricsWriter(const std::string& path, bool append = false);
+  // Creates or truncates `path` (format from check_metrics_path). Throws UsageError for the
+  // extension, DataError (path and reason) when the file cannot be opened.
+  explicit MetricsWriter(const std::string& path);
   ~MetricsWriter();
   MetricsWriter(const MetricsWriter&) = delete;
   MetricsWriter& operator=(const MetricsWriter&) = delete;
@@ -69,12 +67,7 @@ class MetricsWriter {
   std::string path_;
   MetricsFormat format_;
   int fd_ = -1;
-  bool needs_header_ = false;  // CSV only: the file is empty, so the next write starts with it
+  bool needs_header_ = false;  // CSV only: the next write starts with the header
 };
-
-// Every record in the metrics file at `path`, in file order (format from the extension). Blank
-// lines are skipped. Throws UsageError for the extension and DataError naming the path and line
-// for a missing file or anything malformed: a wrong header, a bad number, a missing field.
-std::vector<EpochRecord> read_metrics(const std::string& path);
 
 }  // namespace dptrain

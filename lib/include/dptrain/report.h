@@ -5,7 +5,7 @@
 #include <string>
 #include <vector>
 
-#include "dptrain/train.h"
+#include "dptrain/epoch_stats.h"
 
 namespace dptrain {
 

@@ -1,36 +1,34 @@
-// SHA-256 (FIPS 180-4), fed incrementally, for checking downloaded files against known digests.
-// Not a general crypto library: no HMAC, no other hash, no constant-time guarantees.
+// SHA-256 digests for checking downloaded files against known values, computed by OpenSSL's EVP
+// interface (libcrypto, which libcurl loads anyway). Not a crypto API: hex digests only.
 #pragma once
 
-#include <array>
 #include <cstddef>
-#include <cstdint>
 #include <string>
+
+struct evp_md_ctx_st;  // OpenSSL's EVP_MD_CTX, kept out of this header
 
 namespace dptrain {
 
+// A digest fed incrementally, for data that arrives in pieces.
 class Sha256 {
  public:
-  Sha256();
+  Sha256();  // throws std::runtime_error when libcrypto cannot start a SHA-256 digest
+  ~Sha256();
+  Sha256(const Sha256&) = delete;
+  Sha256& operator=(const Sha256&) = delete;
 
-  // Appends `size` bytes to the message. May be called any number of times, with any split.
+  // Appends `size` bytes to the message, with any split. Never throws (it runs inside libcurl's
+  // callbacks); a failure inside libcrypto is reported by hex_digest().
   void update(const void* data, size_t size);
   void update(const std::string& bytes) { update(bytes.data(), bytes.size()); }
 
-  // Pads and finishes the message; returns the 64-character lower-case hex digest. The object
-  // must not be updated afterwards (reset() starts a new message).
+  // Finishes the message: the 64-character lower-case hex digest. Call it once, last. Throws
+  // std::runtime_error when libcrypto failed, or when called again.
   std::string hex_digest();
 
-  void reset();
-
  private:
-  void compress(const uint8_t* block);  // one 64-byte block
-
-  std::array<uint32_t, 8> state_;
-  std::array<uint8_t, 64> buffer_;  // the unprocessed tail of the message
-  size_t buffered_ = 0;             // bytes used in buffer_
-  uint64_t total_bytes_ = 0;        // message length so far
-  bool finished_ = false;
+  evp_md_ctx_st* context_;
+  bool usable_ = true;  // false once libcrypto failed or the digest is finished
 };
 
 // The hex digest of a whole string, or of a whole file (throws DataError naming the path when it

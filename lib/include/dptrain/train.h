@@ -22,6 +22,7 @@
 #include "dptrain/memory_format.h"
 #include "dptrain/reducer.h"
 #include "dptrain/rendezvous.h"
+#include "dptrain/world_plan.h"
 
 namespace dptrain {
 
@@ -65,40 +66,6 @@ struct TrainOptions {
   int64_t progress_every = 0;  // steps between progress callbacks; 0 = none
 };
 
-// Where this process stands: all replicas in this process (one thread per device), or one rank
-// of a multi-process world launched by torchrun or Slurm.
-struct WorldPlan {
-  std::vector<torch::Device> local_devices;  // one replica per entry
-  int first_rank = 0;                        // global rank of local_devices[0]
-  int world_size = 1;
-  bool multi_process = false;
-  LaunchEnvironment launch;  // multi-process only: where the ranks meet
-};
-
-struct TrainResult {
-  std::vector<EpochStats> epochs;    // every finished epoch, those before a resume included
-  std::vector<std::string> devices;  // every rank's device, in rank order
-  int world_size = 1;
-  int64_t parameter_count = 0;
-  std::optional<std::string> resumed_from;  // the checkpoint the run started from
-  std::optional<std::string> last_checkpoint;
-  int stopped_by = 0;         // the signal that stopped the run early, or 0
-  int64_t skipped_steps = 0;  // steps left out under NonFinite::kSkip
-};
-
-// Where an epoch is, for a progress bar: read from this process's first replica every
-// TrainOptions::progress_every steps (reading makes the host wait for the device).
-struct ProgressStats {
-  int64_t epoch = 0;  // 1-based
-  int64_t epochs = 0;
-  int64_t step = 0;  // steps done in this epoch
-  int64_t steps_in_epoch = 0;
-  int64_t images = 0;       // global examples trained on in this epoch so far
-  double seconds = 0;       // since this epoch (or its resumed part) started
-  double running_loss = 0;  // this replica's shard: mean loss and accuracy so far this epoch
-  double running_acc = 0;
-};
-
 struct StepStats {
   int64_t epoch = 0;  // 1-based
   int64_t step = 0;   // 1-based, within the epoch
@@ -137,13 +104,6 @@ TrainResult train(const FashionMnist& data, const TrainOptions& options, const W
                   const TrainCallbacks& callbacks);
 TrainResult train(const FashionMnist& data, const TrainOptions& options, const WorldPlan& world,
                   const EpochCallback& on_epoch = nullptr, const StepCallback& on_step = nullptr);
-
-struct EvalResult {
-  double test_loss = 0;
-  double test_acc = 0;
-  int64_t examples = 0;
-  std::vector<std::string> devices;  // every rank's device, in rank order
-};
 
 // Evaluates the given weights (checkpoint tensors, named as in the model) on the test set,
 // sharded over the replicas of `world` as after each training epoch. Uses the width, threads,

@@ -1,0 +1,62 @@
+// Planning this process's replicas and backend. See world_plan.h.
+#include "dptrain/world_plan.h"
+
+#include "dptrain/devices.h"
+#include "dptrain/errors.h"
+
+namespace dptrain {
+
+namespace {
+
+// Under a launcher: the one device of local rank `launch.local_rank`, from those named.
+torch::Device device_of_local_rank(const std::vector<torch::Device>& named,
+                                   const LaunchEnvironment& launch, int cuda_devices) {
+  const auto local = static_cast<size_t>(launch.local_rank);
+  if (named.empty()) {
+    if (cuda_devices == 0) return torch::Device(torch::kCPU);
+    if (launch.local_rank < cuda_devices) {
+      return torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(launch.local_rank));
+    }
+    throw UsageError(launch.launcher + " local rank " + std::to_string(launch.local_rank) +
+                     " has no GPU: this machine has " + std::to_string(cuda_devices));
+  }
+  if (named.size() == 1 && named[0].is_cpu()) return named[0];
+  if (local < named.size()) return named[local];
+  throw UsageError("--devices lists " + std::to_string(named.size()) +
+                   " device(s) but this is local rank " + std::to_string(local));
+}
+
+}  // namespace
+
+WorldPlan plan_world(const std::optional<std::string>& devices, std::optional<int> gpus,
+                     const std::optional<LaunchEnvironment>& launch, int cuda_devices) {
+  std::vector<torch::Device> named;
+  if (gpus) {
+    named = first_gpus(*gpus, cuda_devices);
+  } else if (devices) {
+    named = parse_device_list(*devices, cuda_devices);
+  }
+  WorldPlan world;
+  if (!launch) {
+    if (named.empty()) {
+      named = {cuda_devices > 0 ? torch::Device(torch::kCUDA, 0) : torch::Device(torch::kCPU)};
+    }
+    world.local_devices = named;
+    world.world_size = static_cast<int>(named.size());
+    return world;
+  }
+  world.multi_process = true;
+  world.first_rank = launch->rank;
+  world.world_size = launch->world_size;
+  world.launch = *launch;
+  world.local_devices = {device_of_local_rank(named, *launch, cuda_devices)};
+  return world;
+}
+
+Backend choose_backend(const std::optional<std::string>& named, const WorldPlan& world,
+                       bool nccl_built) {
+  if (named) return *named == "nccl" ? Backend::kNccl : Backend::kGloo;
+  return world.local_devices.front().is_cuda() && nccl_built ? Backend::kNccl : Backend::kGloo;
+}
+
+}  // namespace dptrain

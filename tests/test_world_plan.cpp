@@ -1,0 +1,167 @@
+// Tests for world_plan.h: the replicas, ranks and backend chosen from the device flags, the
+// launcher's environment (given as a map) and a GPU count (given, so no GPU is needed), and the
+// errors when the devices asked for are not there. Not here: building the world (test_train.cpp).
+#include <gtest/gtest.h>
+
+#include <map>
+#include <optional>
+#include <ostream>
+#include <string>
+#include <vector>
+
+#include "dptrain/devices.h"
+#include "dptrain/errors.h"
+#include "dptrain/rendezvous.h"
+#include "dptrain/world_plan.h"
+
+namespace dptrain {
+namespace {
+
+using Env = std::map<std::string, std::string>;
+
+// torchrun's variables for rank `rank` of `world_size`, local rank `local_rank`.
+Env torchrun(int rank, int world_size, int local_rank) {
+  return {{"RANK", std::to_string(rank)},
+          {"WORLD_SIZE", std::to_string(world_size)},
+          {"LOCAL_RANK", std::to_string(local_rank)},
+          {"MASTER_ADDR", "127.0.0.1"},
+          {"MASTER_PORT", "29500"}};
+}
+
+struct PlanCase {
+  const char* name;
+  std::optional<std::string> devices;  // --devices
+  std::optional<int> gpus;             // --gpus
+  Env env;
+  int cuda_devices;
+  // The plan, or the error: `error` set means a UsageError whose message holds it.
+  std::vector<std::string> local_devices;
+  int first_rank = 0;
+  int world_size = 1;
+  const char* error = nullptr;
+};
+
+// gtest names a failing case by this rather than by its bytes.
+void PrintTo(const PlanCase& c, std::ostream* out) { *out << c.name; }
+
+class PlanWorld : public ::testing::TestWithParam<PlanCase> {};
+
+TEST_P(PlanWorld, DevicesAndRanks) {
+  const PlanCase& c = GetParam();
+  const auto launch = read_launch_environment(c.env);
+  if (c.error != nullptr) {
+    try {
+      plan_world(c.devices, c.gpus, launch, c.cuda_devices);
+      ADD_FAILURE() << "no UsageError; expected one saying \"" << c.error << "\"";
+    } catch (const UsageError& e) {
+      EXPECT_NE(std::string(e.what()).find(c.error), std::string::npos) << e.what();
+    }
+    return;
+  }
+  const WorldPlan world = plan_world(c.devices, c.gpus, launch, c.cuda_devices);
+  std::vector<std::string> names;
+  for (const auto& device : world.local_devices) names.push_back(device_name(device));
+  EXPECT_EQ(names, c.local_devices);
+  EXPECT_EQ(world.first_rank, c.first_rank);
+  EXPECT_EQ(world.world_size, c.world_size);
+  EXPECT_EQ(world.multi_process, launch.has_value());
+  if (launch) {
+    EXPECT_EQ(world.launch.local_rank, launch->local_rank);
+  }
+}
+
+const Env kNoLauncher{{"HOME", "/root"}};
+
+INSTANTIATE_TEST_SUITE_P(
+    WorldPlan, PlanWorld,
+    ::testing::Values(
+        // One process, replicas in threads.
+        PlanCase{"DefaultIsTheCpuWithoutGpus", {}, {}, kNoLauncher, 0, {"cpu"}},
+        PlanCase{"DefaultIsTheFirstGpu", {}, {}, kNoLauncher, 2, {"cuda:0"}},
+        PlanCase{
+            "DevicesAsListed", "cpu, cpu,cpu", {}, kNoLauncher, 0, {"cpu", "cpu", "cpu"}, 0, 3},
+        PlanCase{"GpusCountsFromZero", {}, 2, kNoLauncher, 4, {"cuda:0", "cuda:1"}, 0, 2},
+        PlanCase{
+            "CudaMeansTheFirstGpu", "cuda,cuda:1", {}, kNoLauncher, 2, {"cuda:0", "cuda:1"}, 0, 2},
+        PlanCase{"MoreGpusThanTheMachineHas",
+                 {},
+                 3,
+                 kNoLauncher,
+                 2,
+                 {},
+                 0,
+                 1,
+                 "--gpus 3: this machine has 2 usable GPU(s)"},
+        PlanCase{"GpuNamedWithoutCuda",
+                 "cuda:0",
+                 {},
+                 kNoLauncher,
+                 0,
+                 {},
+                 0,
+                 1,
+                 "--devices: 'cuda:0' needs CUDA"},
+        PlanCase{"GpuBeyondTheMachine",
+                 "cuda:2",
+                 {},
+                 kNoLauncher,
+                 2,
+                 {},
+                 0,
+                 1,
+                 "'cuda:2' does not exist; this machine has 2 GPU(s), cuda:0 to cuda:1"},
+        PlanCase{"NotADevice", "tpu", {}, kNoLauncher, 0, {}, 0, 1, "'tpu' is not a device"},
+        // Under a launcher, one replica per process.
+        PlanCase{"LauncherOnCpu", {}, {}, torchrun(3, 4, 1), 0, {"cpu"}, 3, 4},
+        PlanCase{"LauncherLocalRankPicksItsGpu", {}, {}, torchrun(3, 4, 1), 2, {"cuda:1"}, 3, 4},
+        PlanCase{"LauncherLocalRankWithoutAGpu",
+                 {},
+                 {},
+                 torchrun(2, 4, 2),
+                 2,
+                 {},
+                 0,
+                 1,
+                 "torchrun local rank 2 has no GPU: this machine has 2"},
+        PlanCase{"LauncherOneCpuServesEveryRank", "cpu", {}, torchrun(1, 2, 1), 0, {"cpu"}, 1, 2},
+        PlanCase{"LauncherPicksFromTheList",
+                 "cuda:1,cuda:0",
+                 {},
+                 torchrun(1, 2, 1),
+                 2,
+                 {"cuda:0"},
+                 1,
+                 2},
+        PlanCase{"LauncherListTooShort",
+                 "cuda:0",
+                 {},
+                 torchrun(1, 2, 1),
+                 2,
+                 {},
+                 0,
+                 1,
+                 "--devices lists 1 device(s) but this is local rank 1"},
+        PlanCase{"LauncherGpusFlag", {}, 2, torchrun(1, 2, 1), 2, {"cuda:1"}, 1, 2}),
+    [](const ::testing::TestParamInfo<PlanCase>& info) { return std::string(info.param.name); });
+
+TEST(ChooseBackend, NamedBackendWins) {
+  WorldPlan gpus;
+  gpus.local_devices = {torch::Device(torch::kCUDA, 0)};
+  EXPECT_EQ(choose_backend(std::string("gloo"), gpus, /*nccl_built=*/true), Backend::kGloo);
+  WorldPlan cpus;
+  cpus.local_devices = {torch::Device(torch::kCPU)};
+  EXPECT_EQ(choose_backend(std::string("nccl"), cpus, /*nccl_built=*/false), Backend::kNccl);
+}
+
+TEST(ChooseBackend, DefaultIsNcclOnlyForGpusWithNcclBuilt) {
+  WorldPlan gpus;
+  gpus.local_devices = {torch::Device(torch::kCUDA, 0), torch::Device(torch::kCUDA, 1)};
+  EXPECT_EQ(choose_backend(std::nullopt, gpus, /*nccl_built=*/true), Backend::kNccl);
+  EXPECT_EQ(choose_backend(std::nullopt, gpus, /*nccl_built=*/false), Backend::kGloo);
+  WorldPlan cpus;
+  cpus.local_devices = {torch::Device(torch::kCPU)};
+  EXPECT_EQ(choose_backend(std::nullopt, cpus, /*nccl_built=*/true), Backend::kGloo);
+}
+
+}  // namespace
+}  // namespace dptrain
