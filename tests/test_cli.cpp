@@ -4,6 +4,8 @@
 #include <dirent.h>
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
@@ -358,15 +360,55 @@ TEST(CliParse, FlagIsNotTakenAsTheValueOfAnother) {
   expect_parse_error({"train", "--data-dir", "--sync-bn"}, "--data-dir");
 }
 
-// cxxopts matches each argument with a std::regex whose matcher recurses once per character:
-// a "--flag=value" of 50000 characters crashed dptrain with a stack overflow. A path as long as
-// PATH_MAX still parses; an argument near Linux's 128 KiB limit is a usage error.
-TEST(CliParse, OverlongArgumentIsAUsageErrorNotACrash) {
+// cxxopts matches each argument it takes for a flag with a std::regex whose matcher recurses
+// once per character: a "--flag=value" of 50000 characters crashed dptrain with a stack
+// overflow (4000 under `ulimit -s 1024`, see CliStack). Arguments now reach the regex only as
+// our own short flag names, so any length parses, in linear time; a path longer than the system
+// takes is refused by name, and an unknown flag of any length is named, cut short.
+TEST(CliParse, LongArgumentsParseWithoutRecursion) {
   const std::string dir(4095, 'd');
   EXPECT_EQ(parse({"train", "--data-dir=" + dir}).train.data_dir, dir);
+  EXPECT_EQ(parse({"train", "--data-dir", dir}).train.data_dir, dir);
+  const std::string devices = "cpu" + std::string(131000, ' ');
+  EXPECT_EQ(parse({"train", "--devices=" + devices}).train.devices, devices);
   const std::string huge(131000, 'a');
-  expect_parse_error({"train", "--data-dir=" + huge}, "argument 2 ('--data-dir=aaa");
-  expect_parse_error({"train", "--epochs", "1", "-" + huge}, "argument 4");
+  expect_parse_error(
+      {"train", "--data-dir=" + huge},
+      "--data-dir: 'aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa...' (131000 characters) "
+      "is longer than the system allows for a path (4095 characters)");
+  expect_parse_error({"train", "--" + huge}, "unknown flag '--aaaaaa");
+  expect_parse_error({"train", "--" + huge + "=1"}, "(131002 characters)");
+  expect_parse_error({"train", "-" + huge}, "unknown flag '-aaaaa");
+  expect_parse_error({"train", huge}, "unexpected argument 'aaaa");
+  expect_parse_error({"train", "--epochs=" + std::string(131000, '1')}, "--epochs: '1111");
+  expect_parse_error({"train", "--sync-bn=" + huge}, "--sync-bn: 'aaaa");
+}
+
+// Every flag that takes a value, of every command, given an empty one: a usage error naming it
+// (--data-dir= used to be taken as the current directory's sibling "" and failed at run time).
+// The flags are read from the help, so that a flag added later is covered too.
+TEST(CliParse, EveryFlagGivenAnEmptyValueIsAUsageErrorNamingIt) {
+  const std::regex flag_with_value(R"(--([a-z][a-z-]+) [A-Z|]+)");
+  int checked = 0;
+  for (const std::string command : {"train", "eval", "download"}) {
+    const std::string help = parse({command, "--help"}).help;
+    for (std::sregex_iterator it(help.begin(), help.end(), flag_with_value), end; it != end; ++it) {
+      const std::string flag = "--" + (*it)[1].str();
+      SCOPED_TRACE(command + " " + flag);
+      expect_parse_error({command, flag + "="}, flag + ": empty value");
+      expect_parse_error({command, flag, ""}, flag + ": empty value");
+      ++checked;
+    }
+  }
+  EXPECT_GE(checked, 40);  // 26 of train, 14 of eval, 5 of download
+}
+
+// A switch given a value takes only what reads as true or false.
+TEST(CliParse, SwitchValueIsTrueOrFalse) {
+  EXPECT_TRUE(parse({"train", "--sync-bn=true"}).train.options.sync_bn);
+  EXPECT_FALSE(parse({"train", "--sync-bn=0"}).train.options.sync_bn);
+  expect_parse_error({"train", "--sync-bn=yes"}, "--sync-bn: 'yes' is not true or false");
+  expect_parse_error({"train", "--sync-bn="}, "--sync-bn: '' is not true or false");
 }
 
 // ---- parse_integer_flag / parse_positive_number_flag --------------------------------------
@@ -402,22 +444,30 @@ TEST(CliParse, IntegerFlagRejectsAnythingElse) {
   bad("1001", "out of range");
 }
 
-TEST(CliParse, PositiveNumberFlagAcceptsFinitePositiveNumbers) {
-  EXPECT_EQ(parse_positive_number_flag("lr", "0.1"), 0.1);
-  EXPECT_EQ(parse_positive_number_flag("lr", "2"), 2.0);
-  EXPECT_EQ(parse_positive_number_flag("lr", "1e-3"), 1e-3);
-  EXPECT_EQ(parse_positive_number_flag("lr", ".5"), 0.5);
-  EXPECT_EQ(parse_positive_number_flag("lr", "5."), 5.0);
+TEST(CliParse, PositiveFloatFlagAcceptsNormalFloat32Numbers) {
+  EXPECT_EQ(parse_positive_float_flag("lr", "0.1"), 0.1);
+  EXPECT_EQ(parse_positive_float_flag("lr", "2"), 2.0);
+  EXPECT_EQ(parse_positive_float_flag("lr", "1e-3"), 1e-3);
+  EXPECT_EQ(parse_positive_float_flag("lr", ".5"), 0.5);
+  EXPECT_EQ(parse_positive_float_flag("lr", "5."), 5.0);
+  EXPECT_EQ(parse_positive_float_flag("lr", "3.4e38"), 3.4e38);
+  EXPECT_EQ(parse_positive_float_flag("lr", "1.2e-38"), 1.2e-38);
 }
 
-TEST(CliParse, PositiveNumberFlagRejectsAnythingElse) {
-  const auto bad = [](const std::string& text) {
+TEST(CliParse, PositiveFloatFlagRejectsAnythingElse) {
+  const auto bad = [](const std::string& text, const std::string& substring) {
     SCOPED_TRACE("'" + text + "'");
-    expect_usage_error([&] { parse_positive_number_flag("lr", text); }, "--lr");
+    expect_usage_error([&] { parse_positive_float_flag("lr", text); }, "--lr: '" + text + "'");
+    expect_usage_error([&] { parse_positive_float_flag("lr", text); }, substring);
   };
-  for (const char* text : {"", "abc", "0.1x", "x0.1", "0.1 ", " 0.1", "0", "-0", "0.0", "-0.1",
-                           "nan", "NaN", "-nan", "inf", "-inf", "infinity", "1e999", "1e-400"}) {
-    bad(text);
+  for (const char* text : {"", "abc", "0.1x", "x0.1", "0.1 ", " 0.1"}) bad(text, "not a number");
+  for (const char* text : {"0", "-0", "0.0", "-0.1", "nan", "NaN", "-nan", "inf", "-inf",
+                           "infinity", "1e999", "1e-400"}) {
+    bad(text, "finite number above 0");
+  }
+  // Finite doubles that float32 weights cannot take: LibTorch's overflow error, or silently 0.
+  for (const char* text : {"1e39", "3.5e38", "1e300", "1e-39", "1e-320", "4.9e-324"}) {
+    bad(text, "outside what a float32 holds");
   }
 }
 
@@ -577,6 +627,8 @@ const std::vector<ErrorCase> kErrorCases = {
     {"lr_nan", {"train", "--lr", "nan"}, kUsage, "--lr"},
     {"lr_inf", {"train", "--lr", "inf"}, kUsage, "--lr"},
     {"lr_overflow", {"train", "--lr", "1e999"}, kUsage, "--lr"},
+    {"lr_overflows_float32", {"train", "--lr", "1e39"}, kUsage, "--lr: '1e39' is outside"},
+    {"lr_underflows_float32", {"train", "--lr", "1e-320"}, kUsage, "--lr: '1e-320' is outside"},
     {"seed_negative", {"train", "--seed", "-1"}, kUsage, "--seed"},
     {"threads_zero", {"train", "--threads", "0"}, kUsage, "--threads"},
     {"bucket_mb_zero", {"train", "--bucket-mb", "0"}, kUsage, "--bucket-mb"},
@@ -585,6 +637,10 @@ const std::vector<ErrorCase> kErrorCases = {
     {"max_steps_zero", {"train", "--max-steps", "0"}, kUsage, "--max-steps"},
     {"gpus_zero", {"train", "--gpus", "0"}, kUsage, "--gpus"},
     {"save_model_empty", {"train", "--save-model", ""}, kUsage, "--save-model"},
+    {"data_dir_empty", {"train", "--data-dir="}, kUsage, "--data-dir: empty value"},
+    {"eval_data_dir_empty", {"eval", "--model", "m.pt", "--data-dir", ""}, kUsage, "--data-dir"},
+    {"download_data_dir_empty", {"download", "--data-dir="}, kUsage, "--data-dir"},
+    {"download_url_empty", {"download", "--url="}, kUsage, "--url"},
     // Devices and backends.
     {"gpus_without_cuda", {"train", "--gpus", "1"}, kUsage, "--gpus", true},
     {"devices_cuda0_without_cuda", {"train", "--devices", "cuda:0"}, kUsage, "cuda:0", true},
@@ -1064,6 +1120,31 @@ TEST(CliProgress, QuietPrintsOnlyTheFinalLine) {
   // Quiet is about output only: the checkpoints are still written.
   EXPECT_EQ(checkpoints_in(dir.path()),
             (std::vector<std::string>{checkpoint_file_name(1, 0), checkpoint_file_name(2, 0)}));
+}
+
+// ---- Hostile environments: small stacks, users without permission, launchers, outputs ------
+
+// Under `ulimit -s 1024` a 4,000-character "--data-dir=..." overflowed the stack in cxxopts'
+// regex (SIGSEGV, exit 139). Parsing no longer recurses per character: with a 1 MiB stack the
+// longest arguments the system passes are ordinary mistakes.
+TEST(CliStack, LongArgumentsUnderAOneMebibyteStackAreOrdinaryErrors) {
+  testing::ChildSetup small_stack;
+  small_stack.stack_limit_bytes = 1 << 20;
+  const auto run = [&](const std::vector<std::string>& args) {
+    std::vector<std::string> command{testing::dptrain_binary()};
+    command.insert(command.end(), args.begin(), args.end());
+    return testing::run_command(command, {}, 120, small_stack);
+  };
+  const std::string path(4000, 'd');
+  // A 4000-character name: the system's limit is 255 per component.
+  expect_one_error_line(run({"train", "--data-dir=" + path}), kRunTime, "File name too long");
+  const std::string nested = "/nonexistent" + std::string(2000, '/') + "x";
+  expect_one_error_line(run({"train", "--data-dir=" + nested}), kRunTime, "does not hold");
+  const std::string huge(120000, 'a');
+  expect_one_error_line(run({"train", "--data-dir=" + huge}), kUsage, "longer than the system");
+  expect_one_error_line(run({"train", "--" + huge}), kUsage, "unknown flag");
+  expect_one_error_line(run({"train", "--devices=" + huge}), kUsage, "--devices");
+  expect_one_error_line(run({"download", "--url=" + huge}), kUsage, "is not supported");
 }
 
 }  // namespace
