@@ -82,8 +82,8 @@ void add_device_flags(cxxopts::Options& options) {
                   "first GPU, else cpu)",
        cxxopts::value<std::string>(), "LIST")
       ("gpus", "shorthand for --devices cuda:0,...,cuda:N-1", cxxopts::value<std::string>(), "N")
-      ("threads", "intra-op CPU threads for the process, shared by its replicas (default: all "
-                  "cores)",
+      ("threads", "intra-op CPU threads for the process, shared by its replicas; at most the "
+                  "CPU cores it may use (default: all of them)",
        cxxopts::value<std::string>(), "N");
   options.add_options("Data parallelism")
       ("backend", "collective backend: nccl or gloo (default: nccl on CUDA, gloo on cpu)",

@@ -629,6 +629,7 @@ const std::vector<ErrorCase> kErrorCases = {
     {"lr_overflow", {"train", "--lr", "1e999"}, kUsage, "--lr"},
     {"lr_overflows_float32", {"train", "--lr", "1e39"}, kUsage, "--lr: '1e39' is outside"},
     {"lr_underflows_float32", {"train", "--lr", "1e-320"}, kUsage, "--lr: '1e-320' is outside"},
+    {"threads_more_than_cores", {"train", "--threads", "4096"}, kUsage, "--threads 4096"},
     {"seed_negative", {"train", "--seed", "-1"}, kUsage, "--seed"},
     {"threads_zero", {"train", "--threads", "0"}, kUsage, "--threads"},
     {"bucket_mb_zero", {"train", "--bucket-mb", "0"}, kUsage, "--bucket-mb"},

@@ -520,6 +520,18 @@ void check_world(const TrainOptions& options, const WorldPlan& world) {
                      " is smaller than the number of replicas (" +
                      std::to_string(world.world_size) + ")");
   }
+  // OpenMP's threads wait for each other at every parallel region: with more of them than
+  // cores a step crawls (4096 threads on 2 cores never finished one). Each local replica gets
+  // at least one thread, so as many threads as replicas are always allowed.
+  const int cores = usable_cpu_cores();
+  const auto most_threads =
+      std::max<int64_t>(cores, static_cast<int64_t>(world.local_devices.size()));
+  if (options.threads > most_threads) {
+    throw UsageError("--threads " + std::to_string(options.threads) + ": this process may run on " +
+                     std::to_string(cores) + " CPU core(s); give at most " +
+                     std::to_string(most_threads) +
+                     " (more threads than cores only make every step slower)");
+  }
   if (options.backend == Backend::kNccl && !backend_available(Backend::kNccl)) {
     throw UsageError(
         "--backend nccl: this build of dptrain has no NCCL (it needs a CUDA LibTorch with NCCL "
