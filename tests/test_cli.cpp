@@ -756,6 +756,16 @@ const std::vector<DataCase> kDataCases = {
        return bytes;
      },
      "", true},
+    // 16 images declared, 64 MiB of zeros behind them: unpacking stops past the declared size.
+    {"gzip_bomb", kTrainImages,
+     [] { return testing::gzip_then_zeros(fake_images(16), size_t{64} << 20); },
+     "more data than its header declares", true},
+    // 4.7 GB declared: more than any IDX file dptrain reads, refused before reading on.
+    {"header_declares_over_4_gib", kTestImages,
+     [] {
+       return testing::make_idx(0x08, {6000000, 28, 28}, {});
+     },
+     "absurdly large"},
     {"truncated_gzip", kTrainImages,
      [] {
        auto bytes = testing::gzip_bytes(fake_images(16));

@@ -115,6 +115,35 @@ std::vector<uint8_t> gzip_bytes(const std::vector<uint8_t>& bytes) {
   return out;
 }
 
+std::vector<uint8_t> gzip_then_zeros(const std::vector<uint8_t>& head, size_t zeros) {
+  z_stream stream{};
+  if (deflateInit2(&stream, 9, Z_DEFLATED, 16 + MAX_WBITS, 9, Z_DEFAULT_STRATEGY) != Z_OK) {
+    throw std::runtime_error("deflateInit2 failed");
+  }
+  std::vector<uint8_t> out;
+  const std::vector<uint8_t> chunk(1 << 20);
+  std::vector<uint8_t> piece(1 << 16);
+  const auto feed = [&](const uint8_t* data, size_t size, int flush) {
+    stream.next_in = const_cast<Bytef*>(data);
+    stream.avail_in = static_cast<uInt>(size);
+    do {
+      stream.next_out = piece.data();
+      stream.avail_out = static_cast<uInt>(piece.size());
+      deflate(&stream, flush);
+      out.insert(out.end(), piece.data(), stream.next_out);
+    } while (stream.avail_out == 0);
+  };
+  feed(head.data(), head.size(), Z_NO_FLUSH);
+  for (size_t left = zeros; left > 0;) {
+    const size_t now = std::min(left, chunk.size());
+    feed(chunk.data(), now, Z_NO_FLUSH);
+    left -= now;
+  }
+  feed(nullptr, 0, Z_FINISH);
+  deflateEnd(&stream);
+  return out;
+}
+
 std::vector<uint8_t> make_idx(uint8_t type, const std::vector<uint32_t>& dims,
                               const std::vector<uint8_t>& data) {
   std::vector<uint8_t> bytes{0, 0, type, static_cast<uint8_t>(dims.size())};

@@ -43,6 +43,9 @@ void make_directories(const std::string& path);
 std::string current_directory();
 void change_directory(const std::string& path);
 std::vector<uint8_t> gzip_bytes(const std::vector<uint8_t>& bytes);
+// A gzip stream of `head` followed by `zeros` zero bytes, made a piece at a time: a gzip bomb
+// costs the test no memory (512 MiB of zeros pack into half a megabyte).
+std::vector<uint8_t> gzip_then_zeros(const std::vector<uint8_t>& head, size_t zeros);
 
 // An IDX file image: header (0, 0, type, dims.size(), big-endian dims) then `data` as given.
 std::vector<uint8_t> make_idx(uint8_t type, const std::vector<uint32_t>& dims,
