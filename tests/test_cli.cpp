@@ -1158,5 +1158,59 @@ TEST(CliStack, LongArgumentsUnderAOneMebibyteStackAreOrdinaryErrors) {
   expect_one_error_line(run({"download", "--url=" + huge}), kUsage, "is not supported");
 }
 
+// A data directory the user may not enter was reported as missing files, with advice to install
+// a package. Run as an unprivileged user (nobody, when the tests run as root as in CI, where
+// permissions do not bite), it names the directory and the cause.
+TEST(CliDataPermissions, DirectoryTheUserCannotEnterIsNamed) {
+  TempDir data;  // made with mode 0700: as root's, nobody may not enter it
+  write_fake_data(data, 16, 8);
+  testing::ChildSetup setup;
+  if (::geteuid() == 0) {
+    setup.run_as_uid = 65534;
+    setup.run_as_gid = 65534;
+  } else {
+    ASSERT_EQ(::chmod(data.path().c_str(), 0), 0);
+  }
+  const auto result =
+      testing::run_command({testing::dptrain_binary(), "train", "--data-dir", data.path(),
+                            "--devices", "cpu", "--width", "1", "--epochs", "1", "--threads", "1"},
+                           {}, 120, setup);
+  ::chmod(data.path().c_str(), 0700);
+  if (result.exit_code == testing::kChildSetupFailed || result.exit_code == 127) {
+    GTEST_SKIP() << "cannot run dptrain as an unprivileged user here: " << result.err;
+  }
+  expect_one_error_line(result, kRunTime,
+                        "--data-dir " + data.path() + ": cannot enter directory " + data.path() +
+                            ": Permission denied");
+  EXPECT_FALSE(contains(result.err, "install")) << describe(result);
+}
+
+// A 0-image test set reported "test acc: 0.00" and exited 0; a 0-image training set failed
+// with "BatchAssembler needs a positive batch size". Each is a data error naming the file and
+// the count, for train and for eval.
+TEST(CliEmptyData, ZeroImagesIsADataErrorNamingTheFile) {
+  TempDir out;
+  const std::string model = out.file("model.pt");
+  ASSERT_EQ(run_dptrain({"train", "--data-dir", tiny_data_dir(), "--devices", "cpu", "--width", "1",
+                         "--epochs", "1", "--threads", "1", "--save-model", model})
+                .exit_code,
+            0);
+  for (const char* empty : {kTrainImages, kTestImages}) {
+    SCOPED_TRACE(empty);
+    TempDir dir;
+    write_fake_data(dir, 16, 8);
+    const bool train_set = std::string(empty) == kTrainImages;
+    testing::write_bytes(dir.file(empty), fake_images(0));
+    testing::write_bytes(dir.file(train_set ? kTrainLabels : kTestLabels), fake_labels(0));
+    const std::string message = dir.file(empty) + ": holds 0 images";
+    expect_one_error_line(run_dptrain({"train", "--data-dir", dir.path(), "--devices", "cpu",
+                                       "--width", "1", "--epochs", "1", "--threads", "1"}),
+                          kRunTime, message);
+    expect_one_error_line(run_dptrain({"eval", "--model", model, "--width", "1", "--data-dir",
+                                       dir.path(), "--devices", "cpu", "--threads", "1"}),
+                          kRunTime, message);
+  }
+}
+
 }  // namespace
 }  // namespace dptrain

@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include <fstream>
+#include <functional>
 #include <numeric>
 #include <sstream>
 #include <thread>
@@ -321,6 +322,28 @@ TEST(CheckWorld, MoreThreadsThanCoresIsAUsageError) {
       EXPECT_EQ(std::string(e.what()).rfind(expected, 0), 0u) << e.what();
     }
   }
+}
+
+// An empty set failed deep inside ("BatchAssembler needs a positive batch size") or reported
+// the accuracy of nothing ("test acc: 0.00", exit 0).
+TEST(CheckData, EmptySetsAreDataErrors) {
+  const auto options = small_options();
+  const auto expect_error = [](const std::function<void()>& body, const std::string& message) {
+    try {
+      body();
+      ADD_FAILURE() << "no DataError; expected: " << message;
+    } catch (const DataError& e) {
+      EXPECT_EQ(std::string(e.what()), message);
+    }
+  };
+  expect_error([&] { train(synthetic_data(0, 4), options, cpu_world(1)); },
+               "the training set holds 0 images; dptrain needs at least one");
+  expect_error([&] { train(synthetic_data(4, 0), options, cpu_world(1)); },
+               "the test set holds 0 images; dptrain needs at least one");
+  ResNet model(ResNetOptions{10, 1, options.width});
+  expect_error(
+      [&] { evaluate_weights(synthetic_data(4, 0), options, cpu_world(1), model_tensors(*model)); },
+      "the test set holds 0 images; dptrain needs at least one");
 }
 
 // ---- Several processes -----------------------------------------------------------------------

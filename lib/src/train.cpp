@@ -667,9 +667,24 @@ TrainResult run_world(const FashionMnist& data, const TrainOptions& options, con
 
 }  // namespace
 
+namespace {
+
+// An empty set would fail deep inside (a batch of no examples) or report the accuracy of
+// nothing; the loaders name the file, this catches a caller's own data.
+void check_not_empty(const Dataset& set, const char* which) {
+  if (set.size() == 0) {
+    throw DataError(std::string("the ") + which +
+                    " set holds 0 images; dptrain needs at least one");
+  }
+}
+
+}  // namespace
+
 TrainResult train(const FashionMnist& data, const TrainOptions& options, const WorldPlan& world,
                   const TrainCallbacks& callbacks) {
   check_world(options, world);
+  check_not_empty(data.train, "training");
+  check_not_empty(data.test, "test");
   if (options.resume && !options.checkpoint_dir) {
     throw UsageError("--resume needs --checkpoint-dir, where the checkpoints are");
   }
@@ -715,6 +730,7 @@ TrainResult train(const FashionMnist& data, const TrainOptions& options, const W
 EvalResult evaluate_weights(const FashionMnist& data, const TrainOptions& options,
                             const WorldPlan& world,
                             const std::vector<std::pair<std::string, torch::Tensor>>& weights) {
+  check_not_empty(data.test, "test");
   Checkpoint start;
   start.tensors = weights;
   RankPlan base;
