@@ -96,6 +96,7 @@ int run_train(dptrain::TrainCommand command) {
   auto& options = command.options;
   options.backend = choose_backend(command, world);
   dptrain::check_world(options, world);  // usage mistakes before the data is loaded
+  if (world.multi_process) dptrain::check_master_address(world.launch);
   if (command.metrics) dptrain::check_metrics_path(*command.metrics);
   if (command.plot) dptrain::check_plot_path(*command.plot);
   const bool reporter = world.first_rank == 0 || command.verbose;
@@ -255,6 +256,7 @@ int run_eval(dptrain::EvalCommand command) {
   auto& options = command.common.options;
   options.backend = choose_backend(command.common, world);
   dptrain::check_world(options, world);
+  if (world.multi_process) dptrain::check_master_address(world.launch);
   const auto weights = load_weights(command);
   const auto data_dir = dptrain::resolve_data_dir(command.common.data_dir);
   // Only the test set is evaluated; one training image keeps the data set's shape valid.

@@ -1185,6 +1185,31 @@ TEST(CliDataPermissions, DirectoryTheUserCannotEnterIsNamed) {
   EXPECT_FALSE(contains(result.err, "install")) << describe(result);
 }
 
+// An unresolvable MASTER_ADDR waited out the whole --timeout (300 s) behind LibTorch's log
+// lines and then blamed a timeout. It fails at once, naming the variable and the host; a port
+// out of range is a usage error.
+TEST(CliErrorsEnvironment, UnresolvableMasterAddrFailsAtOnceNamingIt) {
+  const auto start = std::chrono::steady_clock::now();
+  const auto result = run_dptrain({"train", "--data-dir", tiny_data_dir(), "--devices", "cpu",
+                                   "--width", "1", "--epochs", "1", "--threads", "1"},
+                                  {{"RANK", "1"},
+                                   {"WORLD_SIZE", "2"},
+                                   {"MASTER_ADDR", "no-such-host.invalid"},
+                                   {"MASTER_PORT", std::to_string(testing::free_port())}},
+                                  120);
+  expect_one_error_line(result, kRunTime,
+                        "rank 1: MASTER_ADDR=no-such-host.invalid does not resolve");
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(30));
+  for (const char* port : {"0", "65536", "-1", "http"}) {
+    expect_one_error_line(
+        run_dptrain({"train", "--data-dir", tiny_data_dir()}, {{"RANK", "0"},
+                                                               {"WORLD_SIZE", "2"},
+                                                               {"MASTER_ADDR", "127.0.0.1"},
+                                                               {"MASTER_PORT", port}}),
+        kUsage, std::string("MASTER_PORT=") + port);
+  }
+}
+
 // A 0-image test set reported "test acc: 0.00" and exited 0; a 0-image training set failed
 // with "BatchAssembler needs a positive batch size". Each is a data error naming the file and
 // the count, for train and for eval.
