@@ -1237,5 +1237,57 @@ TEST(CliEmptyData, ZeroImagesIsADataErrorNamingTheFile) {
   }
 }
 
+// `dptrain ... | head -1` killed training by SIGPIPE (141) before it wrote a checkpoint. SIGPIPE
+// is now ignored: the failed write asks for a stop like SIGTERM, the checkpoint is written, and
+// the exit status is still 141, with one line saying why.
+TEST(CliOutput, ClosedStdoutPipeStopsTheTrainingWithACheckpoint) {
+  TempDir dir;
+  const std::string checkpoints = dir.file("checkpoints");
+  auto args = long_run_args(checkpoints);
+  *(std::find(args.begin(), args.end(), "--log-every") + 1) = "100000";  // stderr stays quiet
+  std::vector<std::string> command{"bash", "-c", R"("$0" "$@" | head -n 1; exit ${PIPESTATUS[0]})"};
+  command.insert(command.end(), args.begin(), args.end());
+  const auto result = testing::run_command(command, {}, 300);
+  EXPECT_FALSE(result.timed_out) << describe(result);
+  EXPECT_FALSE(contains(result.err, "terminate called")) << describe(result);
+  EXPECT_EQ(result.exit_code, 128 + SIGPIPE) << describe(result);
+  EXPECT_EQ(split_lines(result.out).size(), 1u) << describe(result);  // what head printed
+  const auto names = checkpoints_in(checkpoints);
+  ASSERT_FALSE(names.empty()) << describe(result);
+  const std::string newest = checkpoints + "/" + names.back();
+  EXPECT_TRUE(contains(result.err,
+                       "dptrain: standard output is a closed pipe; stopped early; "
+                       "resume from " +
+                           newest))
+      << describe(result);
+  EXPECT_FALSE(contains(result.err, "error:")) << describe(result);
+  EXPECT_GT(read_checkpoint(newest).global_step, 0);
+}
+
+// With stdout on /dev/full the result line was lost and the exit status was 0. A failed write
+// to stdout is one line on stderr and exit status 1, for every command that prints.
+TEST(CliOutput, FullStdoutIsARunTimeError) {
+  testing::ChildSetup full;
+  full.stdout_path = "/dev/full";
+  const auto run = [&](const std::vector<std::string>& args) {
+    std::vector<std::string> command{testing::dptrain_binary()};
+    command.insert(command.end(), args.begin(), args.end());
+    return testing::run_command(command, {}, 120, full);
+  };
+  const std::string message = "cannot write to standard output: No space left on device";
+  expect_one_error_line(run({"--help"}), kRunTime, message);
+  expect_one_error_line(run({"train", "--help"}), kRunTime, message);
+  const auto quiet = run({"train", "--data-dir", tiny_data_dir(), "--devices", "cpu", "--width",
+                          "1", "--epochs", "1", "--threads", "1", "--quiet"});
+  expect_one_error_line(quiet, kRunTime, message + "; the result line is lost");
+  // Not quiet: the first line fails, the training stops after a step and keeps its checkpoint.
+  TempDir dir;
+  const auto loud = run({"train", "--data-dir", signal_data_dir(), "--devices", "cpu", "--width",
+                         "1", "--epochs", "5", "--batch-size", "16", "--threads", "1",
+                         "--log-every", "100000", "--checkpoint-dir", dir.path()});
+  expect_one_error_line(loud, kRunTime, message + "; stopped early; resume from " + dir.path());
+  EXPECT_EQ(checkpoints_in(dir.path()).size(), 1u) << describe(loud);
+}
+
 }  // namespace
 }  // namespace dptrain
