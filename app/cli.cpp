@@ -169,6 +169,13 @@ cxxopts::Options download_options() {
        "URL")
       ("force", "fetch again even files that are present and correct",
        cxxopts::value<bool>()->default_value("false")->implicit_value("true"))
+      ("speed-limit", "abandon an attempt that receives fewer than this many bytes per second "
+                      "over --speed-time",
+       cxxopts::value<std::string>()->default_value("10240"), "BYTES")
+      ("speed-time", "seconds over which --speed-limit is measured",
+       cxxopts::value<std::string>()->default_value("30"), "SECONDS")
+      ("max-time", "seconds the whole download (every file and retry) may take",
+       cxxopts::value<std::string>()->default_value("1800"), "SECONDS")
       ("h,help", "print this help");
   return options;
 }
@@ -479,6 +486,10 @@ ParsedCommandLine parse_command_line(int argc, const char* const argv[]) {
     }
     if (result->count("url")) download.url = flag_text(*result, "url");
     download.force = (*result)["force"].as<bool>();
+    const auto text = [&](const char* flag) { return flag_text(*result, flag); };
+    download.speed_limit = parse_integer_flag("speed-limit", text("speed-limit"), 1, kMax);
+    download.speed_time = parse_integer_flag("speed-time", text("speed-time"), 1, 86400);
+    download.max_time = parse_integer_flag("max-time", text("max-time"), 1, 86400 * 7);
     parsed.action = ParsedCommandLine::Action::kDownload;
     return parsed;
   }

@@ -40,6 +40,9 @@ struct DownloadCommand {
   std::string directory;
   std::optional<std::string> url;  // base URL; default the official mirror
   bool force = false;
+  int64_t speed_limit = 10240;  // bytes/s: slower than this for speed_time seconds fails
+  int64_t speed_time = 30;      // seconds
+  int64_t max_time = 1800;      // seconds for the whole download
 };
 
 struct ParsedCommandLine {

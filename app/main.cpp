@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <chrono>
 #include <csignal>
 #include <cstdio>
 #include <cstring>
@@ -258,6 +259,10 @@ int run_download(const dptrain::DownloadCommand& command, CheckedStdout& out) {
   options.directory = command.directory;
   if (command.url) options.base_url = *command.url;
   options.force = command.force;
+  options.low_speed_bytes_per_second = command.speed_limit;
+  options.low_speed_timeout = std::chrono::seconds(command.speed_time);
+  options.deadline = std::chrono::seconds(command.max_time);
+  options.stop_signal = &dptrain::install_stop_handlers(/*announce=*/false);
   const bool terminal = isatty(STDERR_FILENO) == 1;
   const auto show = [&](const dptrain::DownloadProgress& p) {
     using Stage = dptrain::DownloadStage;
@@ -284,7 +289,14 @@ int run_download(const dptrain::DownloadCommand& command, CheckedStdout& out) {
     }
     std::fflush(stderr);
   };
-  dptrain::download_fashion_mnist(options, show);
+  try {
+    dptrain::download_fashion_mnist(options, show);
+  } catch (const dptrain::DownloadStopped& stopped) {
+    if (terminal) std::fputs("\r\033[K", stderr);
+    std::fprintf(stderr, "dptrain: download stopped by signal %d; no partial file is left\n",
+                 stopped.signal_number());
+    return 128 + stopped.signal_number();
+  }
   out.line("Fashion-MNIST is in " + command.directory);
   return out.error() != 0 ? out.report_failure("", "the files are in place") : 0;
 }

@@ -642,6 +642,8 @@ const std::vector<ErrorCase> kErrorCases = {
     {"eval_data_dir_empty", {"eval", "--model", "m.pt", "--data-dir", ""}, kUsage, "--data-dir"},
     {"download_data_dir_empty", {"download", "--data-dir="}, kUsage, "--data-dir"},
     {"download_url_empty", {"download", "--url="}, kUsage, "--url"},
+    {"download_max_time_zero", {"download", "--max-time", "0"}, kUsage, "--max-time"},
+    {"download_speed_limit_zero", {"download", "--speed-limit=0"}, kUsage, "--speed-limit"},
     // Devices and backends.
     {"gpus_without_cuda", {"train", "--gpus", "1"}, kUsage, "--gpus", true},
     {"devices_cuda0_without_cuda", {"train", "--devices", "cuda:0"}, kUsage, "cuda:0", true},
