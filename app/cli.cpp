@@ -3,11 +3,13 @@
 
 #include <cctype>
 #include <cerrno>
+#include <climits>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <cxxopts.hpp>
 #include <limits>
+#include <map>
 #include <optional>
 
 #include "dptrain/errors.h"
@@ -27,6 +29,14 @@ constexpr const char* kProgramHelp =
     "  download  fetch the four Fashion-MNIST files into a directory\n"
     "\n"
     "Run 'dptrain <command> --help' for the flags of a command.\n";
+
+// An argument as error messages show it: in quotes, and cut short when it is long (a value may
+// be as long as the system allows, some 128 KiB).
+std::string quote_argument(const std::string& text) {
+  constexpr size_t kShown = 40;
+  if (text.size() <= kShown + 20) return "'" + text + "'";
+  return "'" + text.substr(0, kShown) + "...' (" + std::to_string(text.size()) + " characters)";
+}
 
 // Every value is taken as text and checked by us, for one-line errors that name the flag.
 // One flag per entry reads better than what the formatter would make of the chains.
@@ -72,8 +82,8 @@ void add_device_flags(cxxopts::Options& options) {
                   "first GPU, else cpu)",
        cxxopts::value<std::string>(), "LIST")
       ("gpus", "shorthand for --devices cuda:0,...,cuda:N-1", cxxopts::value<std::string>(), "N")
-      ("threads", "intra-op CPU threads for the process, shared by its replicas (default: all "
-                  "cores)",
+      ("threads", "intra-op CPU threads for the process, shared by its replicas; at most the "
+                  "CPU cores it may use (default: all of them)",
        cxxopts::value<std::string>(), "N");
   options.add_options("Data parallelism")
       ("backend", "collective backend: nccl or gloo (default: nccl on CUDA, gloo on cpu)",
@@ -160,6 +170,13 @@ cxxopts::Options download_options() {
        "URL")
       ("force", "fetch again even files that are present and correct",
        cxxopts::value<bool>()->default_value("false")->implicit_value("true"))
+      ("speed-limit", "abandon an attempt that receives fewer than this many bytes per second "
+                      "over --speed-time",
+       cxxopts::value<std::string>()->default_value("10240"), "BYTES")
+      ("speed-time", "seconds over which --speed-limit is measured",
+       cxxopts::value<std::string>()->default_value("30"), "SECONDS")
+      ("max-time", "seconds the whole download (every file and retry) may take",
+       cxxopts::value<std::string>()->default_value("1800"), "SECONDS")
       ("h,help", "print this help");
   return options;
 }
@@ -170,33 +187,124 @@ const std::vector<std::string> kTrainGroups{"Experiment",       "Checkpoints", "
 const std::vector<std::string> kEvalGroups{"Weights",          "Experiment", "Devices",
                                            "Data parallelism", "Speed",      "Output"};
 
-// Parses argv[1:] ("<command> flags...") with `options`; nullopt means help was asked for.
+// Note [No argument reaches cxxopts' regex]
+// cxxopts matches every argument it looks at as a flag against a std::regex, and libstdc++'s
+// matcher recurses once per character: 4,000 characters of "--data-dir=..." overflowed a 1 MiB
+// stack, 50,000 an 8 MiB one. So we read the arguments ourselves first, in a plain loop: every
+// flag name must be one of the command's (checked here, so an unknown one of any length is
+// refused without a regex), and a value, whether given as "--flag=value" or as the next
+// argument, is handed to cxxopts as a separate argument after "--flag", which cxxopts takes as
+// the value without matching it. What cxxopts then matches are only our own short flag names
+// and the short values of switches ("--sync-bn=false"), checked here too.
+
+// Every flag of `options`, by name without dashes ("data-dir", "h"): whether it needs a value
+// (a switch has an implicit one).
+std::map<std::string, bool> flags_of(const cxxopts::Options& options) {
+  std::map<std::string, bool> flags;
+  for (const auto& group : options.groups()) {
+    for (const auto& option : options.group_help(group).options) {
+      for (const auto& name : option.l) flags[name] = !option.has_implicit;
+      if (!option.s.empty()) flags[option.s] = !option.has_implicit;
+    }
+  }
+  return flags;
+}
+
+// The spellings of a switch's value that cxxopts reads as true or false.
+bool is_switch_value(const std::string& value) {
+  for (const char* text : {"true", "True", "t", "T", "1", "false", "False", "f", "F", "0"}) {
+    if (value == text) return true;
+  }
+  return false;
+}
+
+// argv[2:] rewritten as Note [No argument reaches cxxopts' regex] says, after the command name
+// (cxxopts takes its first argument for the program's name).
+std::vector<std::string> checked_arguments(const cxxopts::Options& options, int argc,
+                                           const char* const argv[], const std::string& command) {
+  const auto flags = flags_of(options);
+  const std::string see_help = "; run 'dptrain " + command + " --help'";
+  std::vector<std::string> out{command};
+  for (int i = 2; i < argc; ++i) {
+    const std::string argument = argv[i];
+    const bool is_long = argument.rfind("--", 0) == 0 && argument.size() > 2;
+    const bool is_short = !is_long && argument.size() > 1 && argument[0] == '-';
+    if (!is_long && !is_short) {
+      throw UsageError("unexpected argument " + quote_argument(argument) + see_help);
+    }
+    const size_t equals = is_long ? argument.find('=') : std::string::npos;
+    const std::string name = argument.substr(
+        is_long ? 2 : 1, equals == std::string::npos ? std::string::npos : equals - 2);
+    const auto flag = flags.find(name);
+    if (flag == flags.end() || (is_long && name.size() < 2) || (is_short && name.size() != 1)) {
+      throw UsageError(
+          "unknown flag " +
+          quote_argument(equals == std::string::npos ? argument : argument.substr(0, equals)) +
+          see_help);
+    }
+    const std::string spelled = (is_long ? "--" : "-") + name;
+    const bool needs_value = flag->second;
+    if (equals == std::string::npos) {
+      out.push_back(spelled);
+      // The next argument is the value, whatever it looks like (flag_text refuses "--x").
+      if (needs_value && i + 1 < argc) out.emplace_back(argv[++i]);
+      continue;
+    }
+    const std::string value = argument.substr(equals + 1);
+    if (needs_value) {
+      out.push_back(spelled);
+      out.push_back(value);
+    } else if (is_switch_value(value)) {
+      out.push_back(spelled + "=" + value);
+    } else {
+      throw UsageError(spelled + ": " + quote_argument(value) + " is not true or false");
+    }
+  }
+  return out;
+}
+
+// Parses argv[2:] with `options`; nullopt means help was asked for.
 std::optional<cxxopts::ParseResult> parse_flags(cxxopts::Options& options, int argc,
                                                 const char* const argv[],
                                                 const std::string& command) {
+  const auto arguments = checked_arguments(options, argc, argv, command);
+  std::vector<const char*> pointers;
+  for (const auto& argument : arguments) pointers.push_back(argument.c_str());
   cxxopts::ParseResult result;
   try {
-    // cxxopts wants argv[0] first; it sees the command as the program name.
-    result = options.parse(argc - 1, argv + 1);
+    result = options.parse(static_cast<int>(pointers.size()), pointers.data());
   } catch (const cxxopts::exceptions::exception& e) {
     throw UsageError(std::string(e.what()) + "; run 'dptrain " + command + " --help'");
   }
-  if (!result.unmatched().empty()) {
-    throw UsageError("unexpected argument '" + result.unmatched().front() + "'; run 'dptrain " +
-                     command + " --help'");
+  if (!result.unmatched().empty()) {  // checked_arguments lets none through; kept as a guard
+    throw UsageError("unexpected argument " + quote_argument(result.unmatched().front()) +
+                     "; run 'dptrain " + command + " --help'");
   }
   if (result.count("help")) return std::nullopt;
   return result;
 }
 
-// The value of a flag as text; cxxopts takes whatever follows a flag as its value, even the
-// next flag.
+// The value of a flag as text. cxxopts takes whatever follows a flag as its value, even the
+// next flag; and no flag of ours has a meaning for the empty text.
 std::string flag_text(const cxxopts::ParseResult& result, const char* flag) {
   auto value = result[flag].as<std::string>();
-  if (!value.empty() && value[0] == '-' && value.size() > 1 && value[1] == '-') {
-    throw UsageError(std::string("--") + flag + ": missing value (got '" + value + "')");
+  if (value.rfind("--", 0) == 0 && value.size() > 2) {
+    throw UsageError(std::string("--") + flag + ": missing value (got " + quote_argument(value) +
+                     ")");
   }
+  if (value.empty()) throw UsageError(std::string("--") + flag + ": empty value");
   return value;
+}
+
+// A path: the system refuses longer ones (ENAMETOOLONG) anyway, with a less clear message.
+std::string path_text(const cxxopts::ParseResult& result, const char* flag) {
+  auto path = flag_text(result, flag);
+  if (path.size() >= PATH_MAX) {
+    throw UsageError(std::string("--") + flag + ": " + quote_argument(path) +
+                     " is longer than the system allows for a path (" +
+                     std::to_string(PATH_MAX - 1) + " characters)");
+  }
+  return path;
 }
 
 constexpr int64_t kMax = std::numeric_limits<int32_t>::max();
@@ -221,7 +329,7 @@ void read_common_flags(const cxxopts::ParseResult& result, TrainCommand& train) 
   if (result.count("test-limit")) {
     train.test_limit = parse_integer_flag("test-limit", text("test-limit"), 1, kMax);
   }
-  if (result.count("data-dir")) train.data_dir = text("data-dir");
+  if (result.count("data-dir")) train.data_dir = path_text(result, "data-dir");
   if (result.count("devices") && result.count("gpus")) {
     throw UsageError("--devices and --gpus both name the devices; give one of them");
   }
@@ -234,12 +342,6 @@ void read_common_flags(const cxxopts::ParseResult& result, TrainCommand& train) 
   train.verbose = result["verbose"].as<bool>();
 }
 
-std::string non_empty_path(const cxxopts::ParseResult& result, const char* flag) {
-  auto path = flag_text(result, flag);
-  if (path.empty()) throw UsageError(std::string("--") + flag + ": empty file name");
-  return path;
-}
-
 }  // namespace
 
 int64_t parse_integer_flag(const std::string& flag, const std::string& text, int64_t min_value,
@@ -250,25 +352,33 @@ int64_t parse_integer_flag(const std::string& flag, const std::string& text, int
   // strtoll skips leading blanks; the whole text must be the number.
   if (text.empty() || std::isspace(static_cast<unsigned char>(text[0])) ||
       end != text.c_str() + text.size() || errno == ERANGE) {
-    throw UsageError("--" + flag + ": '" + text + "' is not an integer");
+    throw UsageError("--" + flag + ": " + quote_argument(text) + " is not an integer");
   }
   if (value < min_value || value > max_value) {
-    throw UsageError("--" + flag + ": " + text + " is out of range; expected " +
+    throw UsageError("--" + flag + ": " + quote_argument(text) + " is out of range; expected " +
                      std::to_string(min_value) + " to " + std::to_string(max_value));
   }
   return value;
 }
 
-double parse_positive_number_flag(const std::string& flag, const std::string& text) {
-  errno = 0;
+double parse_positive_float_flag(const std::string& flag, const std::string& text) {
   char* end = nullptr;
   const double value = std::strtod(text.c_str(), &end);
   if (text.empty() || std::isspace(static_cast<unsigned char>(text[0])) ||
       end != text.c_str() + text.size()) {
-    throw UsageError("--" + flag + ": '" + text + "' is not a number");
+    throw UsageError("--" + flag + ": " + quote_argument(text) + " is not a number");
   }
+  // strtod's ERANGE is not consulted: the range below is narrower than a double's.
   if (!std::isfinite(value) || value <= 0) {
-    throw UsageError("--" + flag + ": " + text + " must be a finite number above 0");
+    throw UsageError("--" + flag + ": " + quote_argument(text) +
+                     " must be a finite number above 0");
+  }
+  constexpr double kSmallest = std::numeric_limits<float>::min();  // 1.17549e-38
+  constexpr double kLargest = std::numeric_limits<float>::max();   // 3.40282e+38
+  if (value < kSmallest || value > kLargest) {
+    throw UsageError("--" + flag + ": " + quote_argument(text) +
+                     " is outside what a float32 holds (normal numbers from 1.2e-38 to 3.4e+38); "
+                     "the value is applied to float32 weights");
   }
   return value;
 }
@@ -282,7 +392,7 @@ std::string parse_choice_flag(const std::string& flag, const std::string& text,
   for (size_t i = 0; i < choices.size(); ++i) {
     expected += (i == 0 ? "" : i + 1 == choices.size() ? " or " : ", ") + choices[i];
   }
-  throw UsageError("--" + flag + ": '" + text + "' is not one of " + expected);
+  throw UsageError("--" + flag + ": " + quote_argument(text) + " is not one of " + expected);
 }
 
 ParsedCommandLine parse_command_line(int argc, const char* const argv[]) {
@@ -297,19 +407,6 @@ ParsedCommandLine parse_command_line(int argc, const char* const argv[]) {
     return parsed;
   }
 
-  // cxxopts matches every argument against a std::regex, and libstdc++'s matcher recurses once
-  // per character: an argument of some 50000 characters overflowed the stack. No path or device
-  // list needs anywhere near this.
-  constexpr size_t kMaxArgumentLength = 8192;
-  for (int i = 2; i < argc; ++i) {
-    const size_t length = std::strlen(argv[i]);
-    if (length > kMaxArgumentLength) {
-      throw UsageError("argument " + std::to_string(i) + " ('" + std::string(argv[i], 24) +
-                       "...') is " + std::to_string(length) + " characters long; at most " +
-                       std::to_string(kMaxArgumentLength) + " are accepted");
-    }
-  }
-
   if (command == "train") {
     auto options = train_options();
     const auto result = parse_flags(options, argc, argv, command);
@@ -322,7 +419,7 @@ ParsedCommandLine parse_command_line(int argc, const char* const argv[]) {
     read_common_flags(*result, train);
     TrainOptions& o = train.options;
     o.epochs = parse_integer_flag("epochs", text("epochs"), 1, 1000000);
-    o.lr = parse_positive_number_flag("lr", text("lr"));
+    o.lr = parse_positive_float_flag("lr", text("lr"));
     o.seed = static_cast<uint64_t>(
         parse_integer_flag("seed", text("seed"), 0, std::numeric_limits<int64_t>::max()));
     o.bucket_bytes = parse_integer_flag("bucket-mb", text("bucket-mb"), 1, 65536) * 1024 * 1024;
@@ -337,12 +434,11 @@ ParsedCommandLine parse_command_line(int argc, const char* const argv[]) {
     }
     if (result->count("max-steps"))
       o.max_steps = parse_integer_flag("max-steps", text("max-steps"), 1, kMax);
-    if (result->count("save-model")) o.save_model = non_empty_path(*result, "save-model");
+    if (result->count("save-model")) o.save_model = path_text(*result, "save-model");
     if (result->count("train-limit")) {
       train.train_limit = parse_integer_flag("train-limit", text("train-limit"), 1, kMax);
     }
-    if (result->count("checkpoint-dir"))
-      o.checkpoint_dir = non_empty_path(*result, "checkpoint-dir");
+    if (result->count("checkpoint-dir")) o.checkpoint_dir = path_text(*result, "checkpoint-dir");
     o.checkpoint_every = parse_integer_flag("checkpoint-every", text("checkpoint-every"), 1, kMax);
     o.resume = (*result)["resume"].as<bool>();
     if (o.resume && !o.checkpoint_dir) {
@@ -350,8 +446,8 @@ ParsedCommandLine parse_command_line(int argc, const char* const argv[]) {
     }
     train.quiet = (*result)["quiet"].as<bool>();
     train.log_every = parse_integer_flag("log-every", text("log-every"), 1, kMax);
-    if (result->count("metrics")) train.metrics = non_empty_path(*result, "metrics");
-    if (result->count("plot")) train.plot = non_empty_path(*result, "plot");
+    if (result->count("metrics")) train.metrics = path_text(*result, "metrics");
+    if (result->count("plot")) train.plot = path_text(*result, "plot");
     parsed.action = ParsedCommandLine::Action::kTrain;
     return parsed;
   }
@@ -365,8 +461,8 @@ ParsedCommandLine parse_command_line(int argc, const char* const argv[]) {
     }
     EvalCommand& eval = parsed.eval;
     read_common_flags(*result, eval.common);
-    if (result->count("checkpoint")) eval.checkpoint = non_empty_path(*result, "checkpoint");
-    if (result->count("model")) eval.model = non_empty_path(*result, "model");
+    if (result->count("checkpoint")) eval.checkpoint = path_text(*result, "checkpoint");
+    if (result->count("model")) eval.model = path_text(*result, "model");
     if (eval.checkpoint.has_value() == eval.model.has_value()) {
       throw UsageError("eval needs exactly one of --checkpoint FILE and --model FILE");
     }
@@ -386,14 +482,18 @@ ParsedCommandLine parse_command_line(int argc, const char* const argv[]) {
     }
     DownloadCommand& download = parsed.download;
     if (result->count("data-dir")) {
-      download.directory = non_empty_path(*result, "data-dir");
+      download.directory = path_text(*result, "data-dir");
     } else {
       const char* from_environment = std::getenv("DPTRAIN_DATA");
       download.directory =
           from_environment && *from_environment ? from_environment : "data/fashion-mnist";
     }
-    if (result->count("url")) download.url = non_empty_path(*result, "url");
+    if (result->count("url")) download.url = flag_text(*result, "url");
     download.force = (*result)["force"].as<bool>();
+    const auto text = [&](const char* flag) { return flag_text(*result, flag); };
+    download.speed_limit = parse_integer_flag("speed-limit", text("speed-limit"), 1, kMax);
+    download.speed_time = parse_integer_flag("speed-time", text("speed-time"), 1, 86400);
+    download.max_time = parse_integer_flag("max-time", text("max-time"), 1, 86400 * 7);
     parsed.action = ParsedCommandLine::Action::kDownload;
     return parsed;
   }

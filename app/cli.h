@@ -40,6 +40,9 @@ struct DownloadCommand {
   std::string directory;
   std::optional<std::string> url;  // base URL; default the official mirror
   bool force = false;
+  int64_t speed_limit = 10240;  // bytes/s: slower than this for speed_time seconds fails
+  int64_t speed_time = 30;      // seconds
+  int64_t max_time = 1800;      // seconds for the whole download
 };
 
 struct ParsedCommandLine {
@@ -57,7 +60,9 @@ ParsedCommandLine parse_command_line(int argc, const char* const argv[]);
 // Strict number parsing for flag values: the whole text must be a number in range.
 int64_t parse_integer_flag(const std::string& flag, const std::string& text, int64_t min_value,
                            int64_t max_value);
-double parse_positive_number_flag(const std::string& flag, const std::string& text);
+// A positive number that float32 holds as a normal number (learning rates scale float32 weights:
+// 1e39 would overflow, 1e-320 become 0).
+double parse_positive_float_flag(const std::string& flag, const std::string& text);
 // The text must be one of `choices`; returns it.
 std::string parse_choice_flag(const std::string& flag, const std::string& text,
                               const std::vector<std::string>& choices);

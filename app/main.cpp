@@ -4,7 +4,11 @@
 #include <torch/serialize.h>
 #include <unistd.h>
 
+#include <cerrno>
+#include <chrono>
+#include <csignal>
 #include <cstdio>
+#include <cstring>
 #include <exception>
 #include <memory>
 #include <string>
@@ -36,7 +40,38 @@ using dptrain::UsageError;
 // One line: c10 errors carry a C++ backtrace after the first line, which is not for users.
 std::string first_line(const std::string& text) { return text.substr(0, text.find('\n')); }
 
-int run_train(dptrain::TrainCommand command) {
+// Standard output, checked. Nobody sees what a run prints to a closed pipe or a full disk, so
+// the first failed write asks the training to stop, keeping a checkpoint, and the exit status
+// says what happened: 128 + SIGPIPE for a closed pipe (as if the signal had ended the
+// process, but after the checkpoint), 1 for any other failure.
+class CheckedStdout {
+ public:
+  // Writes one line; a failure is remembered and requests a stop.
+  void line(const std::string& text) {
+    const int error = dptrain::write_and_flush(stdout, text + "\n");
+    if (error == 0 || error_ != 0) return;
+    error_ = error;
+    dptrain::request_stop(SIGPIPE);
+  }
+  int error() const { return error_; }
+  // After a failed write: one line on stderr, `what` saying what became of the run, and the
+  // exit status.
+  int report_failure(const std::string& prefix, const std::string& what) const {
+    if (error_ == EPIPE) {
+      std::fprintf(stderr, "%sdptrain: standard output is a closed pipe; %s\n", prefix.c_str(),
+                   what.c_str());
+      return 128 + SIGPIPE;
+    }
+    std::fprintf(stderr, "%serror: cannot write to standard output: %s; %s\n", prefix.c_str(),
+                 std::strerror(error_), what.c_str());
+    return kExitRuntimeFailure;
+  }
+
+ private:
+  int error_ = 0;
+};
+
+int run_train(dptrain::TrainCommand command, CheckedStdout& out) {
   const auto world =
       dptrain::plan_world(command.devices, command.gpus, dptrain::read_launch_environment(),
                           dptrain::cuda_device_count());
@@ -44,6 +79,7 @@ int run_train(dptrain::TrainCommand command) {
   options.backend = dptrain::choose_backend(command.backend, world,
                                             dptrain::backend_available(dptrain::Backend::kNccl));
   dptrain::check_world(options, world);  // usage mistakes before the data is loaded
+  if (world.multi_process) dptrain::check_master_address(world.launch);
   if (command.metrics) dptrain::check_metrics_path(*command.metrics);
   if (command.plot) dptrain::check_plot_path(*command.plot);
   const bool reporter = world.first_rank == 0 || command.verbose;
@@ -58,8 +94,7 @@ int run_train(dptrain::TrainCommand command) {
                                     command.log_every, prefix);
   const auto print = [&](const std::string& line) {
     progress.clear();
-    std::printf("%s%s\n", prefix.c_str(), line.c_str());
-    std::fflush(stdout);
+    out.line(prefix + line);
   };
   if (reporter && !command.quiet) {
     char header[512];
@@ -127,15 +162,20 @@ int run_train(dptrain::TrainCommand command) {
     print("skipped " + std::to_string(result.skipped_steps) +
           " step(s) with a non-finite gradient (--on-nonfinite skip)");
   }
+  const std::string resume =
+      result.last_checkpoint ? "; resume from " + *result.last_checkpoint : "";
+  if (result.stopped_by == 0 && reporter) print(dptrain::format_final_line(result));
+  if (out.error() != 0) {
+    return out.report_failure(
+        prefix, result.stopped_by != 0 ? "stopped early" + resume : "the result line is lost");
+  }
   if (result.stopped_by != 0) {
     if (reporter) {
-      std::fprintf(
-          stderr, "%sdptrain: stopped by signal %d%s\n", prefix.c_str(), result.stopped_by,
-          result.last_checkpoint ? ("; resume from " + *result.last_checkpoint).c_str() : "");
+      std::fprintf(stderr, "%sdptrain: stopped by signal %d%s\n", prefix.c_str(), result.stopped_by,
+                   resume.c_str());
     }
     return 128 + result.stopped_by;
   }
-  if (reporter) print(dptrain::format_final_line(result));
   return 0;
 }
 
@@ -162,11 +202,15 @@ std::vector<std::pair<std::string, torch::Tensor>> load_weights(dptrain::EvalCom
   return dptrain::model_tensors(*model);
 }
 
-int run_download(const dptrain::DownloadCommand& command) {
+int run_download(const dptrain::DownloadCommand& command, CheckedStdout& out) {
   dptrain::DownloadOptions options;
   options.directory = command.directory;
   if (command.url) options.base_url = *command.url;
   options.force = command.force;
+  options.low_speed_bytes_per_second = command.speed_limit;
+  options.low_speed_timeout = std::chrono::seconds(command.speed_time);
+  options.deadline = std::chrono::seconds(command.max_time);
+  options.stop_signal = &dptrain::install_stop_handlers(/*announce=*/false);
   const bool terminal = isatty(STDERR_FILENO) == 1;
   const auto show = [&](const dptrain::DownloadProgress& p) {
     using Stage = dptrain::DownloadStage;
@@ -193,12 +237,19 @@ int run_download(const dptrain::DownloadCommand& command) {
     }
     std::fflush(stderr);
   };
-  dptrain::download_fashion_mnist(options, show);
-  std::printf("Fashion-MNIST is in %s\n", command.directory.c_str());
-  return 0;
+  try {
+    dptrain::download_fashion_mnist(options, show);
+  } catch (const dptrain::DownloadStopped& stopped) {
+    if (terminal) std::fputs("\r\033[K", stderr);
+    std::fprintf(stderr, "dptrain: download stopped by signal %d; no partial file is left\n",
+                 stopped.signal_number());
+    return 128 + stopped.signal_number();
+  }
+  out.line("Fashion-MNIST is in " + command.directory);
+  return out.error() != 0 ? out.report_failure("", "the files are in place") : 0;
 }
 
-int run_eval(dptrain::EvalCommand command) {
+int run_eval(dptrain::EvalCommand command, CheckedStdout& out) {
   const auto world =
       dptrain::plan_world(command.common.devices, command.common.gpus,
                           dptrain::read_launch_environment(), dptrain::cuda_device_count());
@@ -206,33 +257,38 @@ int run_eval(dptrain::EvalCommand command) {
   options.backend = dptrain::choose_backend(command.common.backend, world,
                                             dptrain::backend_available(dptrain::Backend::kNccl));
   dptrain::check_world(options, world);
+  if (world.multi_process) dptrain::check_master_address(world.launch);
   const auto weights = load_weights(command);
   const auto data_dir = dptrain::resolve_data_dir(command.common.data_dir);
   // Only the test set is evaluated; one training image keeps the data set's shape valid.
   const auto data = dptrain::load_fashion_mnist(data_dir, 1, command.common.test_limit);
   const auto result = dptrain::evaluate_weights(data, options, world, weights);
   if (world.first_rank == 0 || command.common.verbose) {
-    std::printf("%s\n", dptrain::format_eval_line(result).c_str());
+    out.line(dptrain::format_eval_line(result));
   }
-  return 0;
+  return out.error() != 0 ? out.report_failure("", "the result line is lost") : 0;
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
+  dptrain::ignore_broken_pipes();  // a closed stdout is a failed write (CheckedStdout)
+  CheckedStdout out;
   try {
     const auto parsed = dptrain::parse_command_line(argc, argv);
     if (parsed.action == dptrain::ParsedCommandLine::Action::kHelp) {
-      std::fputs(parsed.help.c_str(), stdout);
-      return 0;
+      std::string help = parsed.help;
+      if (!help.empty() && help.back() == '\n') help.pop_back();
+      out.line(help);
+      return out.error() != 0 ? out.report_failure("", "the help is lost") : 0;
     }
     switch (parsed.action) {
       case dptrain::ParsedCommandLine::Action::kTrain:
-        return run_train(parsed.train);
+        return run_train(parsed.train, out);
       case dptrain::ParsedCommandLine::Action::kEval:
-        return run_eval(parsed.eval);
+        return run_eval(parsed.eval, out);
       case dptrain::ParsedCommandLine::Action::kDownload:
-        return run_download(parsed.download);
+        return run_download(parsed.download, out);
       case dptrain::ParsedCommandLine::Action::kHelp:
         break;
     }

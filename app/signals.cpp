@@ -1,19 +1,21 @@
-// The stop-request signal handlers. See signals.h.
+// The stop-request signal handlers and checked writes. See signals.h.
 #include "signals.h"
 
 #include <signal.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstring>
 
 namespace dptrain {
 namespace {
 
 std::atomic<int> g_stop_signal{0};
-static_assert(std::atomic<int>::is_always_lock_free,
+std::atomic<bool> g_announce{true};
+static_assert(std::atomic<int>::is_always_lock_free && std::atomic<bool>::is_always_lock_free,
               "the handler may only touch lock-free atomics");
 
-// Only async-signal-safe calls in here: an atomic exchange, write(2) and _exit(2).
+// Only async-signal-safe calls in here: atomics, write(2) and _exit(2).
 void on_stop_signal(int signal_number) {
   const int previous = g_stop_signal.exchange(signal_number);
   if (previous != 0 && signal_number == SIGINT) {
@@ -22,6 +24,7 @@ void on_stop_signal(int signal_number) {
     ::_exit(128 + SIGINT);
   }
   if (previous != 0) g_stop_signal.store(previous);  // keep the first request's signal
+  if (!g_announce.load()) return;
   constexpr char kMessage[] =
       "\ndptrain: stopping after this step (writing a checkpoint if --checkpoint-dir is set); "
       "interrupt again to exit at once\n";
@@ -30,7 +33,8 @@ void on_stop_signal(int signal_number) {
 
 }  // namespace
 
-const std::atomic<int>& install_stop_handlers() {
+const std::atomic<int>& install_stop_handlers(bool announce) {
+  g_announce.store(announce);
   struct sigaction action;
   std::memset(&action, 0, sizeof action);
   action.sa_handler = on_stop_signal;
@@ -39,6 +43,23 @@ const std::atomic<int>& install_stop_handlers() {
   sigaction(SIGINT, &action, nullptr);
   sigaction(SIGTERM, &action, nullptr);
   return g_stop_signal;
+}
+
+void ignore_broken_pipes() { ::signal(SIGPIPE, SIG_IGN); }
+
+void request_stop(int signal_number) {
+  int expected = 0;
+  g_stop_signal.compare_exchange_strong(expected, signal_number);
+}
+
+int write_and_flush(std::FILE* stream, const std::string& text) {
+  errno = 0;
+  const bool wrote = std::fwrite(text.data(), 1, text.size(), stream) == text.size();
+  const bool flushed = std::fflush(stream) == 0;
+  if (wrote && flushed) return 0;
+  const int error = errno != 0 ? errno : EIO;
+  std::clearerr(stream);
+  return error;
 }
 
 }  // namespace dptrain

@@ -4,6 +4,8 @@
 #include <dirent.h>
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
@@ -362,15 +364,55 @@ TEST(CliParse, FlagIsNotTakenAsTheValueOfAnother) {
   expect_parse_error({"train", "--data-dir", "--sync-bn"}, "--data-dir");
 }
 
-// cxxopts matches each argument with a std::regex whose matcher recurses once per character:
-// a "--flag=value" of 50000 characters crashed dptrain with a stack overflow. A path as long as
-// PATH_MAX still parses; an argument near Linux's 128 KiB limit is a usage error.
-TEST(CliParse, OverlongArgumentIsAUsageErrorNotACrash) {
+// cxxopts matches each argument it takes for a flag with a std::regex whose matcher recurses
+// once per character: a "--flag=value" of 50000 characters crashed dptrain with a stack
+// overflow (4000 under `ulimit -s 1024`, see CliStack). Arguments now reach the regex only as
+// our own short flag names, so any length parses, in linear time; a path longer than the system
+// takes is refused by name, and an unknown flag of any length is named, cut short.
+TEST(CliParse, LongArgumentsParseWithoutRecursion) {
   const std::string dir(4095, 'd');
   EXPECT_EQ(parse({"train", "--data-dir=" + dir}).train.data_dir, dir);
+  EXPECT_EQ(parse({"train", "--data-dir", dir}).train.data_dir, dir);
+  const std::string devices = "cpu" + std::string(131000, ' ');
+  EXPECT_EQ(parse({"train", "--devices=" + devices}).train.devices, devices);
   const std::string huge(131000, 'a');
-  expect_parse_error({"train", "--data-dir=" + huge}, "argument 2 ('--data-dir=aaa");
-  expect_parse_error({"train", "--epochs", "1", "-" + huge}, "argument 4");
+  expect_parse_error(
+      {"train", "--data-dir=" + huge},
+      "--data-dir: 'aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa...' (131000 characters) "
+      "is longer than the system allows for a path (4095 characters)");
+  expect_parse_error({"train", "--" + huge}, "unknown flag '--aaaaaa");
+  expect_parse_error({"train", "--" + huge + "=1"}, "(131002 characters)");
+  expect_parse_error({"train", "-" + huge}, "unknown flag '-aaaaa");
+  expect_parse_error({"train", huge}, "unexpected argument 'aaaa");
+  expect_parse_error({"train", "--epochs=" + std::string(131000, '1')}, "--epochs: '1111");
+  expect_parse_error({"train", "--sync-bn=" + huge}, "--sync-bn: 'aaaa");
+}
+
+// Every flag that takes a value, of every command, given an empty one: a usage error naming it
+// (--data-dir= used to be taken as the current directory's sibling "" and failed at run time).
+// The flags are read from the help, so that a flag added later is covered too.
+TEST(CliParse, EveryFlagGivenAnEmptyValueIsAUsageErrorNamingIt) {
+  const std::regex flag_with_value(R"(--([a-z][a-z-]+) [A-Z|]+)");
+  int checked = 0;
+  for (const std::string command : {"train", "eval", "download"}) {
+    const std::string help = parse({command, "--help"}).help;
+    for (std::sregex_iterator it(help.begin(), help.end(), flag_with_value), end; it != end; ++it) {
+      const std::string flag = "--" + (*it)[1].str();
+      SCOPED_TRACE(command + " " + flag);
+      expect_parse_error({command, flag + "="}, flag + ": empty value");
+      expect_parse_error({command, flag, ""}, flag + ": empty value");
+      ++checked;
+    }
+  }
+  EXPECT_GE(checked, 40);  // 26 of train, 14 of eval, 5 of download
+}
+
+// A switch given a value takes only what reads as true or false.
+TEST(CliParse, SwitchValueIsTrueOrFalse) {
+  EXPECT_TRUE(parse({"train", "--sync-bn=true"}).train.options.sync_bn);
+  EXPECT_FALSE(parse({"train", "--sync-bn=0"}).train.options.sync_bn);
+  expect_parse_error({"train", "--sync-bn=yes"}, "--sync-bn: 'yes' is not true or false");
+  expect_parse_error({"train", "--sync-bn="}, "--sync-bn: '' is not true or false");
 }
 
 // ---- parse_integer_flag / parse_positive_number_flag --------------------------------------
@@ -406,22 +448,30 @@ TEST(CliParse, IntegerFlagRejectsAnythingElse) {
   bad("1001", "out of range");
 }
 
-TEST(CliParse, PositiveNumberFlagAcceptsFinitePositiveNumbers) {
-  EXPECT_EQ(parse_positive_number_flag("lr", "0.1"), 0.1);
-  EXPECT_EQ(parse_positive_number_flag("lr", "2"), 2.0);
-  EXPECT_EQ(parse_positive_number_flag("lr", "1e-3"), 1e-3);
-  EXPECT_EQ(parse_positive_number_flag("lr", ".5"), 0.5);
-  EXPECT_EQ(parse_positive_number_flag("lr", "5."), 5.0);
+TEST(CliParse, PositiveFloatFlagAcceptsNormalFloat32Numbers) {
+  EXPECT_EQ(parse_positive_float_flag("lr", "0.1"), 0.1);
+  EXPECT_EQ(parse_positive_float_flag("lr", "2"), 2.0);
+  EXPECT_EQ(parse_positive_float_flag("lr", "1e-3"), 1e-3);
+  EXPECT_EQ(parse_positive_float_flag("lr", ".5"), 0.5);
+  EXPECT_EQ(parse_positive_float_flag("lr", "5."), 5.0);
+  EXPECT_EQ(parse_positive_float_flag("lr", "3.4e38"), 3.4e38);
+  EXPECT_EQ(parse_positive_float_flag("lr", "1.2e-38"), 1.2e-38);
 }
 
-TEST(CliParse, PositiveNumberFlagRejectsAnythingElse) {
-  const auto bad = [](const std::string& text) {
+TEST(CliParse, PositiveFloatFlagRejectsAnythingElse) {
+  const auto bad = [](const std::string& text, const std::string& substring) {
     SCOPED_TRACE("'" + text + "'");
-    expect_usage_error([&] { parse_positive_number_flag("lr", text); }, "--lr");
+    expect_usage_error([&] { parse_positive_float_flag("lr", text); }, "--lr: '" + text + "'");
+    expect_usage_error([&] { parse_positive_float_flag("lr", text); }, substring);
   };
-  for (const char* text : {"", "abc", "0.1x", "x0.1", "0.1 ", " 0.1", "0", "-0", "0.0", "-0.1",
-                           "nan", "NaN", "-nan", "inf", "-inf", "infinity", "1e999", "1e-400"}) {
-    bad(text);
+  for (const char* text : {"", "abc", "0.1x", "x0.1", "0.1 ", " 0.1"}) bad(text, "not a number");
+  for (const char* text : {"0", "-0", "0.0", "-0.1", "nan", "NaN", "-nan", "inf", "-inf",
+                           "infinity", "1e999", "1e-400"}) {
+    bad(text, "finite number above 0");
+  }
+  // Finite doubles that float32 weights cannot take: LibTorch's overflow error, or silently 0.
+  for (const char* text : {"1e39", "3.5e38", "1e300", "1e-39", "1e-320", "4.9e-324"}) {
+    bad(text, "outside what a float32 holds");
   }
 }
 
@@ -581,6 +631,9 @@ const std::vector<ErrorCase> kErrorCases = {
     {"lr_nan", {"train", "--lr", "nan"}, kUsage, "--lr"},
     {"lr_inf", {"train", "--lr", "inf"}, kUsage, "--lr"},
     {"lr_overflow", {"train", "--lr", "1e999"}, kUsage, "--lr"},
+    {"lr_overflows_float32", {"train", "--lr", "1e39"}, kUsage, "--lr: '1e39' is outside"},
+    {"lr_underflows_float32", {"train", "--lr", "1e-320"}, kUsage, "--lr: '1e-320' is outside"},
+    {"threads_more_than_cores", {"train", "--threads", "4096"}, kUsage, "--threads 4096"},
     {"seed_negative", {"train", "--seed", "-1"}, kUsage, "--seed"},
     {"threads_zero", {"train", "--threads", "0"}, kUsage, "--threads"},
     {"bucket_mb_zero", {"train", "--bucket-mb", "0"}, kUsage, "--bucket-mb"},
@@ -589,6 +642,12 @@ const std::vector<ErrorCase> kErrorCases = {
     {"max_steps_zero", {"train", "--max-steps", "0"}, kUsage, "--max-steps"},
     {"gpus_zero", {"train", "--gpus", "0"}, kUsage, "--gpus"},
     {"save_model_empty", {"train", "--save-model", ""}, kUsage, "--save-model"},
+    {"data_dir_empty", {"train", "--data-dir="}, kUsage, "--data-dir: empty value"},
+    {"eval_data_dir_empty", {"eval", "--model", "m.pt", "--data-dir", ""}, kUsage, "--data-dir"},
+    {"download_data_dir_empty", {"download", "--data-dir="}, kUsage, "--data-dir"},
+    {"download_url_empty", {"download", "--url="}, kUsage, "--url"},
+    {"download_max_time_zero", {"download", "--max-time", "0"}, kUsage, "--max-time"},
+    {"download_speed_limit_zero", {"download", "--speed-limit=0"}, kUsage, "--speed-limit"},
     // Devices and backends.
     {"gpus_without_cuda", {"train", "--gpus", "1"}, kUsage, "--gpus", true},
     {"devices_cuda0_without_cuda", {"train", "--devices", "cuda:0"}, kUsage, "cuda:0", true},
@@ -703,6 +762,16 @@ const std::vector<DataCase> kDataCases = {
        return bytes;
      },
      "", true},
+    // 16 images declared, 64 MiB of zeros behind them: unpacking stops past the declared size.
+    {"gzip_bomb", kTrainImages,
+     [] { return testing::gzip_then_zeros(fake_images(16), size_t{64} << 20); },
+     "more data than its header declares", true},
+    // 4.7 GB declared: more than any IDX file dptrain reads, refused before reading on.
+    {"header_declares_over_4_gib", kTestImages,
+     [] {
+       return testing::make_idx(0x08, {6000000, 28, 28}, {});
+     },
+     "absurdly large"},
     {"truncated_gzip", kTrainImages,
      [] {
        auto bytes = testing::gzip_bytes(fake_images(16));
@@ -1125,6 +1194,162 @@ TEST(CliProgress, QuietPrintsOnlyTheFinalLine) {
   // Quiet is about output only: the checkpoints are still written.
   EXPECT_EQ(checkpoints_in(dir.path()),
             (std::vector<std::string>{checkpoint_file_name(1, 0), checkpoint_file_name(2, 0)}));
+}
+
+// ---- Hostile environments: small stacks, users without permission, launchers, outputs ------
+
+// Under `ulimit -s 1024` a 4,000-character "--data-dir=..." overflowed the stack in cxxopts'
+// regex (SIGSEGV, exit 139). Parsing no longer recurses per character: with a 1 MiB stack the
+// longest arguments the system passes are ordinary mistakes.
+TEST(CliStack, LongArgumentsUnderAOneMebibyteStackAreOrdinaryErrors) {
+  testing::ChildSetup small_stack;
+  small_stack.stack_limit_bytes = 1 << 20;
+  const auto run = [&](const std::vector<std::string>& args) {
+    std::vector<std::string> command{testing::dptrain_binary()};
+    command.insert(command.end(), args.begin(), args.end());
+    return testing::run_command(command, {}, 120, small_stack);
+  };
+  const std::string path(4000, 'd');
+  // A 4000-character name: the system's limit is 255 per component.
+  expect_one_error_line(run({"train", "--data-dir=" + path}), kRunTime, "File name too long");
+  const std::string nested = "/nonexistent" + std::string(2000, '/') + "x";
+  expect_one_error_line(run({"train", "--data-dir=" + nested}), kRunTime, "does not hold");
+  const std::string huge(120000, 'a');
+  expect_one_error_line(run({"train", "--data-dir=" + huge}), kUsage, "longer than the system");
+  expect_one_error_line(run({"train", "--" + huge}), kUsage, "unknown flag");
+  expect_one_error_line(run({"train", "--devices=" + huge}), kUsage, "--devices");
+  expect_one_error_line(run({"download", "--url=" + huge}), kUsage, "is not supported");
+}
+
+// A data directory the user may not enter was reported as missing files, with advice to install
+// a package. Run as an unprivileged user (nobody, when the tests run as root as in CI, where
+// permissions do not bite), it names the directory and the cause.
+TEST(CliDataPermissions, DirectoryTheUserCannotEnterIsNamed) {
+  TempDir data;  // made with mode 0700: as root's, nobody may not enter it
+  write_fake_data(data, 16, 8);
+  testing::ChildSetup setup;
+  if (::geteuid() == 0) {
+    setup.run_as_uid = 65534;
+    setup.run_as_gid = 65534;
+  } else {
+    ASSERT_EQ(::chmod(data.path().c_str(), 0), 0);
+  }
+  const auto result =
+      testing::run_command({testing::dptrain_binary(), "train", "--data-dir", data.path(),
+                            "--devices", "cpu", "--width", "1", "--epochs", "1", "--threads", "1"},
+                           {}, 120, setup);
+  ::chmod(data.path().c_str(), 0700);
+  if (result.exit_code == testing::kChildSetupFailed || result.exit_code == 127) {
+    GTEST_SKIP() << "cannot run dptrain as an unprivileged user here: " << result.err;
+  }
+  expect_one_error_line(result, kRunTime,
+                        "--data-dir " + data.path() + ": cannot enter directory " + data.path() +
+                            ": Permission denied");
+  EXPECT_FALSE(contains(result.err, "install")) << describe(result);
+}
+
+// An unresolvable MASTER_ADDR waited out the whole --timeout (300 s) behind LibTorch's log
+// lines and then blamed a timeout. It fails at once, naming the variable and the host; a port
+// out of range is a usage error.
+TEST(CliErrorsEnvironment, UnresolvableMasterAddrFailsAtOnceNamingIt) {
+  const auto start = std::chrono::steady_clock::now();
+  const auto result = run_dptrain({"train", "--data-dir", tiny_data_dir(), "--devices", "cpu",
+                                   "--width", "1", "--epochs", "1", "--threads", "1"},
+                                  {{"RANK", "1"},
+                                   {"WORLD_SIZE", "2"},
+                                   {"MASTER_ADDR", "no-such-host.invalid"},
+                                   {"MASTER_PORT", std::to_string(testing::free_port())}},
+                                  120);
+  expect_one_error_line(result, kRunTime,
+                        "rank 1: MASTER_ADDR=no-such-host.invalid does not resolve");
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(30));
+  for (const char* port : {"0", "65536", "-1", "http"}) {
+    expect_one_error_line(
+        run_dptrain({"train", "--data-dir", tiny_data_dir()}, {{"RANK", "0"},
+                                                               {"WORLD_SIZE", "2"},
+                                                               {"MASTER_ADDR", "127.0.0.1"},
+                                                               {"MASTER_PORT", port}}),
+        kUsage, std::string("MASTER_PORT=") + port);
+  }
+}
+
+// A 0-image test set reported "test acc: 0.00" and exited 0; a 0-image training set failed
+// with "BatchAssembler needs a positive batch size". Each is a data error naming the file and
+// the count, for train and for eval.
+TEST(CliEmptyData, ZeroImagesIsADataErrorNamingTheFile) {
+  TempDir out;
+  const std::string model = out.file("model.pt");
+  ASSERT_EQ(run_dptrain({"train", "--data-dir", tiny_data_dir(), "--devices", "cpu", "--width", "1",
+                         "--epochs", "1", "--threads", "1", "--save-model", model})
+                .exit_code,
+            0);
+  for (const char* empty : {kTrainImages, kTestImages}) {
+    SCOPED_TRACE(empty);
+    TempDir dir;
+    write_fake_data(dir, 16, 8);
+    const bool train_set = std::string(empty) == kTrainImages;
+    testing::write_bytes(dir.file(empty), fake_images(0));
+    testing::write_bytes(dir.file(train_set ? kTrainLabels : kTestLabels), fake_labels(0));
+    const std::string message = dir.file(empty) + ": holds 0 images";
+    expect_one_error_line(run_dptrain({"train", "--data-dir", dir.path(), "--devices", "cpu",
+                                       "--width", "1", "--epochs", "1", "--threads", "1"}),
+                          kRunTime, message);
+    expect_one_error_line(run_dptrain({"eval", "--model", model, "--width", "1", "--data-dir",
+                                       dir.path(), "--devices", "cpu", "--threads", "1"}),
+                          kRunTime, message);
+  }
+}
+
+// `dptrain ... | head -1` killed training by SIGPIPE (141) before it wrote a checkpoint. SIGPIPE
+// is now ignored: the failed write asks for a stop like SIGTERM, the checkpoint is written, and
+// the exit status is still 141, with one line saying why.
+TEST(CliOutput, ClosedStdoutPipeStopsTheTrainingWithACheckpoint) {
+  TempDir dir;
+  const std::string checkpoints = dir.file("checkpoints");
+  auto args = long_run_args(checkpoints);
+  *(std::find(args.begin(), args.end(), "--log-every") + 1) = "100000";  // stderr stays quiet
+  std::vector<std::string> command{"bash", "-c", R"("$0" "$@" | head -n 1; exit ${PIPESTATUS[0]})"};
+  command.insert(command.end(), args.begin(), args.end());
+  const auto result = testing::run_command(command, {}, 300);
+  EXPECT_FALSE(result.timed_out) << describe(result);
+  EXPECT_FALSE(contains(result.err, "terminate called")) << describe(result);
+  EXPECT_EQ(result.exit_code, 128 + SIGPIPE) << describe(result);
+  EXPECT_EQ(split_lines(result.out).size(), 1u) << describe(result);  // what head printed
+  const auto names = checkpoints_in(checkpoints);
+  ASSERT_FALSE(names.empty()) << describe(result);
+  const std::string newest = checkpoints + "/" + names.back();
+  EXPECT_TRUE(contains(result.err,
+                       "dptrain: standard output is a closed pipe; stopped early; "
+                       "resume from " +
+                           newest))
+      << describe(result);
+  EXPECT_FALSE(contains(result.err, "error:")) << describe(result);
+  EXPECT_GT(read_checkpoint(newest).global_step, 0);
+}
+
+// With stdout on /dev/full the result line was lost and the exit status was 0. A failed write
+// to stdout is one line on stderr and exit status 1, for every command that prints.
+TEST(CliOutput, FullStdoutIsARunTimeError) {
+  testing::ChildSetup full;
+  full.stdout_path = "/dev/full";
+  const auto run = [&](const std::vector<std::string>& args) {
+    std::vector<std::string> command{testing::dptrain_binary()};
+    command.insert(command.end(), args.begin(), args.end());
+    return testing::run_command(command, {}, 120, full);
+  };
+  const std::string message = "cannot write to standard output: No space left on device";
+  expect_one_error_line(run({"--help"}), kRunTime, message);
+  expect_one_error_line(run({"train", "--help"}), kRunTime, message);
+  const auto quiet = run({"train", "--data-dir", tiny_data_dir(), "--devices", "cpu", "--width",
+                          "1", "--epochs", "1", "--threads", "1", "--quiet"});
+  expect_one_error_line(quiet, kRunTime, message + "; the result line is lost");
+  // Not quiet: the first line fails, the training stops after a step and keeps its checkpoint.
+  TempDir dir;
+  const auto loud = run({"train", "--data-dir", signal_data_dir(), "--devices", "cpu", "--width",
+                         "1", "--epochs", "5", "--batch-size", "16", "--threads", "1",
+                         "--log-every", "100000", "--checkpoint-dir", dir.path()});
+  expect_one_error_line(loud, kRunTime, message + "; stopped early; resume from " + dir.path());
+  EXPECT_EQ(checkpoints_in(dir.path()).size(), 1u) << describe(loud);
 }
 
 }  // namespace

@@ -4,6 +4,7 @@
 
 #include <chrono>
 
+#include "dptrain/errors.h"
 #include "dptrain/model.h"
 #include "dptrain/rendezvous.h"
 #include "dptrain/replicas.h"
@@ -171,6 +172,28 @@ INSTANTIATE_TEST_SUITE_P(
                       BadEnvironment{"BadPort", with(kGood, "MASTER_PORT", "70000"),
                                      "MASTER_PORT=70000"}),
     [](const auto& info) { return std::string(info.param.name); });
+
+// An unresolvable MASTER_ADDR had LibTorch retry it for the whole timeout; it is named at once.
+TEST(LaunchEnvironment, UnresolvableMasterAddrIsNamedAtOnce) {
+  auto launch = read_launch_environment(kGood);
+  ASSERT_TRUE(launch.has_value());
+  EXPECT_NO_THROW(check_master_address(*launch));
+  launch->master_addr = "localhost";
+  EXPECT_NO_THROW(check_master_address(*launch));
+  for (const std::string host : {"no-such-host.invalid", "127.0.0.1:29500", "exa mple"}) {
+    launch->master_addr = host;
+    const auto start = std::chrono::steady_clock::now();
+    try {
+      check_master_address(*launch);
+      ADD_FAILURE() << host << " resolved";
+    } catch (const CollectiveError& e) {
+      EXPECT_EQ(
+          std::string(e.what()).rfind("rank 0: MASTER_ADDR=" + host + " does not resolve (", 0), 0u)
+          << e.what();
+    }
+    EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(10)) << host;
+  }
+}
 
 // ---- Replica helpers ----------------------------------------------------------------
 

@@ -4,12 +4,14 @@
 #include <arpa/inet.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <signal.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <fstream>
 #include <iterator>
@@ -116,6 +118,71 @@ class SilentServer {
  private:
   int fd_ = -1;
   int port_ = 0;
+};
+
+// An HTTP server on loopback, in a thread of the test, that answers every request with a
+// 100 MB file and sends it `bytes_per_second` at a time, one piece every 100 ms: a mirror
+// that drips. It serves one connection after another until destroyed.
+class DripServer {
+ public:
+  explicit DripServer(int64_t bytes_per_second) : bytes_per_tick_(bytes_per_second / 10) {
+    fd_ = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in address{};
+    address.sin_family = AF_INET;
+    address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t length = sizeof address;
+    if (::bind(fd_, reinterpret_cast<sockaddr*>(&address), sizeof address) != 0 ||
+        ::listen(fd_, 8) != 0 ||
+        ::getsockname(fd_, reinterpret_cast<sockaddr*>(&address), &length) != 0) {
+      throw std::runtime_error("cannot listen on loopback");
+    }
+    port_ = ntohs(address.sin_port);
+    thread_ = std::thread([this] { serve(); });
+  }
+  ~DripServer() {
+    stop_ = true;
+    thread_.join();
+    ::close(fd_);
+  }
+  DripServer(const DripServer&) = delete;
+  DripServer& operator=(const DripServer&) = delete;
+  std::string url() const { return "http://127.0.0.1:" + std::to_string(port_) + "/"; }
+  int connections() const { return connections_; }
+
+ private:
+  // Waits up to 100 ms for `fd` to be ready for `events`.
+  static bool ready(int fd, short events) {
+    pollfd entry{fd, events, 0};
+    return ::poll(&entry, 1, 100) == 1;
+  }
+
+  void serve() {
+    while (!stop_) {
+      if (!ready(fd_, POLLIN)) continue;
+      const int client = ::accept(fd_, nullptr, nullptr);
+      if (client < 0) continue;
+      ++connections_;
+      char request[4096];
+      if (ready(client, POLLIN)) (void)!::read(client, request, sizeof request);
+      const std::string header =
+          "HTTP/1.1 200 OK\r\nContent-Length: 100000000\r\nContent-Type: "
+          "application/octet-stream\r\n\r\n";
+      bool open = ::send(client, header.data(), header.size(), MSG_NOSIGNAL) > 0;
+      const std::string piece(static_cast<size_t>(bytes_per_tick_), 'x');
+      while (open && !stop_) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(100));
+        open = ::send(client, piece.data(), piece.size(), MSG_NOSIGNAL) > 0;
+      }
+      ::close(client);
+    }
+  }
+
+  int64_t bytes_per_tick_;
+  int fd_ = -1;
+  int port_ = 0;
+  std::atomic<bool> stop_{false};
+  std::atomic<int> connections_{0};
+  std::thread thread_;
 };
 
 const std::vector<std::string> kNames = {kTrainImagesFile, kTrainLabelsFile, kTestImagesFile,
@@ -310,6 +377,108 @@ TEST_F(DownloadTest, ServerThatNeverAnswersTimesOut) {
   expect_nothing_left_but({});
 }
 
+// A mirror that drips 2 KB/s was never given up on: the low-speed limit was 1 KiB/s and there
+// was no deadline. The defaults now catch it.
+TEST(DownloadDefaults, CatchADripAndEndByADeadline) {
+  const DownloadOptions defaults;
+  EXPECT_EQ(defaults.low_speed_bytes_per_second, 10240);
+  EXPECT_EQ(defaults.low_speed_timeout, std::chrono::seconds(30));
+  EXPECT_EQ(defaults.deadline, std::chrono::minutes(30));
+}
+
+TEST_F(DownloadTest, DripBelowTheSpeedLimitIsAbandoned) {
+  DripServer server(2048);
+  options_.base_url = server.url();
+  options_.attempts = 1;
+  options_.low_speed_bytes_per_second = 4096;
+  options_.low_speed_timeout = std::chrono::seconds(1);
+  const auto start = std::chrono::steady_clock::now();
+  testing::expect_data_error([&] { download_fashion_mnist(options_); },
+                             {server.url() + kTestImagesFile, "too slow", "Less than 4096"});
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(10));
+  expect_nothing_left_but({});
+}
+
+// Above the speed limit, the deadline ends it, and is not retried.
+TEST_F(DownloadTest, DeadlineEndsADripAboveTheSpeedLimitWithoutRetrying) {
+  DripServer server(20000);
+  options_.base_url = server.url();
+  options_.attempts = 3;
+  options_.low_speed_bytes_per_second = 1000;
+  options_.deadline = std::chrono::seconds(2);
+  const auto start = std::chrono::steady_clock::now();
+  testing::expect_data_error(
+      [&] { download_fashion_mnist(options_); },
+      {server.url() + kTestImagesFile, ": the download's deadline of 2 s passed"});
+  const auto took = std::chrono::steady_clock::now() - start;
+  EXPECT_GE(took, std::chrono::milliseconds(1900));
+  EXPECT_LT(took, std::chrono::seconds(8));
+  EXPECT_EQ(server.connections(), 1);
+  expect_nothing_left_but({});
+}
+
+// A stop request (what SIGINT and SIGTERM set) abandons the transfer within about a second and
+// removes the ".part" file, even while nothing arrives.
+TEST_F(DownloadTest, StopRequestEndsTheTransferAndRemovesThePartFile) {
+  SilentServer server;
+  options_.base_url = server.url();
+  std::atomic<int> stop{0};
+  options_.stop_signal = &stop;
+  std::thread stopper([&] {
+    for (int i = 0; i < 200 && !path_exists(target(kTestImagesFile) + ".part"); ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(25));
+    }
+    stop = SIGTERM;
+  });
+  const auto start = std::chrono::steady_clock::now();
+  try {
+    download_fashion_mnist(options_);
+    ADD_FAILURE() << "the download did not stop";
+  } catch (const DownloadStopped& stopped) {
+    EXPECT_EQ(stopped.signal_number(), SIGTERM);
+  }
+  stopper.join();
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(8));
+  expect_nothing_left_but({});
+}
+
+// "http://user:secret@host/" was echoed in the errors. No message or progress line holds the
+// credentials.
+TEST(DownloadRedaction, CredentialsAreReplaced) {
+  EXPECT_EQ(redact_url("http://user:secret@host:8080/path?q=1"), "http://***@host:8080/path?q=1");
+  EXPECT_EQ(redact_url("https://token@host/"), "https://***@host/");
+  EXPECT_EQ(redact_url("http://a:b@c@host/x@y"), "http://***@host/x@y");
+  EXPECT_EQ(redact_url("user:secret@host/data"), "***@host/data");
+  EXPECT_EQ(redact_url("http://host/a@b"), "http://host/a@b");
+  EXPECT_EQ(redact_url("file:///tmp/x"), "file:///tmp/x");
+}
+
+TEST_F(DownloadTest, CredentialsNeverAppearInMessages) {
+  const std::string port = std::to_string(testing::free_port());
+  options_.base_url = "http://user:secret@127.0.0.1:" + port + "/";
+  std::vector<std::string> lines;
+  try {
+    download_fashion_mnist(options_,
+                           [&](const DownloadProgress& p) { lines.push_back(p.message); });
+    ADD_FAILURE() << "nothing listens there";
+  } catch (const DataError& e) {
+    lines.push_back(e.what());
+    EXPECT_EQ(std::string(e.what()).rfind("download http://***@127.0.0.1:" + port + "/", 0), 0u)
+        << e.what();
+  }
+  options_.base_url = "ftp://user:secret@127.0.0.1/";
+  try {
+    download_fashion_mnist(options_);
+  } catch (const UsageError& e) {
+    lines.push_back(e.what());
+  }
+  ASSERT_GE(lines.size(), 3u);  // a retry, the failure, the scheme
+  for (const auto& line : lines) {
+    EXPECT_EQ(line.find("secret"), std::string::npos) << line;
+    EXPECT_EQ(line.find("user"), std::string::npos) << line;
+  }
+}
+
 TEST_F(DownloadTest, MissingFileUrlIsADataError) {
   testing::remove_path(served_.file(kTestImagesFile));
   options_.base_url = "file://" + served_.path() + "/";
@@ -369,6 +538,75 @@ TEST_F(DownloadTest, ExceptionFromTheProgressCallbackAbortsAndLeavesNoFile) {
                                       }),
                std::runtime_error);
   expect_nothing_left_but({});
+}
+
+// ---- The dptrain download command --------------------------------------------------------------
+
+std::vector<std::string> download_command(const std::string& url, const std::string& directory) {
+  return {testing::dptrain_binary(), "download", "--url", url, "--data-dir", directory};
+}
+
+std::vector<std::string> lines_of(const std::string& text) {
+  std::vector<std::string> lines;
+  size_t begin = 0;
+  for (size_t end; (end = text.find('\n', begin)) != std::string::npos; begin = end + 1) {
+    lines.push_back(text.substr(begin, end - begin));
+  }
+  if (begin < text.size()) lines.push_back(text.substr(begin));
+  return lines;
+}
+
+// SIGTERM or SIGINT during a download left a ".part" file. The transfer is abandoned, the file
+// removed, one line says so, and the exit status is 128 + the signal.
+class CliDownloadSignal : public ::testing::TestWithParam<int> {};
+
+TEST_P(CliDownloadSignal, RemovesThePartFileAndExitsWith128PlusTheSignal) {
+  DripServer server(2048);
+  TempDir dir;
+  const std::string part = dir.file(std::string(kTestImagesFile) + ".part");
+  const auto child =
+      testing::spawn_command(download_command(server.url(), dir.path()), {}, dir.file("run"));
+  for (int i = 0; i < 400 && !path_exists(part); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(25));
+  }
+  ASSERT_TRUE(path_exists(part));
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));  // bytes are arriving
+  ASSERT_EQ(::kill(child.pid, GetParam()), 0);
+  const auto result = testing::wait_command(child, 15);
+  EXPECT_FALSE(result.timed_out);
+  EXPECT_EQ(result.exit_code, 128 + GetParam()) << result.err;
+  EXPECT_EQ(lines_of(result.err),
+            (std::vector<std::string>{"dptrain: download stopped by signal " +
+                                      std::to_string(GetParam()) + "; no partial file is left"}))
+      << result.err;
+  EXPECT_EQ(testing::list_directory(dir.path()), (std::vector<std::string>{"run.err", "run.out"}));
+}
+
+INSTANTIATE_TEST_SUITE_P(, CliDownloadSignal, ::testing::Values(SIGINT, SIGTERM),
+                         [](const ::testing::TestParamInfo<int>& info) {
+                           return info.param == SIGINT ? "Sigint" : "Sigterm";
+                         });
+
+// The limits are flags: a drip at 2 KB/s under --speed-limit 4096 --speed-time 1, retried until
+// --max-time 4 passes, fails in seconds with one line that names the URL, without the password.
+TEST(CliDownload, SpeedLimitAndMaxTimeFlagsEndADrip) {
+  DripServer server(2048);
+  TempDir dir;
+  const std::string url = "http://user:secret@" + server.url().substr(7);
+  auto command = download_command(url, dir.path());
+  command.insert(command.end(), {"--speed-limit", "4096", "--speed-time", "1", "--max-time", "4"});
+  const auto start = std::chrono::steady_clock::now();
+  const auto result = testing::run_command(command, {}, 60);
+  const auto took = std::chrono::steady_clock::now() - start;
+  EXPECT_EQ(result.exit_code, 1) << result.err;
+  EXPECT_GE(took, std::chrono::seconds(1));
+  EXPECT_LT(took, std::chrono::seconds(15));
+  const auto lines = lines_of(result.err);
+  ASSERT_FALSE(lines.empty());
+  EXPECT_EQ(lines.back().rfind("error: download http://***@127.0.0.1:", 0), 0u) << result.err;
+  EXPECT_EQ(result.err.find("secret"), std::string::npos) << result.err;
+  EXPECT_GE(server.connections(), 2) << result.err;  // retried before the deadline
+  EXPECT_EQ(testing::list_directory(dir.path()), std::vector<std::string>{});
 }
 
 // ---- The built-in checksums ------------------------------------------------------------------

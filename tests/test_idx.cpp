@@ -3,7 +3,9 @@
 // Suites: IdxReader (well-formed input), IdxCorruption (one parameterised case per fault).
 
 #include <gtest/gtest.h>
+#include <unistd.h>
 
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <string>
@@ -18,6 +20,7 @@ namespace {
 using namespace dptrain;
 using dptrain::testing::expect_data_error;
 using dptrain::testing::gzip_bytes;
+using dptrain::testing::gzip_then_zeros;
 using dptrain::testing::make_idx;
 using dptrain::testing::TempDir;
 using dptrain::testing::write_bytes;
@@ -107,6 +110,46 @@ TEST(IdxReader, GarbageAfterTheGzipStreamIsDataError) {
   const std::string path = dir.file("junk-after.gz");
   write_bytes(path, packed);
   expect_data_error([&] { read_idx_file(path); }, {path});
+}
+
+// A gzip bomb: 16 images declared, 512 MiB of zeros behind them in half a megabyte. Before, the
+// whole stream was unpacked (10 GiB of zeros took 4 GB and ended in std::bad_alloc); now the
+// reader stops one byte past what the header declares.
+TEST(IdxReader, GzipBombStopsAtTheDeclaredSize) {
+  TempDir dir;
+  const std::string path = dir.file("bomb.gz");
+  write_bytes(path, gzip_then_zeros(make_idx(kUByte, {16, 28, 28}, {}), size_t{512} << 20));
+  const auto start = std::chrono::steady_clock::now();
+  expect_data_error([&] { read_idx_file(path); },
+                    {path, "more data than its header declares: (16 x 28 x 28) need 12544 bytes"});
+  // Unpacking all of it takes seconds; 12 KB take nothing.
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(2));
+}
+
+// A header that declares more than any IDX file dptrain reads (4 GiB of data) is refused before
+// anything is unpacked or allocated; one within the limit in front of a few bytes allocates as
+// the bytes arrive and is truncated.
+TEST(IdxReader, DeclaredSizeIsCheckedBeforeAllocating) {
+  TempDir dir;
+  const std::string huge = dir.file("huge.gz");
+  write_bytes(huge, gzip_then_zeros(make_idx(kUByte, {100000, 100000}, {}), 1000));
+  expect_data_error([&] { read_idx_file(huge); },
+                    {huge, "absurdly large: (100000 x 100000) is more than the 4 GiB"});
+  const std::string large = dir.file("large.gz");
+  write_bytes(large, gzip_then_zeros(make_idx(kUByte, {5000000, 28, 28}, {}), 1000));
+  expect_data_error([&] { read_idx_file(large); },
+                    {large, "need 3920000000 bytes of data, the file has 1000 (truncated)"});
+}
+
+// A plain file larger than any IDX file dptrain reads is refused by its size, unread (a sparse
+// file: no disk is used).
+TEST(IdxReader, PlainFileLargerThanAnyIdxIsRefusedUnread) {
+  TempDir dir;
+  const std::string path = dir.file("huge.idx");
+  write_bytes(path, make_idx(kUByte, {60000, 28, 28}, {}));
+  ASSERT_EQ(::truncate(path.c_str(), (int64_t{5} << 30)), 0);
+  expect_data_error([&] { read_idx_file(path); },
+                    {path, "5368709120 bytes, more than any IDX file dptrain reads"});
 }
 
 TEST(IdxReader, ZeroSizedFirstDimensionIsAnEmptyArray) {
@@ -270,6 +313,10 @@ INSTANTIATE_TEST_SUITE_P(
         CorruptionCase{"gzip_of_bad_idx",
                        gzip_bytes({0x12, 0x34, 0x08, 0x01, 0, 0, 0, 1, 7}),
                        {"bad magic number"}},
+        CorruptionCase{"gzip_more_data_than_declared",
+                       gzip_bytes(with_trailing(make_idx(kUByte, {2, 3}, kSixBytes),
+                                                std::vector<uint8_t>(100))),
+                       {"more data than its header declares: (2 x 3) need 6 bytes"}},
         CorruptionCase{"gzip_of_truncated_idx",
                        gzip_bytes(truncated(make_idx(kUByte, {2, 3}, kSixBytes), 12 + 5)),
                        {"(truncated)"}}),

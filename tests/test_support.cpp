@@ -5,10 +5,12 @@
 #include <dirent.h>
 #include <fcntl.h>
 #include <ftw.h>
+#include <grp.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -113,6 +115,35 @@ std::vector<uint8_t> gzip_bytes(const std::vector<uint8_t>& bytes) {
   return out;
 }
 
+std::vector<uint8_t> gzip_then_zeros(const std::vector<uint8_t>& head, size_t zeros) {
+  z_stream stream{};
+  if (deflateInit2(&stream, 9, Z_DEFLATED, 16 + MAX_WBITS, 9, Z_DEFAULT_STRATEGY) != Z_OK) {
+    throw std::runtime_error("deflateInit2 failed");
+  }
+  std::vector<uint8_t> out;
+  const std::vector<uint8_t> chunk(1 << 20);
+  std::vector<uint8_t> piece(1 << 16);
+  const auto feed = [&](const uint8_t* data, size_t size, int flush) {
+    stream.next_in = const_cast<Bytef*>(data);
+    stream.avail_in = static_cast<uInt>(size);
+    do {
+      stream.next_out = piece.data();
+      stream.avail_out = static_cast<uInt>(piece.size());
+      deflate(&stream, flush);
+      out.insert(out.end(), piece.data(), stream.next_out);
+    } while (stream.avail_out == 0);
+  };
+  feed(head.data(), head.size(), Z_NO_FLUSH);
+  for (size_t left = zeros; left > 0;) {
+    const size_t now = std::min(left, chunk.size());
+    feed(chunk.data(), now, Z_NO_FLUSH);
+    left -= now;
+  }
+  feed(nullptr, 0, Z_FINISH);
+  deflateEnd(&stream);
+  return out;
+}
+
 std::vector<uint8_t> make_idx(uint8_t type, const std::vector<uint32_t>& dims,
                               const std::vector<uint8_t>& data) {
   std::vector<uint8_t> bytes{0, 0, type, static_cast<uint8_t>(dims.size())};
@@ -152,9 +183,40 @@ namespace {
 // Forks `args` (args[0] is the program) with `extra_env` added and its standard output and error
 // on `out_fd` and `err_fd`, in a process group of its own so that killing the group after a
 // timeout reaches its children too. The child closes `close_in_child` first.
+// Applies `setup` in the child; false (with a line on stderr) when it could not.
+bool apply_child_setup(const ChildSetup& setup) {
+  if (!setup.stdout_path.empty()) {
+    const int fd = open(setup.stdout_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    if (fd < 0 || dup2(fd, STDOUT_FILENO) < 0) {
+      std::fprintf(stderr, "child setup: stdout to %s: %s\n", setup.stdout_path.c_str(),
+                   std::strerror(errno));
+      return false;
+    }
+    close(fd);
+  }
+  if (setup.stack_limit_bytes > 0) {
+    rlimit limit{};
+    getrlimit(RLIMIT_STACK, &limit);
+    limit.rlim_cur = static_cast<rlim_t>(setup.stack_limit_bytes);
+    if (setrlimit(RLIMIT_STACK, &limit) != 0) {
+      std::fprintf(stderr, "child setup: RLIMIT_STACK: %s\n", std::strerror(errno));
+      return false;
+    }
+  }
+  if (setup.run_as_uid >= 0) {
+    if (setgroups(0, nullptr) != 0 || setgid(static_cast<gid_t>(setup.run_as_gid)) != 0 ||
+        setuid(static_cast<uid_t>(setup.run_as_uid)) != 0) {
+      std::fprintf(stderr, "child setup: switching to uid %d: %s\n", setup.run_as_uid,
+                   std::strerror(errno));
+      return false;
+    }
+  }
+  return true;
+}
+
 pid_t start_child(const std::vector<std::string>& args,
                   const std::map<std::string, std::string>& extra_env, int out_fd, int err_fd,
-                  std::initializer_list<int> close_in_child) {
+                  std::initializer_list<int> close_in_child, const ChildSetup& setup = {}) {
   const pid_t pid = fork();
   if (pid < 0) throw std::runtime_error("fork failed");
   if (pid == 0) {
@@ -162,6 +224,7 @@ pid_t start_child(const std::vector<std::string>& args,
     dup2(out_fd, STDOUT_FILENO);
     dup2(err_fd, STDERR_FILENO);
     for (int fd : close_in_child) close(fd);
+    if (!apply_child_setup(setup)) _exit(kChildSetupFailed);
     for (const auto& [name, value] : extra_env) setenv(name.c_str(), value.c_str(), 1);
     std::vector<char*> argv;
     for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
@@ -188,12 +251,12 @@ void drain(int fd, std::string& into) {
 }  // namespace
 
 CommandResult run_command(const std::vector<std::string>& args,
-                          const std::map<std::string, std::string>& extra_env,
-                          int timeout_seconds) {
+                          const std::map<std::string, std::string>& extra_env, int timeout_seconds,
+                          const ChildSetup& setup) {
   int out_pipe[2], err_pipe[2];
   if (pipe(out_pipe) != 0 || pipe(err_pipe) != 0) throw std::runtime_error("pipe failed");
   const pid_t pid = start_child(args, extra_env, out_pipe[1], err_pipe[1],
-                                {out_pipe[0], err_pipe[0], out_pipe[1], err_pipe[1]});
+                                {out_pipe[0], err_pipe[0], out_pipe[1], err_pipe[1]}, setup);
   close(out_pipe[1]), close(err_pipe[1]);
   CommandResult result;
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(timeout_seconds);

@@ -43,6 +43,9 @@ void make_directories(const std::string& path);
 std::string current_directory();
 void change_directory(const std::string& path);
 std::vector<uint8_t> gzip_bytes(const std::vector<uint8_t>& bytes);
+// A gzip stream of `head` followed by `zeros` zero bytes, made a piece at a time: a gzip bomb
+// costs the test no memory (512 MiB of zeros pack into half a megabyte).
+std::vector<uint8_t> gzip_then_zeros(const std::vector<uint8_t>& head, size_t zeros);
 
 // An IDX file image: header (0, 0, type, dims.size(), big-endian dims) then `data` as given.
 std::vector<uint8_t> make_idx(uint8_t type, const std::vector<uint32_t>& dims,
@@ -74,11 +77,21 @@ struct CommandResult {
   std::string err;  // standard error
 };
 
+// What a child gets besides its arguments and environment, set between fork and exec.
+struct ChildSetup {
+  int64_t stack_limit_bytes = 0;  // RLIMIT_STACK (soft), which sizes the main thread's stack
+  int run_as_uid = -1;            // switch to this user and group (needs root); -1: stay
+  int run_as_gid = -1;
+  std::string stdout_path;  // standard output into this file (e.g. /dev/full), not captured
+};
+// Exit status of a child whose ChildSetup could not be applied (e.g. no right to switch user).
+constexpr int kChildSetupFailed = 126;
+
 // Runs `args` (args[0] is the program path) with `extra_env` added to the environment, killing
 // it after `timeout_seconds`.
 CommandResult run_command(const std::vector<std::string>& args,
                           const std::map<std::string, std::string>& extra_env = {},
-                          int timeout_seconds = 600);
+                          int timeout_seconds = 600, const ChildSetup& setup = {});
 
 // The dptrain binary under test.
 std::string dptrain_binary();

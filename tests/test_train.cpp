@@ -11,11 +11,14 @@
 #include <unistd.h>
 
 #include <fstream>
+#include <functional>
 #include <numeric>
 #include <sstream>
 #include <thread>
 
 #include "dptrain/checkpoint.h"
+#include "dptrain/devices.h"
+#include "dptrain/errors.h"
 #include "dptrain/model.h"
 #include "dptrain/train.h"
 #include "test_support.h"
@@ -304,6 +307,54 @@ TEST(Replicas, GlobalBatchSmallerThanWorldStillSteps) {
     const auto result = train(data, options, cpu_world(3));
     EXPECT_EQ(result.epochs.at(0).steps, 2) << "sync_bn " << sync_bn;
   }
+}
+
+// ---- What the world and the data must be ----------------------------------------------------
+
+// --threads 4096 on 2 cores was accepted and one step never finished (OpenMP's threads wait
+// for each other at every parallel region). At most the usable cores, or one per replica.
+TEST(CheckWorld, MoreThreadsThanCoresIsAUsageError) {
+  auto options = small_options();
+  const int cores = usable_cpu_cores();
+  ASSERT_GE(cores, 1);
+  options.threads = cores;
+  EXPECT_NO_THROW(check_world(options, cpu_world(1)));
+  options.threads = cores + 1;
+  EXPECT_NO_THROW(check_world(options, cpu_world(cores + 1)));  // one thread per replica
+  for (const int64_t threads : {int64_t{cores} + 1, int64_t{4096}}) {
+    options.threads = threads;
+    try {
+      check_world(options, cpu_world(1));
+      ADD_FAILURE() << "--threads " << threads << " on " << cores << " core(s) was accepted";
+    } catch (const UsageError& e) {
+      const std::string expected = "--threads " + std::to_string(threads) +
+                                   ": this process may run on " + std::to_string(cores) +
+                                   " CPU core(s); give at most " + std::to_string(cores) + " ";
+      EXPECT_EQ(std::string(e.what()).rfind(expected, 0), 0u) << e.what();
+    }
+  }
+}
+
+// An empty set failed deep inside ("BatchAssembler needs a positive batch size") or reported
+// the accuracy of nothing ("test acc: 0.00", exit 0).
+TEST(CheckData, EmptySetsAreDataErrors) {
+  const auto options = small_options();
+  const auto expect_error = [](const std::function<void()>& body, const std::string& message) {
+    try {
+      body();
+      ADD_FAILURE() << "no DataError; expected: " << message;
+    } catch (const DataError& e) {
+      EXPECT_EQ(std::string(e.what()), message);
+    }
+  };
+  expect_error([&] { train(synthetic_data(0, 4), options, cpu_world(1)); },
+               "the training set holds 0 images; dptrain needs at least one");
+  expect_error([&] { train(synthetic_data(4, 0), options, cpu_world(1)); },
+               "the test set holds 0 images; dptrain needs at least one");
+  ResNet model(ResNetOptions{10, 1, options.width});
+  expect_error(
+      [&] { evaluate_weights(synthetic_data(4, 0), options, cpu_world(1), model_tensors(*model)); },
+      "the test set holds 0 images; dptrain needs at least one");
 }
 
 // ---- Several processes -----------------------------------------------------------------------

@@ -2,7 +2,9 @@
 #include "dptrain/data.h"
 
 #include <sys/stat.h>
+#include <unistd.h>
 
+#include <cerrno>
 #include <cstdlib>
 #include <cstring>
 #include <vector>
@@ -22,25 +24,56 @@ constexpr const char* kDebianDataDir =
     "/usr/share/datasets/fashion-mnist";  // dataset-fashion-mnist
 constexpr const char* kLocalDataDir = "data/fashion-mnist";
 
-// POSIX stat rather than std::filesystem: PyPI's libtorch.so exports its own copy of the
-// std::filesystem symbols, which then stand in for ours and have crashed.
-bool is_regular_file(const std::string& path) {
-  struct stat info {};
-  return ::stat(path.c_str(), &info) == 0 && S_ISREG(info.st_mode);
+// Why `path` cannot be looked at, for a stat that failed with `error`. Permission is denied by
+// a directory on the way that this user may not enter: it is named, not the file.
+std::string cannot_look_at(const std::string& path, int error) {
+  if (error == EACCES) {
+    for (size_t slash = path.find('/', 1); slash != std::string::npos;
+         slash = path.find('/', slash + 1)) {
+      const std::string directory = path.substr(0, slash);
+      if (::access(directory.c_str(), X_OK) != 0 && errno == EACCES) {
+        return "cannot enter directory " + directory + ": " + std::strerror(EACCES);
+      }
+    }
+  }
+  return path + ": " + std::strerror(error);
 }
 
-// The published name, or the same without ".gz" (a user may have unpacked the files).
+// The published name, or the same without ".gz" (a user may have unpacked the files). A file
+// that is not there is nullopt; one that cannot be looked at (permission denied on the way) is
+// a DataError saying so. POSIX stat rather than std::filesystem: PyPI's libtorch.so exports its
+// own copy of the std::filesystem symbols, which then stand in for ours and have crashed.
 std::optional<std::string> find_file(const std::string& dir, const std::string& gz_name) {
   const std::string gz = dir + "/" + gz_name;
-  if (is_regular_file(gz)) return gz;
-  const std::string plain = gz.substr(0, gz.size() - 3);
-  if (is_regular_file(plain)) return plain;
+  for (const std::string& path : {gz, gz.substr(0, gz.size() - 3)}) {
+    struct stat info {};
+    if (::stat(path.c_str(), &info) == 0) {
+      if (S_ISREG(info.st_mode)) return path;
+    } else if (errno != ENOENT) {
+      throw DataError(cannot_look_at(path, errno));
+    }
+  }
   return std::nullopt;
 }
 
-bool holds_all_files(const std::string& dir) {
-  for (const char* name : {kTrainImagesFile, kTrainLabelsFile, kTestImagesFile, kTestLabelsFile}) {
-    if (!find_file(dir, name)) return false;
+// Whether `dir` holds all four files: false when it or a file is missing. A directory that is
+// not one, or that this user may not enter, is a DataError that starts with `source`.
+bool holds_all_files(const std::string& dir, const std::string& source) {
+  struct stat info {};
+  if (::stat(dir.c_str(), &info) != 0) {
+    const int error = errno;
+    if (error == ENOENT || error == ENOTDIR) return false;  // not there
+    if (error != EACCES) throw DataError(source + ": " + std::strerror(error));
+    throw DataError(source + ": " + cannot_look_at(dir, error));
+  }
+  if (!S_ISDIR(info.st_mode)) throw DataError(source + ": not a directory");
+  try {
+    for (const char* name :
+         {kTrainImagesFile, kTrainLabelsFile, kTestImagesFile, kTestLabelsFile}) {
+      if (!find_file(dir, name)) return false;
+    }
+  } catch (const DataError& e) {
+    throw DataError(source + ": " + e.what());
   }
   return true;
 }
@@ -68,21 +101,21 @@ std::string resolve_data_dir(const std::optional<std::string>& flag_value) {
       "t10k-images-idx3-ubyte.gz, t10k-labels-idx1-ubyte.gz) in a directory and pass "
       "--data-dir or set DPTRAIN_DATA";
   if (flag_value) {
-    if (!holds_all_files(*flag_value)) {
+    if (!holds_all_files(*flag_value, "--data-dir " + *flag_value)) {
       throw DataError("--data-dir " + *flag_value +
                       ": does not hold the four Fashion-MNIST files; " + kHowToGet);
     }
     return *flag_value;
   }
   if (const char* env = std::getenv("DPTRAIN_DATA"); env && *env) {
-    if (!holds_all_files(env)) {
+    if (!holds_all_files(env, std::string("DPTRAIN_DATA=") + env)) {
       throw DataError(std::string("DPTRAIN_DATA=") + env +
                       ": does not hold the four Fashion-MNIST files; " + kHowToGet);
     }
     return env;
   }
   for (const char* dir : {kDebianDataDir, kLocalDataDir}) {
-    if (holds_all_files(dir)) return dir;
+    if (holds_all_files(dir, dir)) return dir;
   }
   throw DataError(std::string("no Fashion-MNIST data found in ") + kDebianDataDir + " or ./" +
                   kLocalDataDir + "; " + kHowToGet);
@@ -108,6 +141,12 @@ Dataset load_split(const std::string& images_path, const std::string& labels_pat
       throw DataError(labels_path + ": label " + std::to_string(labels.data[i]) + " at index " +
                       std::to_string(i) + " is outside 0..9");
     }
+  }
+  // An empty set would reach the training as a batch of 0, or report the accuracy of nothing.
+  if (images.dims[0] == 0) {
+    throw DataError(images_path +
+                    ": holds 0 images (its header's count); dptrain needs at "
+                    "least one");
   }
   int64_t n = images.dims[0];
   if (limit > 0 && limit < n) n = limit;

@@ -1,7 +1,9 @@
 // Device lists for --devices and --gpus. See devices.h.
 #include "dptrain/devices.h"
 
+#include <sched.h>
 #include <torch/cuda.h>
+#include <unistd.h>
 
 #include <sstream>
 
@@ -84,6 +86,16 @@ std::string device_list_name(const std::vector<std::string>& names) {
   std::string out = "[";
   for (size_t i = 0; i < names.size(); ++i) out += (i ? ", " : "") + names[i];
   return out + "]";
+}
+
+int usable_cpu_cores() {
+  cpu_set_t mask;
+  CPU_ZERO(&mask);
+  if (::sched_getaffinity(0, sizeof mask, &mask) == 0 && CPU_COUNT(&mask) > 0) {
+    return CPU_COUNT(&mask);
+  }
+  const long online = ::sysconf(_SC_NPROCESSORS_ONLN);  // more CPUs than a cpu_set_t holds
+  return online > 0 ? static_cast<int>(online) : 1;
 }
 
 void synchronize(const torch::Device& device) {

@@ -165,7 +165,15 @@ struct Transfer {
   DownloadProgress report;
   std::chrono::steady_clock::time_point last_report{};
   std::exception_ptr callback_error;
+  const std::atomic<int>* stop_signal = nullptr;
 };
+
+// libcurl calls this about once a second even while nothing arrives: a stop request ends the
+// transfer (CURLE_ABORTED_BY_CALLBACK) without waiting for the next byte.
+int check_stop(void* user, curl_off_t, curl_off_t, curl_off_t, curl_off_t) {
+  const auto& transfer = *static_cast<const Transfer*>(user);
+  return transfer.stop_signal && transfer.stop_signal->load() != 0 ? 1 : 0;
+}
 
 // How often kReceiving is reported at most: enough for a progress bar.
 constexpr std::chrono::milliseconds kProgressInterval{100};
@@ -201,11 +209,28 @@ bool is_transient_http_status(long status) {
   return status == 408 || status == 429 || status >= 500;
 }
 
+using Clock = std::chrono::steady_clock;
+
+// Throws DownloadStopped when a stop was requested.
+void check_stop_request(const DownloadOptions& options) {
+  if (options.stop_signal && options.stop_signal->load() != 0) {
+    throw DownloadStopped(options.stop_signal->load());
+  }
+}
+
+std::string deadline_text(const DownloadOptions& options) {
+  return "the download's deadline of " + std::to_string(options.deadline.count() / 1000) +
+         " s passed";
+}
+
+// `deadline` is when the whole download must end (Clock::time_point::max() for never).
 std::optional<AttemptFailure> fetch_once(const std::string& url, const std::string& target,
                                          const std::string& expected_sha256,
-                                         const DownloadOptions& options, int attempt,
-                                         const std::string& name,
+                                         const DownloadOptions& options, Clock::time_point deadline,
+                                         int attempt, const std::string& name,
                                          const DownloadProgressFn& progress) {
+  const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
+  if (left.count() <= 0) return AttemptFailure{deadline_text(options), false};
   std::unique_ptr<CURL, CurlDeleter> curl(curl_easy_init());
   if (!curl) return AttemptFailure{"cannot create a libcurl handle", true};
   PartFile part(target + ".part");  // throws DataError when the directory is not writable
@@ -216,6 +241,7 @@ std::optional<AttemptFailure> fetch_once(const std::string& url, const std::stri
   transfer.progress = &progress;
   transfer.report.file = name;
   transfer.report.attempt = attempt;
+  transfer.stop_signal = options.stop_signal;
   char error_text[CURL_ERROR_SIZE] = {};
 
   CURL* handle = curl.get();
@@ -240,11 +266,21 @@ std::optional<AttemptFailure> fetch_once(const std::string& url, const std::stri
   curl_easy_setopt(handle, CURLOPT_LOW_SPEED_TIME, static_cast<long>(low_speed_seconds));
   curl_easy_setopt(handle, CURLOPT_LOW_SPEED_LIMIT,
                    static_cast<long>(std::max<int64_t>(1, options.low_speed_bytes_per_second)));
+  if (deadline != Clock::time_point::max()) {
+    curl_easy_setopt(handle, CURLOPT_TIMEOUT_MS, static_cast<long>(left.count()));
+  }
   curl_easy_setopt(handle, CURLOPT_WRITEFUNCTION, write_body);
   curl_easy_setopt(handle, CURLOPT_WRITEDATA, &transfer);
+  curl_easy_setopt(handle, CURLOPT_XFERINFOFUNCTION, check_stop);
+  curl_easy_setopt(handle, CURLOPT_XFERINFODATA, &transfer);
+  curl_easy_setopt(handle, CURLOPT_NOPROGRESS, 0L);
 
   const CURLcode code = curl_easy_perform(handle);
   if (transfer.callback_error) std::rethrow_exception(transfer.callback_error);
+  check_stop_request(options);  // `part` is removed on the way out
+  if (code == CURLE_OPERATION_TIMEDOUT && Clock::now() >= deadline) {
+    return AttemptFailure{deadline_text(options), false};
+  }
   if (code != CURLE_OK) {
     if (code == CURLE_HTTP_RETURNED_ERROR) {
       long status = 0;
@@ -288,12 +324,38 @@ bool is_hex_sha256(const std::string& digest) {
          });
 }
 
+// Where the user name and password of `url` are ("user:secret" in "http://user:secret@host/"):
+// {start, length}, length 0 when there are none. Without a scheme the text is read as one.
+std::pair<size_t, size_t> credentials_in(const std::string& url) {
+  const size_t scheme = url.find("://");
+  const size_t start = scheme == std::string::npos ? 0 : scheme + 3;
+  const size_t end = std::min(url.find_first_of("/?#", start), url.size());
+  const size_t at = url.substr(start, end - start).rfind('@');
+  return {start, at == std::string::npos ? 0 : at};
+}
+
+// `text` with every occurrence of `url`'s credentials replaced by "***" (libcurl's own
+// messages may quote the URL).
+std::string redact_in(std::string text, const std::string& url) {
+  const auto [start, length] = credentials_in(url);
+  if (length == 0) return text;
+  const std::string secret = url.substr(start, length);
+  for (size_t at = text.find(secret); at != std::string::npos; at = text.find(secret, at + 3)) {
+    text.replace(at, secret.size(), "***");
+  }
+  return text;
+}
+
 void check_options(const DownloadOptions& options) {
   if (!has_supported_scheme(options.base_url)) {
-    throw UsageError("download URL '" + options.base_url +
+    throw UsageError("download URL '" + redact_url(options.base_url) +
                      "' is not supported: it must start with http://, https:// or file://");
   }
   if (options.directory.empty()) throw UsageError("download: no directory given");
+  if (options.deadline.count() < 0 || options.low_speed_bytes_per_second < 1 ||
+      options.low_speed_timeout.count() < 1) {
+    throw UsageError("download: the deadline, the low-speed limit and its time must be positive");
+  }
   if (options.attempts < 1) {
     throw UsageError("download: attempts must be at least 1, got " +
                      std::to_string(options.attempts));
@@ -310,6 +372,12 @@ void check_options(const DownloadOptions& options) {
 
 // ---- The driver-facing entry point -----------------------------------------------------------
 
+std::string redact_url(const std::string& url) {
+  const auto [start, length] = credentials_in(url);
+  if (length == 0) return url;
+  return url.substr(0, start) + "***" + url.substr(start + length);
+}
+
 std::vector<DownloadedFile> download_fashion_mnist(const DownloadOptions& options,
                                                    const DownloadProgressFn& progress) {
   check_options(options);
@@ -319,8 +387,11 @@ std::vector<DownloadedFile> download_fashion_mnist(const DownloadOptions& option
   std::string base = options.base_url;
   while (!base.empty() && base.back() == '/') base.pop_back();
 
+  const auto deadline =
+      options.deadline.count() > 0 ? Clock::now() + options.deadline : Clock::time_point::max();
   std::vector<DownloadedFile> results;
   for (const auto& [name, expected] : options.expected_sha256) {
+    check_stop_request(options);
     DownloadedFile file;
     file.name = name;
     file.path = options.directory + "/" + name;
@@ -342,10 +413,12 @@ std::vector<DownloadedFile> download_fashion_mnist(const DownloadOptions& option
     const std::string url = base + "/" + name;
     int attempt = 1;
     for (;; ++attempt) {
-      const auto failure = fetch_once(url, file.path, expected, options, attempt, name, progress);
+      auto failure =
+          fetch_once(url, file.path, expected, options, deadline, attempt, name, progress);
       if (!failure) break;
+      failure->cause = redact_in(failure->cause, url);
       if (!failure->retriable || attempt >= options.attempts) {
-        std::string message = "download " + url + ": " + failure->cause;
+        std::string message = "download " + redact_url(url) + ": " + failure->cause;
         if (attempt > 1) message += " (gave up after " + std::to_string(attempt) + " attempts)";
         throw DataError(message);
       }
@@ -357,7 +430,13 @@ std::vector<DownloadedFile> download_fashion_mnist(const DownloadOptions& option
         report.message = failure->cause;
         progress(report);
       }
-      std::this_thread::sleep_for(options.retry_backoff * (1 << std::min(attempt - 1, 10)));
+      // The backoff in short naps, so that a stop request is not kept waiting.
+      const auto resume_at =
+          Clock::now() + options.retry_backoff * (1 << std::min(attempt - 1, 10));
+      while (Clock::now() < std::min(resume_at, deadline)) {
+        check_stop_request(options);
+        std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      }
     }
     file.attempts = attempt;
     file.fetched = true;

@@ -1,12 +1,15 @@
 // IDX reading and validation; see idx.h for the format.
 #include "dptrain/idx.h"
 
+#include <sys/stat.h>
 #include <zlib.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <fstream>
 #include <iterator>
+#include <limits>
 #include <sstream>
 
 namespace dptrain {
@@ -55,57 +58,33 @@ bool is_gzip(const std::vector<uint8_t>& bytes) {
   return bytes.size() >= 2 && bytes[0] == 0x1f && bytes[1] == 0x8b;
 }
 
-std::vector<uint8_t> gunzip(const std::vector<uint8_t>& compressed, const std::string& path) {
-  z_stream stream{};
-  // 16 + MAX_WBITS: expect a gzip wrapper (not raw zlib).
-  if (inflateInit2(&stream, 16 + MAX_WBITS) != Z_OK) {
-    throw DataError(path + ": cannot initialise zlib");
-  }
-  std::vector<uint8_t> out(compressed.size() * 4 + 1024);
-  stream.next_in = const_cast<Bytef*>(compressed.data());
-  stream.avail_in = static_cast<uInt>(compressed.size());
-  const auto fail = [&](const std::string& reason) {
-    inflateEnd(&stream);
-    throw DataError(path + ": " + reason);
-  };
-  size_t produced = 0;  // not stream.total_out, which inflateReset clears between members
-  while (true) {
-    if (produced == out.size()) out.resize(out.size() * 2);
-    stream.next_out = out.data() + produced;
-    stream.avail_out = static_cast<uInt>(out.size() - produced);
-    const int status = inflate(&stream, Z_NO_FLUSH);
-    produced = static_cast<size_t>(stream.next_out - out.data());
-    if (status == Z_STREAM_END) {
-      if (stream.avail_in == 0) break;
-      // Several gzip members in a row (what `cat a.gz b.gz` makes) are one stream to gzip;
-      // anything else after the end is not ours to ignore.
-      if (stream.avail_in >= 2 && stream.next_in[0] == 0x1f && stream.next_in[1] == 0x8b) {
-        inflateReset(&stream);
-        continue;
-      }
-      fail(std::to_string(stream.avail_in) + " trailing bytes after the gzip stream");
-    }
-    if (status == Z_BUF_ERROR && stream.avail_in == 0) fail("gzip data is truncated");
-    if (status != Z_OK && status != Z_BUF_ERROR) {
-      fail(std::string("corrupt gzip data: ") +
-           (stream.msg ? stream.msg : "zlib error " + std::to_string(status)));
-    }
-  }
-  out.resize(produced);
-  inflateEnd(&stream);
-  return out;
-}
-
 uint32_t read_big_endian_u32(const uint8_t* p) {
   return (uint32_t{p[0]} << 24) | (uint32_t{p[1]} << 16) | (uint32_t{p[2]} << 8) | uint32_t{p[3]};
 }
 
-}  // namespace
+// The most data one IDX file may declare: 4 GiB, some 90 times Fashion-MNIST's training images
+// (47 MB). Checked before anything of that size is allocated.
+constexpr uint64_t kMaxDataBytes = uint64_t{4} << 30;
+// The longest header: magic, type, count, then kMaxDims sizes.
+constexpr size_t kMaxHeaderBytes = 4 + 4 * kMaxDims;
 
-IdxArray parse_idx(const std::vector<uint8_t>& bytes, const std::string& name) {
-  if (bytes.size() < 4) {
-    throw DataError(name + ": too short for an IDX header (" + std::to_string(bytes.size()) +
-                    " bytes)");
+std::string sizes_text(const std::vector<int64_t>& dims) {
+  std::string text;
+  for (size_t d = 0; d < dims.size(); ++d) text += (d ? " x " : "") + std::to_string(dims[d]);
+  return text;
+}
+
+// What a header says, checked: the magic, the element type, the number of dimensions and the
+// sizes, whose product must be data dptrain can hold.
+struct IdxHeader {
+  std::vector<int64_t> dims;
+  size_t header_bytes = 0;
+  uint64_t data_bytes = 0;
+};
+
+IdxHeader read_header(const uint8_t* bytes, size_t size, const std::string& name) {
+  if (size < 4) {
+    throw DataError(name + ": too short for an IDX header (" + std::to_string(size) + " bytes)");
   }
   if (bytes[0] != 0 || bytes[1] != 0) {
     std::ostringstream out;
@@ -123,41 +102,153 @@ IdxArray parse_idx(const std::vector<uint8_t>& bytes, const std::string& name) {
     throw DataError(name + ": " + std::to_string(num_dims) + " dimensions, expected 1 to " +
                     std::to_string(kMaxDims));
   }
-  const size_t header = 4 + 4 * static_cast<size_t>(num_dims);
-  if (bytes.size() < header) {
+  IdxHeader header;
+  header.header_bytes = 4 + 4 * static_cast<size_t>(num_dims);
+  if (size < header.header_bytes) {
     throw DataError(name + ": truncated header: " + std::to_string(num_dims) + " dimensions need " +
-                    std::to_string(header) + " bytes, the file has " +
-                    std::to_string(bytes.size()));
+                    std::to_string(header.header_bytes) + " bytes, the file has " +
+                    std::to_string(size));
   }
-  IdxArray array;
-  constexpr uint64_t kMaxBytes = uint64_t{1} << 40;  // 1 TiB: no real data set comes near
-  uint64_t expected = 1;
+  uint64_t product = 1;
+  bool too_large = false;
   for (int d = 0; d < num_dims; ++d) {
-    const uint32_t size = read_big_endian_u32(bytes.data() + 4 + 4 * d);
-    array.dims.push_back(size);
+    const uint32_t dim = read_big_endian_u32(bytes + 4 + 4 * d);
+    header.dims.push_back(dim);
     // Checked before multiplying: the product of eight 32-bit sizes can wrap around 64 bits
     // (2^20 x 2^20 x 2^24 is 0 mod 2^64) and would then match a header-only file.
-    if (size != 0 && expected > kMaxBytes / size) {
-      throw DataError(name + ": sizes in the header are absurdly large");
-    }
-    expected *= size;
+    if (dim != 0 && product > kMaxDataBytes / dim) too_large = true;
+    if (!too_large) product *= dim;
   }
-  const uint64_t actual = bytes.size() - header;
-  if (actual != expected) {
+  if (too_large) {
+    throw DataError(name + ": sizes in the header are absurdly large: (" + sizes_text(header.dims) +
+                    ") is more than the " + std::to_string(kMaxDataBytes >> 30) +
+                    " GiB of data dptrain reads from one file");
+  }
+  header.data_bytes = product;
+  return header;
+}
+
+// Inflates a gzip file (one member or several in a row) into a buffer, a bounded piece at a
+// time, so that the caller decides how much to take before anything large is allocated.
+class GzipReader {
+ public:
+  GzipReader(const std::vector<uint8_t>& compressed, std::string path) : path_(std::move(path)) {
+    // 16 + MAX_WBITS: expect a gzip wrapper (not raw zlib).
+    if (inflateInit2(&stream_, 16 + MAX_WBITS) != Z_OK) {
+      throw DataError(path_ + ": cannot initialise zlib");
+    }
+    stream_.next_in = const_cast<Bytef*>(compressed.data());
+    stream_.avail_in = static_cast<uInt>(compressed.size());
+  }
+  ~GzipReader() { inflateEnd(&stream_); }
+  GzipReader(const GzipReader&) = delete;
+  GzipReader& operator=(const GzipReader&) = delete;
+
+  // Inflates into out[produced, out.size()) until it is full or the input ends; returns the new
+  // number of bytes in `out`.
+  size_t fill(std::vector<uint8_t>& out, size_t produced) {
+    while (produced < out.size() && !finished_) {
+      stream_.next_out = out.data() + produced;
+      stream_.avail_out = static_cast<uInt>(
+          std::min<size_t>(out.size() - produced, std::numeric_limits<uInt>::max()));
+      const int status = inflate(&stream_, Z_NO_FLUSH);
+      produced = static_cast<size_t>(stream_.next_out - out.data());
+      if (status == Z_STREAM_END) {
+        if (stream_.avail_in == 0) {
+          finished_ = true;
+          break;
+        }
+        // Several gzip members in a row (what `cat a.gz b.gz` makes) are one stream to gzip;
+        // anything else after the end is not ours to ignore.
+        if (stream_.avail_in >= 2 && stream_.next_in[0] == 0x1f && stream_.next_in[1] == 0x8b) {
+          inflateReset(&stream_);
+          continue;
+        }
+        throw DataError(path_ + ": " + std::to_string(stream_.avail_in) +
+                        " trailing bytes after the gzip stream");
+      }
+      if (status == Z_BUF_ERROR && stream_.avail_in == 0) {
+        throw DataError(path_ + ": gzip data is truncated");
+      }
+      if (status != Z_OK && status != Z_BUF_ERROR) {
+        throw DataError(path_ + ": corrupt gzip data: " +
+                        (stream_.msg ? stream_.msg : "zlib error " + std::to_string(status)));
+      }
+    }
+    return produced;
+  }
+
+  bool finished() const { return finished_; }
+
+ private:
+  std::string path_;
+  z_stream stream_{};
+  bool finished_ = false;
+};
+
+// Note [Unpacking no more than the header declares]
+// A small .gz can unpack to any size (10 GiB of zeros fit in 10 MB), so the header is unpacked
+// first and checked (read_header refuses more than kMaxDataBytes), and then at most the data it
+// declares, plus one byte to notice more, is unpacked.
+std::vector<uint8_t> gunzip_idx(const std::vector<uint8_t>& compressed, const std::string& path) {
+  GzipReader reader(compressed, path);
+  std::vector<uint8_t> out(kMaxHeaderBytes);
+  size_t produced = reader.fill(out, 0);
+  if (reader.finished()) {  // all of it fits in the header's room: parse_idx judges it
+    out.resize(produced);
+    return out;
+  }
+  const IdxHeader header = read_header(out.data(), produced, path);
+  const uint64_t declared = header.header_bytes + header.data_bytes;
+  // The buffer grows with what arrives, never past the declared size: a header that declares
+  // 4 GiB in front of a few bytes allocates a few bytes.
+  const size_t limit = static_cast<size_t>(declared) + 1;
+  while (!reader.finished() && produced < limit) {
+    out.resize(std::min(limit, std::max(out.size() * 2, size_t{1} << 20)));
+    produced = reader.fill(out, produced);
+  }
+  if (produced > declared) {
+    throw DataError(path + ": more data than its header declares: (" + sizes_text(header.dims) +
+                    ") need " + std::to_string(header.data_bytes) +
+                    " bytes of data, and the gzip stream holds more");
+  }
+  out.resize(produced);
+  return out;
+}
+
+// A file larger than any IDX file dptrain reads is refused before it is read.
+void check_file_size(const std::string& path) {
+  struct stat info {};
+  if (::stat(path.c_str(), &info) != 0 || !S_ISREG(info.st_mode)) return;  // the reader says why
+  if (static_cast<uint64_t>(info.st_size) > kMaxDataBytes + kMaxHeaderBytes) {
+    throw DataError(path + ": " + std::to_string(info.st_size) +
+                    " bytes, more than any IDX file dptrain reads (" +
+                    std::to_string(kMaxDataBytes >> 30) + " GiB of data)");
+  }
+}
+
+}  // namespace
+
+IdxArray parse_idx(const std::vector<uint8_t>& bytes, const std::string& name) {
+  const IdxHeader header = read_header(bytes.data(), bytes.size(), name);
+  const uint64_t actual = bytes.size() - header.header_bytes;
+  if (actual != header.data_bytes) {
     std::ostringstream out;
-    out << name << ": the header's sizes (";
-    for (size_t d = 0; d < array.dims.size(); ++d) out << (d ? " x " : "") << array.dims[d];
-    out << ") need " << expected << " bytes of data, the file has " << actual
-        << (actual < expected ? " (truncated)" : " (trailing bytes)");
+    out << name << ": the header's sizes (" << sizes_text(header.dims) << ") need "
+        << header.data_bytes << " bytes of data, the file has " << actual
+        << (actual < header.data_bytes ? " (truncated)" : " (trailing bytes)");
     throw DataError(out.str());
   }
-  array.data.assign(bytes.begin() + static_cast<std::ptrdiff_t>(header), bytes.end());
+  IdxArray array;
+  array.dims = header.dims;
+  array.data.assign(bytes.begin() + static_cast<std::ptrdiff_t>(header.header_bytes), bytes.end());
   return array;
 }
 
 IdxArray read_idx_file(const std::string& path) {
+  check_file_size(path);
   auto bytes = read_file_bytes(path);
-  if (is_gzip(bytes)) bytes = gunzip(bytes, path);
+  if (is_gzip(bytes)) bytes = gunzip_idx(bytes, path);
   return parse_idx(bytes, path);
 }
 

@@ -1,6 +1,9 @@
 // Launcher environments, stores and the bounded store barrier. See rendezvous.h.
 #include "dptrain/rendezvous.h"
 
+#include <netdb.h>
+#include <sys/socket.h>
+
 #include <algorithm>
 #include <cstdlib>
 #include <thread>
@@ -88,8 +91,23 @@ c10::intrusive_ptr<c10d::Store> make_in_process_store(std::chrono::milliseconds 
   return store;
 }
 
+void check_master_address(const LaunchEnvironment& launch) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;  // IPv4 or IPv6, as LibTorch's socket code tries both
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* found = nullptr;
+  const std::string port = std::to_string(launch.master_port);
+  const int status = ::getaddrinfo(launch.master_addr.c_str(), port.c_str(), &hints, &found);
+  if (found) ::freeaddrinfo(found);
+  if (status == 0) return;
+  throw CollectiveError("rank " + std::to_string(launch.rank) + ": MASTER_ADDR=" +
+                        launch.master_addr + " does not resolve (" + ::gai_strerror(status) +
+                        "); it must name the machine of rank 0, e.g. its host name or IP address");
+}
+
 c10::intrusive_ptr<c10d::Store> connect_tcp_store(const LaunchEnvironment& launch,
                                                   std::chrono::milliseconds timeout) {
+  check_master_address(launch);
   c10d::TCPStoreOptions options;
   options.port = static_cast<uint16_t>(launch.master_port);
   options.isServer = launch.rank == 0 && !launch.agent_store;

@@ -525,6 +525,18 @@ void check_world(const TrainOptions& options, const WorldPlan& world) {
                      " is smaller than the number of replicas (" +
                      std::to_string(world.world_size) + ")");
   }
+  // OpenMP's threads wait for each other at every parallel region: with more of them than
+  // cores a step crawls (4096 threads on 2 cores never finished one). Each local replica gets
+  // at least one thread, so as many threads as replicas are always allowed.
+  const int cores = usable_cpu_cores();
+  const auto most_threads =
+      std::max<int64_t>(cores, static_cast<int64_t>(world.local_devices.size()));
+  if (options.threads > most_threads) {
+    throw UsageError("--threads " + std::to_string(options.threads) + ": this process may run on " +
+                     std::to_string(cores) + " CPU core(s); give at most " +
+                     std::to_string(most_threads) +
+                     " (more threads than cores only make every step slower)");
+  }
   if (options.backend == Backend::kNccl && !backend_available(Backend::kNccl)) {
     throw UsageError(
         "--backend nccl: this build of dptrain has no NCCL (it needs a CUDA LibTorch with NCCL "
@@ -674,9 +686,24 @@ TrainResult run_world(const FashionMnist& data, const TrainOptions& options, con
 
 }  // namespace
 
+namespace {
+
+// An empty set would fail deep inside (a batch of no examples) or report the accuracy of
+// nothing; the loaders name the file, this catches a caller's own data.
+void check_not_empty(const Dataset& set, const char* which) {
+  if (set.size() == 0) {
+    throw DataError(std::string("the ") + which +
+                    " set holds 0 images; dptrain needs at least one");
+  }
+}
+
+}  // namespace
+
 TrainResult train(const FashionMnist& data, const TrainOptions& options, const WorldPlan& world,
                   const TrainCallbacks& callbacks) {
   check_world(options, world);
+  check_not_empty(data.train, "training");
+  check_not_empty(data.test, "test");
   if (options.resume && !options.checkpoint_dir) {
     throw UsageError("--resume needs --checkpoint-dir, where the checkpoints are");
   }
@@ -722,6 +749,7 @@ TrainResult train(const FashionMnist& data, const TrainOptions& options, const W
 EvalResult evaluate_weights(const FashionMnist& data, const TrainOptions& options,
                             const WorldPlan& world,
                             const std::vector<std::pair<std::string, torch::Tensor>>& weights) {
+  check_not_empty(data.test, "test");
   Checkpoint start;
   start.tensors = weights;
   RankPlan base;

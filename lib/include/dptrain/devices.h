@@ -24,6 +24,10 @@ std::string device_name(const torch::Device& device);
 // "[cpu]", "[cuda:0, cuda:1]"
 std::string device_list_name(const std::vector<std::string>& names);
 
+// The CPUs this process may run on (its affinity mask: a container or taskset may allow fewer
+// than the machine has); at least 1.
+int usable_cpu_cores();
+
 // Waits for the device's queued work, so that a clock reading means what it says.
 void synchronize(const torch::Device& device);
 

@@ -3,10 +3,12 @@
 // Not here: printing (the caller gets progress through a callback), reading the files (data.h).
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -25,10 +27,17 @@ struct DownloadOptions {
   int attempts = 3;                               // tries per file, at least 1
   std::chrono::milliseconds retry_backoff{1000};  // wait before the 2nd try, doubled after
   std::chrono::milliseconds connect_timeout{15000};
-  // A transfer slower than low_speed_bytes_per_second for low_speed_timeout (rounded up to whole
-  // seconds) is abandoned; this also catches a server that accepts and then says nothing.
+  // An attempt slower than low_speed_bytes_per_second over low_speed_timeout (rounded up to
+  // whole seconds) is abandoned; this also catches a server that accepts and then says nothing,
+  // or drips. 10 KiB/s: the largest file (26 MB) would still take 45 minutes.
   std::chrono::milliseconds low_speed_timeout{30000};
-  int64_t low_speed_bytes_per_second = 1024;
+  int64_t low_speed_bytes_per_second = 10240;
+  // The whole download, every file and retry, ends by this deadline: a server just above the
+  // low-speed limit cannot hold it for hours. 0 = none.
+  std::chrono::milliseconds deadline{std::chrono::minutes(30)};
+  // Set (by a signal handler) to a signal number to stop: the transfer is abandoned within a
+  // second, its ".part" file removed, and DownloadStopped thrown.
+  const std::atomic<int>* stop_signal = nullptr;
   bool force = false;  // fetch even when a file with the right checksum is there
   // The files to fetch and their checksums; tests serve small files of their own.
   std::map<std::string, std::string> expected_sha256 = fashion_mnist_sha256();
@@ -59,6 +68,21 @@ struct DownloadedFile {
   int64_t bytes = 0;     // size on disk
 };
 
+// Thrown when options.stop_signal asked the download to stop; nothing partial is left.
+class DownloadStopped : public std::runtime_error {
+ public:
+  explicit DownloadStopped(int signal_number)
+      : std::runtime_error("download stopped by signal " + std::to_string(signal_number)),
+        signal_number_(signal_number) {}
+  int signal_number() const { return signal_number_; }
+
+ private:
+  int signal_number_;
+};
+
+// `url` with any user name and password replaced by "***" ("http://***@host/"), for messages.
+std::string redact_url(const std::string& url);
+
 // Makes `options.directory` hold every file named in options.expected_sha256 with that checksum,
 // in name order. A file is fetched to "<name>.part" in the same directory, fsync'ed, verified and
 // renamed into place; a failed attempt deletes the ".part" file. A failure that a retry could
@@ -67,7 +91,8 @@ struct DownloadedFile {
 // missing file:// file) ends at once. Throws UsageError for a bad option (URL scheme,
 // attempts < 1, a malformed checksum) and DataError -- one line naming the URL or path and the
 // cause, e.g. "download http://host/t10k-labels-idx1-ubyte.gz: HTTP 404" -- when the directory
-// cannot be written or a file fails. `progress`, when set, is called on the calling thread; an
+// cannot be written, a file fails, or the deadline passes (not retried). No message holds the
+// URL's credentials (redact_url). `progress`, when set, is called on the calling thread; an
 // exception from it aborts the download (and is rethrown).
 std::vector<DownloadedFile> download_fashion_mnist(const DownloadOptions& options,
                                                    const DownloadProgressFn& progress = {});

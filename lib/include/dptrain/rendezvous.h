@@ -40,9 +40,17 @@ std::optional<LaunchEnvironment> read_launch_environment();
 // A store in memory, for ranks that are threads of one process.
 c10::intrusive_ptr<c10d::Store> make_in_process_store(std::chrono::milliseconds timeout);
 
+// Resolves MASTER_ADDR as the store will (getaddrinfo). A name that does not resolve would
+// otherwise have LibTorch retry it for the whole timeout, logging each try, and then report a
+// timeout; here it is a CollectiveError naming the variable and the host at once. An address
+// that resolves but does not answer (a machine that is down, a firewall) can only be told from
+// a slow one by waiting: that still takes the timeout.
+void check_master_address(const LaunchEnvironment& launch);
+
 // Rank 0 serves a TCPStore on MASTER_PORT (unless torchrun's agent does), the others connect to
-// MASTER_ADDR, all bounded by `timeout`. The store returned puts dptrain's keys under a prefix
-// of their own. Throws CollectiveError naming the address and the cause.
+// MASTER_ADDR (checked first with check_master_address), all bounded by `timeout`. The store
+// returned puts dptrain's keys under a prefix of their own. Throws CollectiveError naming the
+// address and the cause.
 c10::intrusive_ptr<c10d::Store> connect_tcp_store(const LaunchEnvironment& launch,
                                                   std::chrono::milliseconds timeout);
 
