@@ -14,7 +14,9 @@
 
 #include "dptrain/rendezvous.h"
 
-#if defined(USE_C10D_GLOO) && __has_include(<gloo/algorithm.h>)
+// DPTRAIN_WITH_GLOO: third_party/dependencies.cmake found Gloo headers that compile against this
+// LibTorch's ProcessGroupGloo.hpp (option DPTRAIN_GLOO).
+#if defined(DPTRAIN_WITH_GLOO) && defined(USE_C10D_GLOO)
 #define DPTRAIN_HAVE_GLOO 1
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #endif

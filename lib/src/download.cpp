@@ -3,7 +3,9 @@
 // (idx.h, data.h) and any output to the terminal.
 #include "dptrain/download.h"
 
+#if defined(DPTRAIN_WITH_CURL)
 #include <curl/curl.h>
+#endif
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -133,6 +135,7 @@ class PartFile {
   bool renamed_ = false;
 };
 
+#if defined(DPTRAIN_WITH_CURL)
 // ---- One attempt with libcurl ----------------------------------------------------------------
 
 void init_curl_once() {
@@ -272,6 +275,28 @@ std::optional<AttemptFailure> fetch_once(const std::string& url, const std::stri
   return std::nullopt;
 }
 
+#else  // built without libcurl (third_party/dependencies.cmake, DPTRAIN_DOWNLOAD)
+
+// Why an attempt failed, and whether another attempt could go differently.
+struct AttemptFailure {
+  std::string cause;
+  bool retriable = true;
+};
+
+void init_curl_once() {
+  throw UsageError(
+      "download: this build of dptrain has no libcurl (it was not found when dptrain was "
+      "built); copy the four Fashion-MNIST files into the data directory instead");
+}
+
+std::optional<AttemptFailure> fetch_once(const std::string&, const std::string&, const std::string&,
+                                         const DownloadOptions&, int, const std::string&,
+                                         const DownloadProgressFn&) {
+  return AttemptFailure{"no libcurl in this build", false};  // unreachable: init_curl_once threw
+}
+
+#endif  // DPTRAIN_WITH_CURL
+
 // ---- Checking the options --------------------------------------------------------------------
 
 bool has_supported_scheme(const std::string& url) {
@@ -374,6 +399,14 @@ std::vector<DownloadedFile> download_fashion_mnist(const DownloadOptions& option
     results.push_back(file);
   }
   return results;
+}
+
+bool download_supported() {
+#if defined(DPTRAIN_WITH_CURL)
+  return true;
+#else
+  return false;
+#endif
 }
 
 }  // namespace dptrain

@@ -72,4 +72,7 @@ struct DownloadedFile {
 std::vector<DownloadedFile> download_fashion_mnist(const DownloadOptions& options,
                                                    const DownloadProgressFn& progress = {});
 
+// False in a build without libcurl, where download_fashion_mnist throws UsageError saying so.
+bool download_supported();
+
 }  // namespace dptrain
