@@ -95,6 +95,8 @@ int run_train(dptrain::TrainCommand command) {
   const auto world = plan_world(command);
   auto& options = command.options;
   options.backend = choose_backend(command, world);
+  // A backend named on the command line runs even for one replica (e.g. NCCL on one GPU).
+  options.process_group_for_one = command.backend.has_value();
   dptrain::check_world(options, world);  // usage mistakes before the data is loaded
   if (command.metrics) dptrain::check_metrics_path(*command.metrics);
   if (command.plot) dptrain::check_plot_path(*command.plot);
@@ -254,6 +256,7 @@ int run_eval(dptrain::EvalCommand command) {
   const auto world = plan_world(command.common);
   auto& options = command.common.options;
   options.backend = choose_backend(command.common, world);
+  options.process_group_for_one = command.common.backend.has_value();
   dptrain::check_world(options, world);
   const auto weights = load_weights(command);
   const auto data_dir = dptrain::resolve_data_dir(command.common.data_dir);
@@ -269,6 +272,8 @@ int run_eval(dptrain::EvalCommand command) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // Before any thread exists: LibTorch's NCCL reads these when a process group is made.
+  dptrain::prepare_nccl_environment();
   try {
     const auto parsed = dptrain::parse_command_line(argc, argv);
     if (parsed.action == dptrain::ParsedCommandLine::Action::kHelp) {

@@ -33,6 +33,6 @@ quick+=":CliRun.TinyDataTwoEpochsSavesTheModel:CliRun.UnwritableSaveModelIsARunT
 quick+=":Communicator.*:Rendezvous.*:LaunchEnvironment*:*LaunchEnvironmentErrors.*"
 quick+=":BucketAssignment.*:Reducer.*:*ReducerWorld.*"
 quick+=":Checkpoint*:*Checkpoint*:Sha256*:Metrics*:Png*:BatchAssembler*:*BatchAssembler*"
-quick+=":Report.*:MemoryBudget.*"
+quick+=":Report.*:MemoryBudget.*:NcclEnvironment.*:CheckPlacements.*:CheckWorld.*"
 "$build_dir/tests/dptrain_tests" --gtest_filter="$quick" --gtest_brief=1
 echo "sanitize: the quick tests pass under AddressSanitizer and UBSan"
