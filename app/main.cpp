@@ -4,6 +4,7 @@
 #include <torch/serialize.h>
 #include <unistd.h>
 
+#include <cmath>
 #include <cstdio>
 #include <exception>
 #include <memory>
@@ -136,6 +137,9 @@ int run_train(dptrain::TrainCommand command) {
   std::vector<std::string> devices;
   const auto record = [&](const dptrain::EpochStats& stats) {
     records.push_back(dptrain::make_epoch_record(stats, options.lr, devices));
+    std::vector<double> seconds;
+    for (const auto& r : records) seconds.push_back(r.seconds);
+    records.back().steady_seconds = dptrain::steady_epoch_seconds(seconds).value_or(std::nan(""));
     if (metrics) metrics->write(records.back());
     if (command.plot) {
       dptrain::PlotOptions plot;
@@ -189,7 +193,14 @@ int run_train(dptrain::TrainCommand command) {
     }
     return 128 + result.stopped_by;
   }
-  if (reporter) print(dptrain::format_final_line(result));
+  if (reporter) {
+    // The steady pace first (first-epoch warm-up left out), then the book's line, last.
+    if (const auto steady = dptrain::format_steady_line(result);
+        !steady.empty() && !command.quiet) {
+      print(steady);
+    }
+    print(dptrain::format_final_line(result));
+  }
   return 0;
 }
 

@@ -50,17 +50,18 @@ std::vector<EpochRecord> two_epochs() {
 }
 
 const char kCsvHeader[] =
-    "epoch,train_loss,train_acc,test_loss,test_acc,seconds,images_per_second,lr,devices\n";
+    "epoch,train_loss,train_acc,test_loss,test_acc,seconds,images_per_second,lr,steady_seconds,"
+    "devices\n";
 const char kCsvRows[] =
-    "1,0.5,0.8125,0.4375,0.84375,12.5,4800,0.1,\"cpu,cpu\"\n"
-    "2,0.3,0.9,,0.875,12.25,4897.5,0.1,\"cpu,cpu\"\n";
+    "1,0.5,0.8125,0.4375,0.84375,12.5,4800,0.1,,\"cpu,cpu\"\n"
+    "2,0.3,0.9,,0.875,12.25,4897.5,0.1,,\"cpu,cpu\"\n";
 const char kJsonLines[] =
     "{\"epoch\":1,\"train_loss\":0.5,\"train_acc\":0.8125,\"test_loss\":0.4375,"
     "\"test_acc\":0.84375,\"seconds\":12.5,\"images_per_second\":4800,\"lr\":0.1,"
-    "\"devices\":\"cpu,cpu\"}\n"
+    "\"steady_seconds\":null,\"devices\":\"cpu,cpu\"}\n"
     "{\"epoch\":2,\"train_loss\":0.3,\"train_acc\":0.9,\"test_loss\":null,"
     "\"test_acc\":0.875,\"seconds\":12.25,\"images_per_second\":4897.5,\"lr\":0.1,"
-    "\"devices\":\"cpu,cpu\"}\n";
+    "\"steady_seconds\":null,\"devices\":\"cpu,cpu\"}\n";
 
 // Same value, bit for bit (and NaN for NaN, as the file cannot tell NaNs apart).
 void expect_same_double(double expected, double actual, const char* field) {
@@ -149,21 +150,21 @@ TEST(MetricsText, JsonLinesTextIsExact) {
 TEST(MetricsText, FieldsAreQuotedAndEscaped) {
   const EpochRecord r = record(3, 1, 1, 1, 1, 1, 1, 1, "a\"b,c\\d\ne\x01");
   EXPECT_EQ(format_metrics_record(r, MetricsFormat::kCsv),
-            "3,1,1,1,1,1,1,1,\"a\"\"b,c\\d\ne\x01\"\n");
+            "3,1,1,1,1,1,1,1,,\"a\"\"b,c\\d\ne\x01\"\n");
   const std::string json = format_metrics_record(r, MetricsFormat::kJsonLines);
   EXPECT_NE(json.find("\"devices\":\"a\\\"b,c\\\\d\\ne\\u0001\"}\n"), std::string::npos) << json;
   EXPECT_EQ(format_metrics_record(record(1, 1, 1, 1, 1, 1, 1, 1, "cpu"), MetricsFormat::kCsv),
-            "1,1,1,1,1,1,1,1,cpu\n");  // nothing to quote
+            "1,1,1,1,1,1,1,1,,cpu\n");  // nothing to quote
 }
 
 TEST(MetricsText, NonFiniteIsMissingNeverNanText) {
   const double inf = std::numeric_limits<double>::infinity();
   const EpochRecord r = record(1, kNaN, inf, -inf, 0.5, 1, 1, 0.1, "cpu");
-  EXPECT_EQ(format_metrics_record(r, MetricsFormat::kCsv), "1,,,,0.5,1,1,0.1,cpu\n");
+  EXPECT_EQ(format_metrics_record(r, MetricsFormat::kCsv), "1,,,,0.5,1,1,0.1,,cpu\n");
   EXPECT_EQ(format_metrics_record(r, MetricsFormat::kJsonLines),
             "{\"epoch\":1,\"train_loss\":null,\"train_acc\":null,\"test_loss\":null,"
             "\"test_acc\":0.5,\"seconds\":1,\"images_per_second\":1,\"lr\":0.1,"
-            "\"devices\":\"cpu\"}\n");
+            "\"steady_seconds\":null,\"devices\":\"cpu\"}\n");
 }
 
 TEST(MetricsText, MakeEpochRecordJoinsDevices) {
@@ -242,7 +243,7 @@ TEST(MetricsWriter, AppendDropsALineCutShortByACrash) {
   TempDir dir;
   const std::string csv = dir.file("m.csv");
   write_text(csv, std::string(kCsvHeader) +
-                      "1,0.5,0.8125,0.4375,0.84375,12.5,4800,0.1,\"cpu,cpu\"\n"
+                      "1,0.5,0.8125,0.4375,0.84375,12.5,4800,0.1,,\"cpu,cpu\"\n"
                       "2,0.3,0.");
   write_all(csv, {two_epochs()[1]}, /*append=*/true);
   EXPECT_EQ(read_text(csv), std::string(kCsvHeader) + kCsvRows);
@@ -332,7 +333,7 @@ TEST_P(MetricsBadFile, IsADataErrorNamingTheLine) {
   testing::expect_data_error([&] { read_metrics(path); }, {path, GetParam().phrase});
 }
 
-const char kRow1[] = "1,0.5,0.8125,0.4375,0.84375,12.5,4800,0.1,cpu\n";
+const char kRow1[] = "1,0.5,0.8125,0.4375,0.84375,12.5,4800,0.1,,cpu\n";
 
 INSTANTIATE_TEST_SUITE_P(
     Metrics, MetricsBadFile,
@@ -340,23 +341,23 @@ INSTANTIATE_TEST_SUITE_P(
         BadFile{"CsvOtherHeader", "csv", "epoch,loss\n1,2\n", "line 1: the header"},
         BadFile{"CsvFewFields", "csv",
                 "epoch,train_loss,train_acc,test_loss,test_acc,seconds,images_per_second,lr,"
-                "devices\n1,0.5\n",
-                "line 2: 2 fields, expected 9"},
+                "steady_seconds,devices\n1,0.5\n",
+                "line 2: 2 fields, expected 10"},
         BadFile{"CsvBadNumber", "csv",
                 "epoch,train_loss,train_acc,test_loss,test_acc,seconds,images_per_second,lr,"
-                "devices\n1,abc,1,1,1,1,1,1,cpu\n",
+                "steady_seconds,devices\n1,abc,1,1,1,1,1,1,,cpu\n",
                 "line 2: train_loss \"abc\""},
         BadFile{"CsvFractionalEpoch", "csv",
                 "epoch,train_loss,train_acc,test_loss,test_acc,seconds,images_per_second,lr,"
-                "devices\n1.5,1,1,1,1,1,1,1,cpu\n",
+                "steady_seconds,devices\n1.5,1,1,1,1,1,1,1,,cpu\n",
                 "line 2: epoch \"1.5\""},
         BadFile{"CsvUnclosedQuote", "csv",
                 "epoch,train_loss,train_acc,test_loss,test_acc,seconds,images_per_second,lr,"
-                "devices\n1,1,1,1,1,1,1,1,\"cpu\n",
+                "steady_seconds,devices\n1,1,1,1,1,1,1,1,,\"cpu\n",
                 "line 2: a quoted field is never closed"},
         BadFile{"CsvTextAfterQuote", "csv",
                 "epoch,train_loss,train_acc,test_loss,test_acc,seconds,images_per_second,lr,"
-                "devices\n1,1,1,1,1,1,1,1,\"cpu\"x\n",
+                "steady_seconds,devices\n1,1,1,1,1,1,1,1,,\"cpu\"x\n",
                 "line 2: text after a closing quote"},
         BadFile{"CsvBinary", "csv", "\x89PNG\r\n\x1a\n\xff\xfe", "line 1"},
         BadFile{"JsonNotAnObject", "jsonl", "[1,2]\n", "line 1: expected '{'"},
