@@ -80,6 +80,9 @@ TEST(Communicator, CollectivesThatCannotStartAreCollectiveErrorsNamingTheRank) {
        }}};
   for (const auto& [what, action] : cases) {
     run_thread_ranks(2, [&](Communicator& c) {
+      // Both connected first: a rank that fails at once and leaves would otherwise close its
+      // sockets while the other still connects.
+      c.barrier("connected");
       try {
         action(c);
         ADD_FAILURE() << what << ": expected a CollectiveError";
@@ -118,6 +121,7 @@ TEST(Communicator, AbortedGroupFailsEveryLaterCollectiveAtOnce) {
   run_thread_ranks(
       2,
       [](Communicator& c) {
+        c.barrier("connected");  // as above: no rank leaves while the other still connects
         c.abort();
         c.abort();  // idempotent
         auto t = torch::ones({3});
