@@ -130,7 +130,8 @@ int error_lines(const std::string& text) {
 }
 
 // Where sync-bn is supported on one GPU, in two processes: they match one replica training on
-// the whole global batch, up to float rounding (TF32 convolutions of other batch sizes).
+// the whole global batch, up to float rounding. TF32 is off for this comparison
+// (NVIDIA_TF32_OVERRIDE=0): its rounding would differ between the batch sizes' algorithms.
 TEST(CudaReplicas, SyncBnProcessesOnOneGpuMatchOneReplica) {
   SKIP_WITHOUT_CUDA();
   SKIP_WITHOUT_GLOO();
@@ -145,13 +146,17 @@ TEST(CudaReplicas, SyncBnProcessesOnOneGpuMatchOneReplica) {
                                     "--cudnn-benchmark", "off",     "--timeout",       "60",
                                     "--data-dir",        *data_dir, "--save-model",    save};
   };
-  const auto one = run_command(args(dir.file("one.pt")), {}, 300);
+  const std::map<std::string, std::string> no_tf32{{"NVIDIA_TF32_OVERRIDE", "0"}};
+  const auto one = run_command(args(dir.file("one.pt")), no_tf32, 300);
   ASSERT_EQ(one.exit_code, 0) << one.err;
   auto two = args(dir.file("two.pt"));
   two.insert(two.end(), {"--backend", "gloo", "--sync-bn"});
   const int port = free_port();
-  auto rank0 = spawn_command(two, rank_env(0, 2, port, 0), dir.file("rank0"));
-  auto rank1 = spawn_command(two, rank_env(1, 2, port, 0), dir.file("rank1"));
+  auto env0 = rank_env(0, 2, port, 0), env1 = rank_env(1, 2, port, 0);
+  env0.insert(no_tf32.begin(), no_tf32.end());
+  env1.insert(no_tf32.begin(), no_tf32.end());
+  auto rank0 = spawn_command(two, env0, dir.file("rank0"));
+  auto rank1 = spawn_command(two, env1, dir.file("rank1"));
   const auto result0 = wait_command(rank0, 300);
   const auto result1 = wait_command(rank1, 300);
   ASSERT_EQ(result0.exit_code, 0) << result0.err;
