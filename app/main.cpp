@@ -78,6 +78,8 @@ int run_train(dptrain::TrainCommand command, CheckedStdout& out) {
   auto& options = command.options;
   options.backend = dptrain::choose_backend(command.backend, world,
                                             dptrain::backend_available(dptrain::Backend::kNccl));
+  // A backend named on the command line runs even for one replica (e.g. NCCL on one GPU).
+  options.process_group_for_one = command.backend.has_value();
   dptrain::check_world(options, world);  // usage mistakes before the data is loaded
   if (world.multi_process) dptrain::check_master_address(world.launch);
   if (command.metrics) dptrain::check_metrics_path(*command.metrics);
@@ -117,6 +119,9 @@ int run_train(dptrain::TrainCommand command, CheckedStdout& out) {
   std::vector<std::string> devices;
   const auto record = [&](const dptrain::EpochStats& stats) {
     records.push_back(dptrain::make_epoch_record(stats, options.lr, devices));
+    std::vector<double> seconds;
+    for (const auto& r : records) seconds.push_back(r.seconds);
+    records.back().steady_seconds = dptrain::steady_epoch_seconds(seconds).value_or(std::nan(""));
     if (metrics) metrics->write(records.back());
     if (command.plot) {
       dptrain::PlotOptions plot;
@@ -164,7 +169,13 @@ int run_train(dptrain::TrainCommand command, CheckedStdout& out) {
   }
   const std::string resume =
       result.last_checkpoint ? "; resume from " + *result.last_checkpoint : "";
-  if (result.stopped_by == 0 && reporter) print(dptrain::format_final_line(result));
+  if (result.stopped_by == 0 && reporter) {
+    // The steady pace first (first-epoch warm-up left out), then the book's line, last.
+    if (const auto steady = dptrain::format_steady_line(result); !steady.empty() && !command.quiet) {
+      print(steady);
+    }
+    print(dptrain::format_final_line(result));
+  }
   if (out.error() != 0) {
     return out.report_failure(
         prefix, result.stopped_by != 0 ? "stopped early" + resume : "the result line is lost");
@@ -256,6 +267,7 @@ int run_eval(dptrain::EvalCommand command, CheckedStdout& out) {
   auto& options = command.common.options;
   options.backend = dptrain::choose_backend(command.common.backend, world,
                                             dptrain::backend_available(dptrain::Backend::kNccl));
+  options.process_group_for_one = command.common.backend.has_value();
   dptrain::check_world(options, world);
   if (world.multi_process) dptrain::check_master_address(world.launch);
   const auto weights = load_weights(command);
@@ -272,6 +284,8 @@ int run_eval(dptrain::EvalCommand command, CheckedStdout& out) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // Before any thread exists: LibTorch's NCCL reads these when a process group is made.
+  dptrain::prepare_nccl_environment();
   dptrain::ignore_broken_pipes();  // a closed stdout is a failed write (CheckedStdout)
   CheckedStdout out;
   try {

@@ -56,6 +56,13 @@ else
   fi
 fi
 # shellcheck disable=SC2016  # the text of build.sh, not an expansion
+if printf '%s\n' "$build_line" | grep -q 'DPTRAIN_WERROR=OFF' &&
+   grep -qF 'DPTRAIN_WERROR="${DPTRAIN_WERROR:-ON}"' scripts/build.sh; then
+  pass "the image builds without -Werror (DPTRAIN_WERROR=OFF, read by build.sh)"
+else
+  fail "the image must build with DPTRAIN_WERROR=OFF, which scripts/build.sh must read"
+fi
+# shellcheck disable=SC2016  # the text of build.sh, not an expansion
 if grep -qF '"${DPTRAIN_BUILD_DIR:-build}"' scripts/build.sh; then
   pass "scripts/build.sh builds into \$DPTRAIN_BUILD_DIR (here: $build_dir)"
 else

@@ -37,6 +37,6 @@ quick+=":Communicator.*:Rendezvous.*:LaunchEnvironment*:*LaunchEnvironmentErrors
 quick+=":BucketAssignment.*:Reducer.*:*ReducerWorld.*"
 quick+=":Checkpoint*:*Checkpoint*:Sha256*:*Sha256*:Metrics*:*Metrics*:PlotPngCheck.*"
 quick+=":BatchAssembler*:*BatchAssembler*:*PlanWorld.*:ChooseBackend.*"
-quick+=":Report.*:MemoryBudget.*"
+quick+=":Report.*:MemoryBudget.*:NcclEnvironment.*:CheckPlacements.*:CheckWorld.*"
 "$build_dir/tests/dptrain_tests" --gtest_filter="$quick" --gtest_brief=1
 echo "sanitize: the quick tests pass under AddressSanitizer and UBSan"

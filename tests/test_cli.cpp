@@ -15,6 +15,7 @@
 #include <iterator>
 #include <map>
 #include <regex>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <utility>
@@ -897,6 +898,38 @@ TEST(CliRun, TinyDataTwoEpochsSavesTheModel) {
   EXPECT_TRUE(dptrain::testing::is_regular_file(model)) << describe(result);
   EXPECT_GT(dptrain::testing::file_size(model), 0);
   EXPECT_FALSE(dptrain::testing::path_exists(model + ".tmp"));
+}
+
+// The steady pace (median of epochs 2..N) is printed just before the book's final line and
+// recorded per epoch in --metrics, missing for the first epoch.
+TEST(CliRun, SteadyPaceIsPrintedBeforeTheFinalLineAndRecorded) {
+  TempDir out;
+  const std::string metrics = out.file("m.csv");
+  const auto result =
+      run_dptrain({"train", "--data-dir", tiny_data_dir(), "--devices", "cpu", "--width", "1",
+                   "--epochs", "3", "--batch-size", "4", "--threads", "1", "--metrics", metrics});
+  expect_successful_run(result, 3, kFinalLineOneCpu);
+  const auto lines = split_lines(result.out);
+  ASSERT_GE(lines.size(), 2u);
+  EXPECT_TRUE(std::regex_match(lines[lines.size() - 2],
+                               std::regex(R"(^median of epochs 2-3: [0-9.e-]+ sec/epoch )"
+                                          R"(\(epoch 1: [0-9.e-]+ s\)$)")))
+      << describe(result);
+  // epoch,...,seconds (6th),...,steady_seconds (9th),devices
+  const auto rows = split_lines(dptrain::testing::read_text(metrics));
+  ASSERT_EQ(rows.size(), 4u) << dptrain::testing::read_text(metrics);
+  std::vector<std::vector<std::string>> fields;
+  for (size_t i = 1; i < rows.size(); ++i) {
+    std::vector<std::string> row;
+    std::stringstream stream(rows[i]);
+    for (std::string field; std::getline(stream, field, ',');) row.push_back(field);
+    ASSERT_EQ(row.size(), 10u) << rows[i];
+    fields.push_back(row);
+  }
+  EXPECT_EQ(fields[0][8], "") << rows[1];
+  EXPECT_EQ(std::stod(fields[1][8]), std::stod(fields[1][5])) << rows[2];
+  EXPECT_DOUBLE_EQ(std::stod(fields[2][8]), (std::stod(fields[1][5]) + std::stod(fields[2][5])) / 2)
+      << rows[3];
 }
 
 TEST(CliRun, MaxStepsStopsEarly) {

@@ -3,6 +3,10 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <functional>
+#include <map>
+#include <thread>
+#include <utility>
 
 #include "dptrain/errors.h"
 #include "dptrain/model.h"
@@ -61,6 +65,122 @@ TEST(Communicator, MissingPeerTimesOutWithRankInMessage) {
     EXPECT_NE(message.find("the test all-reduce"), std::string::npos) << message;
   }
   EXPECT_LT(std::chrono::steady_clock::now() - start, 30s);
+}
+
+// allreduce_max, broadcast and barrier report a collective that cannot start as every other
+// failure: one CollectiveError naming the rank and the collective (a c10 error escaped before).
+TEST(Communicator, CollectivesThatCannotStartAreCollectiveErrorsNamingTheRank) {
+  using Action = std::function<void(Communicator&)>;
+  const std::vector<std::pair<std::string, Action>> cases{
+      {"the broadcast from rank 7",
+       [](Communicator& c) {
+         c.broadcast(torch::ones({2}), /*root=*/7, "the broadcast from rank 7");
+       }},
+      {"the max on the meta device", [](Communicator& c) {
+         c.allreduce_max(torch::ones({2}, torch::kMeta), "the max on the meta device");
+       }}};
+  for (const auto& [what, action] : cases) {
+    run_thread_ranks(2, [&](Communicator& c) {
+      // Both connected first: a rank that fails at once and leaves would otherwise close its
+      // sockets while the other still connects.
+      c.barrier("connected");
+      try {
+        action(c);
+        ADD_FAILURE() << what << ": expected a CollectiveError";
+      } catch (const CollectiveError& e) {
+        const std::string message = e.what();
+        EXPECT_NE(message.find("rank " + std::to_string(c.rank()) + " of 2"), std::string::npos)
+            << message;
+        EXPECT_NE(message.find(what), std::string::npos) << message;
+      }
+    });
+  }
+}
+
+// A world of one made with a store has a real process group: its collectives run through it.
+TEST(Communicator, WorldOfOneWithAProcessGroupCommunicates) {
+  auto store = make_in_process_store(10s);
+  WorldOptions options;
+  options.timeout = 10s;
+  Communicator one(store, 0, 1, options);
+  EXPECT_TRUE(one.has_process_group());
+  EXPECT_FALSE(Communicator().has_process_group());
+  auto t = torch::tensor({1.5f, -2.0f});
+  one.allreduce_sum(t, "sum");
+  auto pending = one.allreduce_sum_async(t, "async sum");
+  one.wait(pending);
+  one.wait_host("the check");
+  one.barrier("barrier");
+  EXPECT_TRUE(torch::equal(t, torch::tensor({1.5f, -2.0f})));
+  one.shutdown();
+}
+
+// After abort() (here from the rank itself; in training from a failed replica of the same
+// process), every collective fails at once instead of waiting for peers until the timeout.
+TEST(Communicator, AbortedGroupFailsEveryLaterCollectiveAtOnce) {
+  const auto start = std::chrono::steady_clock::now();
+  run_thread_ranks(
+      2,
+      [](Communicator& c) {
+        c.barrier("connected");  // as above: no rank leaves while the other still connects
+        c.abort();
+        c.abort();  // idempotent
+        auto t = torch::ones({3});
+        try {
+          c.allreduce_sum(t, "the sum after the abort");
+          ADD_FAILURE() << "expected a CollectiveError";
+        } catch (const CollectiveError& e) {
+          EXPECT_NE(std::string(e.what()).find("aborted"), std::string::npos) << e.what();
+          EXPECT_NE(std::string(e.what()).find("the sum after the abort"), std::string::npos);
+        }
+        c.wait_host("a check");  // nothing was started: nothing to wait for
+      },
+      30s);
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 10s);
+}
+
+// ---- The NCCL environment ---------------------------------------------------------------
+
+TEST(NcclEnvironment, DefaultsOnlyWhatTheUserLeftUnset) {
+  using Pairs = std::vector<std::pair<std::string, std::string>>;
+  const auto with = [](std::map<std::string, std::string> env) {
+    return nccl_environment_defaults([env](const char* name) -> const char* {
+      const auto it = env.find(name);
+      return it == env.end() ? nullptr : it->second.c_str();
+    });
+  };
+  EXPECT_EQ(with({}), (Pairs{{"TORCH_NCCL_ASYNC_ERROR_HANDLING", "2"},
+                             {"TORCH_NCCL_DUMP_ON_TIMEOUT", "0"},
+                             {"TORCH_NCCL_WAIT_TIMEOUT_DUMP_MILSEC", "0"}}));
+  // The user's mode under either name wins; so does a wish for dumps, with its own wait.
+  EXPECT_EQ(
+      with({{"TORCH_NCCL_ASYNC_ERROR_HANDLING", "1"}}),
+      (Pairs{{"TORCH_NCCL_DUMP_ON_TIMEOUT", "0"}, {"TORCH_NCCL_WAIT_TIMEOUT_DUMP_MILSEC", "0"}}));
+  EXPECT_EQ(with({{"NCCL_ASYNC_ERROR_HANDLING", "3"}, {"TORCH_NCCL_DUMP_ON_TIMEOUT", "1"}}),
+            Pairs{});
+  EXPECT_EQ(with({{"TORCH_NCCL_WAIT_TIMEOUT_DUMP_MILSEC", "500"}}),
+            (Pairs{{"TORCH_NCCL_ASYNC_ERROR_HANDLING", "2"}, {"TORCH_NCCL_DUMP_ON_TIMEOUT", "0"}}));
+}
+
+TEST(Rendezvous, GatherPlacementsGivesEveryRanksInRankOrder) {
+  auto store = make_in_process_store(5s);
+  std::vector<std::vector<RankPlacement>> seen(3);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 3; ++r) {
+    threads.emplace_back([&, r] {
+      const RankPlacement mine{"host" + std::to_string(r % 2), "cuda:" + std::to_string(r),
+                               r == 2 ? "" : "GPU-" + std::to_string(r)};
+      seen[static_cast<size_t>(r)] = gather_placements(*store, r, 3, mine, 5s);
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (const auto& placements : seen) {
+    ASSERT_EQ(placements.size(), 3u);
+    EXPECT_EQ(placements[1].host, "host1");
+    EXPECT_EQ(placements[2].device, "cuda:2");
+    EXPECT_EQ(placements[0].gpu, "GPU-0");
+    EXPECT_EQ(placements[2].gpu, "");
+  }
 }
 
 TEST(Rendezvous, BarrierNamesTheRanksThatNeverArrived) {

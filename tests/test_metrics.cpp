@@ -51,17 +51,18 @@ std::vector<EpochRecord> two_epochs() {
 }
 
 const char kCsvHeader[] =
-    "epoch,train_loss,train_acc,test_loss,test_acc,seconds,images_per_second,lr,devices\n";
+    "epoch,train_loss,train_acc,test_loss,test_acc,seconds,images_per_second,lr,steady_seconds,"
+    "devices\n";
 const char kCsvRows[] =
-    "1,0.5,0.8125,0.4375,0.84375,12.5,4800,0.1,\"cpu,cpu\"\n"
-    "2,0.3,0.9,,0.875,12.25,4897.5,0.1,\"cpu,cpu\"\n";
+    "1,0.5,0.8125,0.4375,0.84375,12.5,4800,0.1,,\"cpu,cpu\"\n"
+    "2,0.3,0.9,,0.875,12.25,4897.5,0.1,,\"cpu,cpu\"\n";
 const char kJsonLines[] =
     "{\"epoch\":1,\"train_loss\":0.5,\"train_acc\":0.8125,\"test_loss\":0.4375,"
     "\"test_acc\":0.84375,\"seconds\":12.5,\"images_per_second\":4800,\"lr\":0.1,"
-    "\"devices\":\"cpu,cpu\"}\n"
+    "\"steady_seconds\":null,\"devices\":\"cpu,cpu\"}\n"
     "{\"epoch\":2,\"train_loss\":0.3,\"train_acc\":0.9,\"test_loss\":null,"
     "\"test_acc\":0.875,\"seconds\":12.25,\"images_per_second\":4897.5,\"lr\":0.1,"
-    "\"devices\":\"cpu,cpu\"}\n";
+    "\"steady_seconds\":null,\"devices\":\"cpu,cpu\"}\n";
 
 // Same value, bit for bit (and NaN for NaN, as the file cannot tell NaNs apart).
 void expect_same_double(double expected, double actual, const char* field) {
@@ -149,21 +150,21 @@ TEST(MetricsText, JsonLinesTextIsExact) {
 TEST(MetricsText, FieldsAreQuotedAndEscaped) {
   const EpochRecord r = record(3, 1, 1, 1, 1, 1, 1, 1, "a\"b,c\\d\ne\x01");
   EXPECT_EQ(format_metrics_record(r, MetricsFormat::kCsv),
-            "3,1,1,1,1,1,1,1,\"a\"\"b,c\\d\ne\x01\"\n");
+            "3,1,1,1,1,1,1,1,,\"a\"\"b,c\\d\ne\x01\"\n");
   const std::string json = format_metrics_record(r, MetricsFormat::kJsonLines);
   EXPECT_NE(json.find("\"devices\":\"a\\\"b,c\\\\d\\ne\\u0001\"}\n"), std::string::npos) << json;
   EXPECT_EQ(format_metrics_record(record(1, 1, 1, 1, 1, 1, 1, 1, "cpu"), MetricsFormat::kCsv),
-            "1,1,1,1,1,1,1,1,cpu\n");  // nothing to quote
+            "1,1,1,1,1,1,1,1,,cpu\n");  // nothing to quote
 }
 
 TEST(MetricsText, NonFiniteIsMissingNeverNanText) {
   const double inf = std::numeric_limits<double>::infinity();
   const EpochRecord r = record(1, kNaN, inf, -inf, 0.5, 1, 1, 0.1, "cpu");
-  EXPECT_EQ(format_metrics_record(r, MetricsFormat::kCsv), "1,,,,0.5,1,1,0.1,cpu\n");
+  EXPECT_EQ(format_metrics_record(r, MetricsFormat::kCsv), "1,,,,0.5,1,1,0.1,,cpu\n");
   EXPECT_EQ(format_metrics_record(r, MetricsFormat::kJsonLines),
             "{\"epoch\":1,\"train_loss\":null,\"train_acc\":null,\"test_loss\":null,"
             "\"test_acc\":0.5,\"seconds\":1,\"images_per_second\":1,\"lr\":0.1,"
-            "\"devices\":\"cpu\"}\n");
+            "\"steady_seconds\":null,\"devices\":\"cpu\"}\n");
 }
 
 TEST(MetricsText, MakeEpochRecordJoinsDevices) {
@@ -248,7 +249,7 @@ TEST(MetricsWriter, EachRecordIsOnDiskBeforeTheNextEpoch) {
   writer.write(two_epochs()[0]);
   // Read through another descriptor while the writer is still open, as after a crash.
   EXPECT_EQ(read_text(dir.file("m.csv")),
-            std::string(kCsvHeader) + "1,0.5,0.8125,0.4375,0.84375,12.5,4800,0.1,\"cpu,cpu\"\n");
+            std::string(kCsvHeader) + "1,0.5,0.8125,0.4375,0.84375,12.5,4800,0.1,,\"cpu,cpu\"\n");
   writer.write(two_epochs()[1]);
   EXPECT_EQ(read_text(dir.file("m.csv")), std::string(kCsvHeader) + kCsvRows);
 }

@@ -52,5 +52,32 @@ TEST(Report, EvalLineIsExact) {
             "test acc: 0.9012, test loss 0.2734 (10000 images) on [cpu, cpu]");
 }
 
+// The first epoch pays for cuDNN's autotuning and the allocator's growth: the steady pace is
+// the median of the others.
+TEST(Report, SteadySecondsIsTheMedianFromTheSecondEpoch) {
+  EXPECT_FALSE(steady_epoch_seconds({}).has_value());
+  EXPECT_FALSE(steady_epoch_seconds({9.0}).has_value());
+  EXPECT_EQ(steady_epoch_seconds({9.0, 2.0}), 2.0);
+  EXPECT_EQ(steady_epoch_seconds({9.0, 3.0, 1.0, 2.0}), 2.0);       // odd count: the middle
+  EXPECT_EQ(steady_epoch_seconds({9.0, 4.0, 1.0, 2.0, 3.0}), 2.5);  // even: the mean of two
+}
+
+TEST(Report, SteadyLineIsExactAndAbsentForOneEpoch) {
+  TrainResult result;
+  result.devices = {"cuda:0"};
+  EpochStats first;
+  first.epoch = 1;
+  first.seconds = 3.14;
+  result.epochs = {first};
+  EXPECT_EQ(format_steady_line(result), "");
+  for (double seconds : {0.95, 0.93, 0.97}) {
+    EpochStats later = first;
+    later.epoch = static_cast<int64_t>(result.epochs.size()) + 1;
+    later.seconds = seconds;
+    result.epochs.push_back(later);
+  }
+  EXPECT_EQ(format_steady_line(result), "median of epochs 2-4: 0.95 sec/epoch (epoch 1: 3.14 s)");
+}
+
 }  // namespace
 }  // namespace dptrain

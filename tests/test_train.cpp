@@ -357,6 +357,74 @@ TEST(CheckData, EmptySetsAreDataErrors) {
       "the test set holds 0 images; dptrain needs at least one");
 }
 
+// A backend named for one replica runs its process group for real (Gloo here, NCCL on a GPU):
+// a sum over one rank changes no bit, so the weights are those of the run without a group.
+TEST(Replicas, OneReplicaWithItsProcessGroupGivesTheSameBits) {
+  const auto data = synthetic_data(80, 16);
+  TempDir dir;
+  auto options = small_options();
+  options.check_replicas_every = 2;  // the checksum all-reduce runs through the group as well
+  options.save_model = dir.file("plain.pt");
+  train(data, options, cpu_world(1));
+  options.process_group_for_one = true;
+  options.save_model = dir.file("group.pt");
+  train(data, options, cpu_world(1));
+  EXPECT_TRUE(all_equal(load_parameters(dir.file("plain.pt"), 4),
+                        load_parameters(dir.file("group.pt"), 4)));
+}
+
+// ---- Checks of the world ----------------------------------------------------------------------
+
+// Note [Sync-bn needs a GPU per replica]: refused before anything runs, so a CPU test can show it.
+TEST(CheckWorld, SyncBnRefusesTwoReplicasOnOneGpuInOneProcess) {
+  WorldPlan world;
+  world.local_devices = {torch::Device(torch::kCUDA, 0), torch::Device(torch::kCUDA, 0)};
+  world.world_size = 2;
+  auto options = small_options();
+  options.sync_bn = true;
+  try {
+    check_world(options, world);
+    FAIL() << "expected a UsageError";
+  } catch (const UsageError& e) {
+    EXPECT_NE(std::string(e.what()).find("--sync-bn cannot run two replicas on cuda:0"),
+              std::string::npos)
+        << e.what();
+  }
+  // Two GPUs, or CPU replicas (whose backward runs on each replica's own thread), are fine.
+  options.sync_bn = true;
+  world.local_devices = {torch::Device(torch::kCPU), torch::Device(torch::kCPU)};
+  EXPECT_NO_THROW(check_world(options, world));
+}
+
+TEST(CheckPlacements, NcclRefusesTwoRanksOnOneGpuNamingThem) {
+  // Two processes of one host that both see the same GPU as cuda:0.
+  const std::vector<RankPlacement> shared{{"node1", "cuda:0", "GPU-1111"},
+                                          {"node1", "cuda:1", "GPU-2222"},
+                                          {"node1", "cuda:0", "GPU-1111"}};
+  try {
+    check_placements(shared, Backend::kNccl);
+    FAIL() << "expected a UsageError";
+  } catch (const UsageError& e) {
+    const std::string message = e.what();
+    EXPECT_NE(message.find("ranks 0 and 2 both use the GPU GPU-1111 (cuda:0 on node1)"),
+              std::string::npos)
+        << message;
+    EXPECT_NE(message.find("--backend gloo"), std::string::npos) << message;
+  }
+  EXPECT_NO_THROW(check_placements(shared, Backend::kGloo));  // Gloo shares a GPU fine
+  // Without UUIDs (a build without CUDA) the host and the device name decide.
+  EXPECT_THROW(check_placements({{"a", "cuda:0", ""}, {"a", "cuda:0", ""}}, Backend::kNccl),
+               UsageError);
+}
+
+TEST(CheckPlacements, TheSameIndexOnOtherGpusIsFine) {
+  // CUDA_VISIBLE_DEVICES per rank (Slurm): every rank's GPU is its cuda:0, each a different one.
+  EXPECT_NO_THROW(check_placements(
+      {{"node1", "cuda:0", "GPU-1111"}, {"node1", "cuda:0", "GPU-2222"}}, Backend::kNccl));
+  EXPECT_NO_THROW(check_placements({{"a", "cuda:0", ""}, {"b", "cuda:0", ""}}, Backend::kNccl));
+  EXPECT_NO_THROW(check_placements({{"a", "cpu", ""}, {"a", "cpu", ""}}, Backend::kGloo));
+}
+
 // ---- Several processes -----------------------------------------------------------------------
 
 class MultiProcess : public ::testing::Test {

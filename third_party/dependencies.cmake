@@ -1,9 +1,24 @@
 # The one place where dptrain finds outside libraries.
 # LibTorch: find_package(Torch) -- Debian's 1.13 by default, or a CUDA LibTorch 2.x through
-# CMAKE_PREFIX_PATH. cxxopts, GoogleTest and zlib: Debian's packages, else a pinned FetchContent.
-# libcurl (dptrain download) and OpenSSL's libcrypto (its SHA-256): the system's, found by
-# find_package. libpng (the plot test reads Chromium's screenshots): the system's, tests only.
+# CMAKE_PREFIX_PATH. cxxopts (3 or newer) and GoogleTest: Debian's packages, else a pinned
+# FetchContent (FETCHCONTENT_SOURCE_DIR_<NAME> points it at local sources: the device kit).
+# zlib and OpenSSL's libcrypto (SHA-256): required. libcurl (dptrain download) and Gloo's headers
+# (--backend gloo): used when found, see DPTRAIN_DOWNLOAD and DPTRAIN_GLOO. libpng: the plot test
+# (DPTRAIN_PLOT_RENDER_TEST). Every search also looks under CMAKE_PREFIX_PATH.
 include(FetchContent)
+include(CheckCXXSourceCompiles)
+
+set(DPTRAIN_GLOO AUTO CACHE STRING
+    "--backend gloo: AUTO (when this LibTorch has Gloo and Gloo headers that compile against it are found) or OFF")
+set(DPTRAIN_DOWNLOAD AUTO CACHE STRING
+    "dptrain download: AUTO (when libcurl is found) or OFF")
+set_property(CACHE DPTRAIN_GLOO PROPERTY STRINGS AUTO OFF)
+set_property(CACHE DPTRAIN_DOWNLOAD PROPERTY STRINGS AUTO OFF)
+foreach(knob DPTRAIN_GLOO DPTRAIN_DOWNLOAD)
+  if(NOT ${knob} MATCHES "^(AUTO|OFF)$")
+    message(FATAL_ERROR "${knob} must be AUTO or OFF, not '${${knob}}'")
+  endif()
+endforeach()
 
 # ---- LibTorch ---------------------------------------------------------------
 find_package(Torch REQUIRED)
@@ -30,14 +45,66 @@ else()
 endif()
 message(STATUS "dptrain: LibTorch ${Torch_VERSION}, CUDA/NCCL support: ${DPTRAIN_WITH_CUDA}")
 
+# ---- Gloo headers: --backend gloo ---------------------------------------------------
+# PyPI's LibTorch carries Gloo inside but not its headers, which ProcessGroupGloo.hpp includes.
+# Headers of another Gloo (Debian's libgloo-dev, the device kit's copy) may not compile against
+# this LibTorch's c10d, so AUTO compiles that header once with them and leaves Gloo out, saying
+# so, when it fails. Without Gloo, --backend gloo is refused with one line (distributed.cpp).
+set(DPTRAIN_WITH_GLOO OFF)
+if(DPTRAIN_GLOO STREQUAL "AUTO")
+  find_path(DPTRAIN_GLOO_INCLUDE_DIR gloo/algorithm.h)
+  if(DPTRAIN_GLOO_INCLUDE_DIR)
+    get_target_property(torch_definitions torch_cpu INTERFACE_COMPILE_DEFINITIONS)
+    set(CMAKE_REQUIRED_QUIET ON)
+    set(CMAKE_TRY_COMPILE_TARGET_TYPE STATIC_LIBRARY)  # headers only: nothing to link
+    set(CMAKE_REQUIRED_INCLUDES ${dptrain_torch_includes} ${DPTRAIN_GLOO_INCLUDE_DIR})
+    set(CMAKE_REQUIRED_FLAGS "-std=c++17 ${TORCH_CXX_FLAGS}")
+    set(CMAKE_REQUIRED_DEFINITIONS)
+    foreach(definition IN LISTS torch_definitions)
+      list(APPEND CMAKE_REQUIRED_DEFINITIONS -D${definition})
+    endforeach()
+    check_cxx_source_compiles([[
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+#if !defined(USE_C10D_GLOO)
+#error "this LibTorch was built without Gloo"
+#endif
+int dptrain_gloo_probe() { return static_cast<int>(sizeof(c10d::ProcessGroupGloo::Options)); }
+]] DPTRAIN_GLOO_COMPILES)
+    unset(CMAKE_REQUIRED_QUIET)
+    unset(CMAKE_TRY_COMPILE_TARGET_TYPE)
+    unset(CMAKE_REQUIRED_INCLUDES)
+    unset(CMAKE_REQUIRED_FLAGS)
+    unset(CMAKE_REQUIRED_DEFINITIONS)
+    if(DPTRAIN_GLOO_COMPILES)
+      set(DPTRAIN_WITH_GLOO ON)
+    else()
+      message(STATUS "dptrain: the Gloo headers in ${DPTRAIN_GLOO_INCLUDE_DIR} do not compile "
+                     "against this LibTorch's ProcessGroupGloo.hpp (or it has no Gloo)")
+    endif()
+  endif()
+endif()
+message(STATUS "dptrain: Gloo support (--backend gloo): ${DPTRAIN_WITH_GLOO} "
+               "(headers: ${DPTRAIN_GLOO_INCLUDE_DIR})")
+
 # ---- zlib -------------------------------------------------------------------
 find_package(ZLIB REQUIRED)
+message(STATUS "dptrain: zlib: ${ZLIB_LIBRARIES}")
+
+# ---- OpenSSL's libcrypto: SHA-256 (sha256.h) of downloaded files and of the training data --------
+# The device kit brings its headers and static library (OPENSSL_ROOT_DIR, OPENSSL_USE_STATIC_LIBS).
+find_package(OpenSSL REQUIRED COMPONENTS Crypto)
 
 # ---- libcurl: fetching the data set (http, https, file) ----------------------------
-find_package(CURL REQUIRED)
-
-# ---- OpenSSL's libcrypto: SHA-256 of the downloaded files (sha256.h) -----------------
-find_package(OpenSSL REQUIRED COMPONENTS Crypto)
+# Optional: a machine without libcurl's headers (the GPU machine's image) builds dptrain
+# without `download`, which then says so; the data are copied there instead.
+set(DPTRAIN_WITH_CURL OFF)
+if(DPTRAIN_DOWNLOAD STREQUAL "AUTO")
+  find_package(CURL QUIET)
+  if(CURL_FOUND)
+    set(DPTRAIN_WITH_CURL ON)
+  endif()
+endif()
+message(STATUS "dptrain: libcurl (dptrain download): ${DPTRAIN_WITH_CURL}")
 
 # ---- Python with torch: torchrun for the multi-process tests ----------------------
 # The first interpreter whose torch has the same major.minor version as the LibTorch found:
@@ -67,25 +134,40 @@ endif()
 message(STATUS "dptrain: torchrun for tests: ${DPTRAIN_TORCHRUN_PYTHON}")
 
 # ---- cxxopts ----------------------------------------------------------------
-find_package(cxxopts CONFIG QUIET)
+# Version 3 or newer: the command line uses its 3.x API (2.x's parse() and exceptions differ).
+find_package(cxxopts 3 CONFIG QUIET)
 if(NOT TARGET cxxopts::cxxopts)
-  message(STATUS "dptrain: cxxopts not installed, fetching v3.1.1")
+  message(STATUS "dptrain: cxxopts 3 not installed, fetching v3.1.1")
   FetchContent_Declare(cxxopts
     URL https://github.com/jarro2783/cxxopts/archive/refs/tags/v3.1.1.tar.gz)
   FetchContent_MakeAvailable(cxxopts)
+else()
+  message(STATUS "dptrain: cxxopts ${cxxopts_VERSION}: ${cxxopts_DIR}")
 endif()
 
 # ---- GoogleTest -------------------------------------------------------------
 if(BUILD_TESTING)
   find_package(GTest CONFIG QUIET)
   if(NOT TARGET GTest::gtest_main)
-    message(STATUS "dptrain: GoogleTest not installed, fetching v1.14.0")
+    if(FETCHCONTENT_SOURCE_DIR_GOOGLETEST)
+      message(STATUS "dptrain: GoogleTest from ${FETCHCONTENT_SOURCE_DIR_GOOGLETEST}")
+    else()
+      message(STATUS "dptrain: GoogleTest not installed, fetching v1.14.0")
+    endif()
     FetchContent_Declare(googletest
       URL https://github.com/google/googletest/archive/refs/tags/v1.14.0.tar.gz)
     set(INSTALL_GTEST OFF CACHE BOOL "" FORCE)
+    set(BUILD_GMOCK OFF CACHE BOOL "" FORCE)
     FetchContent_MakeAvailable(googletest)
+    if(NOT TARGET GTest::gtest_main)  # GoogleTest before 1.13 defines no namespaced aliases
+      add_library(GTest::gtest_main ALIAS gtest_main)
+    endif()
   endif()
   include(GoogleTest)
   # libpng: the plot test decodes headless Chromium's PNG screenshots (tests/png_check.h).
-  find_package(PNG REQUIRED)
+  # The device build (bench/gpu_check.sh), which has neither Chromium nor libpng, turns it off.
+  option(DPTRAIN_PLOT_RENDER_TEST "Build the test that renders the plot in Chromium (libpng)" ON)
+  if(DPTRAIN_PLOT_RENDER_TEST)
+    find_package(PNG REQUIRED)
+  endif()
 endif()

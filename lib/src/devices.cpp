@@ -5,7 +5,12 @@
 #include <torch/cuda.h>
 #include <unistd.h>
 
+#include <cstdio>
 #include <sstream>
+
+#if defined(DPTRAIN_WITH_CUDA)
+#include <ATen/cuda/CUDAContext.h>
+#endif
 
 #include "dptrain/errors.h"
 
@@ -100,6 +105,30 @@ int usable_cpu_cores() {
 
 void synchronize(const torch::Device& device) {
   if (device.is_cuda()) torch::cuda::synchronize(device.has_index() ? device.index() : 0);
+}
+
+std::string gpu_identity(const torch::Device& device) {
+#if defined(DPTRAIN_WITH_CUDA)
+  if (device.is_cuda()) {
+    const auto* properties = at::cuda::getDeviceProperties(device.has_index() ? device.index() : 0);
+    std::string uuid = "GPU-";
+    char hex[3];
+    for (int i = 0; i < 16; ++i) {
+      std::snprintf(hex, sizeof hex, "%02x", static_cast<unsigned char>(properties->uuid.bytes[i]));
+      uuid += hex;
+      if (i == 3 || i == 5 || i == 7 || i == 9) uuid += '-';
+    }
+    return uuid;
+  }
+#endif
+  (void)device;
+  return "";
+}
+
+std::string host_name() {
+  char name[256] = {};
+  if (::gethostname(name, sizeof name - 1) != 0 || name[0] == '\0') return "localhost";
+  return name;
 }
 
 }  // namespace dptrain

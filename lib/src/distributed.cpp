@@ -7,6 +7,7 @@
 
 #include <cstdlib>
 #include <sstream>
+#include <thread>
 #include <torch/csrc/distributed/c10d/Store.hpp>
 #include <torch/csrc/distributed/c10d/Types.hpp>
 #include <torch/csrc/distributed/c10d/Work.hpp>
@@ -14,7 +15,9 @@
 
 #include "dptrain/rendezvous.h"
 
-#if defined(USE_C10D_GLOO) && __has_include(<gloo/algorithm.h>)
+// DPTRAIN_WITH_GLOO: third_party/dependencies.cmake found Gloo headers that compile against this
+// LibTorch's ProcessGroupGloo.hpp (option DPTRAIN_GLOO).
+#if defined(DPTRAIN_WITH_GLOO) && defined(USE_C10D_GLOO)
 #define DPTRAIN_HAVE_GLOO 1
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #endif
@@ -53,6 +56,45 @@ bool backend_available(Backend backend) {
   return false;
 }
 
+// ---- The NCCL environment ---------------------------------------------------------
+
+// Note [NCCL failures end in our error line]
+// LibTorch 2.x's ProcessGroupNCCL reads its error handling mode once, in its constructor, from
+// TORCH_NCCL_ASYNC_ERROR_HANDLING (old name NCCL_ASYNC_ERROR_HANDLING), defaulting to 3,
+// SkipCleanUp (ProcessGroupNCCL.cpp: `getCvarInt(TORCH_NCCL_ASYNC_ERROR_HANDLING, 3)`). When a
+// collective fails or outlives Options::timeout, its watchdog thread calls
+// WorkNCCL::handleException(mode), which rethrows on the watchdog thread for every mode that
+// SHOULD_TEAR_DOWN (ProcessGroupNCCL.hpp: 1 and 3): std::terminate, a core dump, no error line.
+// Mode 2, CleanUpOnly, aborts the communicators instead (so kernels stuck on a dead peer end and
+// a host blocked in a CUDA call returns) and leaves the exception on the work, where wait() and
+// wait_host() find it and throw CollectiveError. Two more defaults, only where the user chose no
+// dumps: TORCH_NCCL_DUMP_ON_TIMEOUT=0, because with it the heartbeat monitor thread, once a
+// collective has failed, dumps the flight recorder and then sleeps
+// TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC (8 minutes) before std::abort() unless the group was aborted
+// first (HeartbeatMonitor::runLoop); and TORCH_NCCL_WAIT_TIMEOUT_DUMP_MILSEC=0, because the
+// watchdog sleeps four times that (a minute by default) after each failed work, so that ranks
+// can dump, before it aborts anything: with no dump there is nothing to wait for.
+std::vector<std::pair<std::string, std::string>> nccl_environment_defaults(
+    const std::function<const char*(const char*)>& lookup) {
+  std::vector<std::pair<std::string, std::string>> defaults;
+  if (!lookup("TORCH_NCCL_ASYNC_ERROR_HANDLING") && !lookup("NCCL_ASYNC_ERROR_HANDLING")) {
+    defaults.emplace_back("TORCH_NCCL_ASYNC_ERROR_HANDLING", "2");
+  }
+  if (!lookup("TORCH_NCCL_DUMP_ON_TIMEOUT")) {
+    defaults.emplace_back("TORCH_NCCL_DUMP_ON_TIMEOUT", "0");
+    if (!lookup("TORCH_NCCL_WAIT_TIMEOUT_DUMP_MILSEC")) {
+      defaults.emplace_back("TORCH_NCCL_WAIT_TIMEOUT_DUMP_MILSEC", "0");
+    }
+  }
+  return defaults;
+}
+
+void prepare_nccl_environment() {
+  for (const auto& [name, value] : nccl_environment_defaults(std::getenv)) {
+    ::setenv(name.c_str(), value.c_str(), /*overwrite=*/0);
+  }
+}
+
 // ---- Pending ----------------------------------------------------------------
 
 Communicator::Pending::Pending(c10::intrusive_ptr<c10d::Work> work, std::string what)
@@ -76,10 +118,21 @@ std::shared_ptr<::gloo::transport::Device> make_gloo_device(bool loopback) {
 }
 #endif
 
+// c10d appends a C++ stack trace to some messages; the first line says what happened.
+std::string first_line(std::string text) {
+  if (const auto newline = text.find('\n'); newline != std::string::npos) text.resize(newline);
+  return text;
+}
+
 }  // namespace
 
 Communicator::Communicator() = default;
-Communicator::~Communicator() = default;
+
+Communicator::~Communicator() {
+  // Still open here means an exception is unwinding this rank: abort, so that no peer waits for
+  // it, and so that LibTorch's destructor has nothing to flush or warn about.
+  if (group_ && !shut_down_) abort();
+}
 
 Communicator::Communicator(c10::intrusive_ptr<c10d::Store> store, int rank, int world_size,
                            const WorldOptions& options)
@@ -98,10 +151,13 @@ Communicator::Communicator(c10::intrusive_ptr<c10d::Store> store, int rank, int 
   try {
 #if defined(DPTRAIN_HAVE_NCCL)
     if (options.backend == Backend::kNccl) {
+      prepare_nccl_environment();  // a no-op once main() has done it
       auto nccl_options = c10d::ProcessGroupNCCL::Options::create();
+      // The watchdog's bound on every collective (Note [NCCL failures end in our error line]).
       nccl_options->timeout = options.timeout;
       group_->group =
           c10::make_intrusive<c10d::ProcessGroupNCCL>(store, rank, world_size, nccl_options);
+      stream_ordered_ = true;
       return;
     }
 #endif
@@ -116,47 +172,140 @@ Communicator::Communicator(c10::intrusive_ptr<c10d::Store> store, int rank, int 
     std::ostringstream message;
     message << "rank " << rank << " of " << world_size << ": could not connect the "
             << backend_name(options.backend) << " process group within "
-            << options.timeout.count() / 1000.0 << " s: " << e.what();
+            << options.timeout.count() / 1000.0 << " s: " << first_line(e.what());
     throw CollectiveError(message.str());
   }
 }
 
+void Communicator::shutdown() {
+  if (!group_ || shut_down_ || aborted_) return;
+  shut_down_ = true;
+#if TORCH_VERSION_MAJOR >= 2
+  try {
+    group_->group->shutdown();  // NCCL: finalises and destroys the communicators
+  } catch (const std::exception& e) {
+    throw CollectiveError("rank " + std::to_string(rank_) + " of " + std::to_string(world_size_) +
+                          ": shutting down the process group failed: " + first_line(e.what()));
+  }
+#endif
+}
+
+void Communicator::abort() {
+  if (!group_ || aborted_.exchange(true)) return;
+#if TORCH_VERSION_MAJOR >= 2
+  try {
+    group_->group->abort();  // NCCL: ncclCommAbort on every communicator; Gloo: nothing
+  } catch (const std::exception&) {
+    // Aborting happens on the way out of a failure, which is the error worth reporting.
+  }
+#endif
+}
+
 // ---- Collectives ------------------------------------------------------------
+
+// Note [Waiting without blocking the host]
+// c10d's Work::wait(timeout) means different things per backend. Gloo runs collectives on its
+// own threads, and waiting is the host's to do. ProcessGroupNCCL enqueues on a CUDA stream of its
+// own; WorkNCCL::wait() without a timeout only makes the current stream wait for that stream's
+// end event, but with any timeout it also blocks the host in a polling loop until the kernel has
+// finished (ProcessGroupNCCL.hpp, WorkNCCL::wait: "Otherwise, it will block the CPU thread until
+// the NCCL work is completed or timed out"; pytorch#100162). Passing our timeout would therefore
+// make every gradient bucket, every sync-bn statistic and every buffer average a host
+// synchronisation. So on NCCL wait() orders streams only, and the host blocks in wait_host() --
+// bounded by our timeout, polling the newest collective -- just before it reads a value. NCCL
+// keeps one stream per device for a process group, so the newest collective finishing means all
+// earlier ones did. Where the host is stuck inside a CUDA call instead (a full launch queue
+// behind a collective that never ends), ProcessGroupNCCL's watchdog ends the wait after
+// Options::timeout by aborting the communicators (Note [NCCL failures end in our error line]).
+
+Communicator::Pending Communicator::launch(
+    const std::function<c10::intrusive_ptr<c10d::Work>()>& start, const std::string& what) {
+  if (aborted_) fail(what, "this rank's process group was aborted after a failure");
+  c10::intrusive_ptr<c10d::Work> work;
+  try {
+    work = start();
+  } catch (const std::exception& e) {
+    abort();  // peers would otherwise wait for a collective this rank never joins
+    throw CollectiveError("rank " + std::to_string(rank_) + " of " + std::to_string(world_size_) +
+                          ": could not start " + what + ": " + first_line(e.what()));
+  }
+  if (stream_ordered_) {
+    std::lock_guard<std::mutex> lock(last_mutex_);
+    last_work_ = work;
+    last_what_ = what;
+  }
+  return Pending(std::move(work), what);
+}
 
 Communicator::Pending Communicator::allreduce_sum_async(torch::Tensor tensor,
                                                         const std::string& what) {
-  if (world_size_ == 1) return Pending();
+  if (!group_) return Pending();
   std::vector<torch::Tensor> tensors{std::move(tensor)};
   c10d::AllreduceOptions options;
   options.reduceOp = c10d::ReduceOp::SUM;
   options.timeout = timeout_;
-  try {
-    return Pending(group_->group->allreduce(tensors, options), what);
-  } catch (const std::exception& e) {
-    throw CollectiveError("rank " + std::to_string(rank_) + ": could not start " + what + ": " +
-                          e.what());
-  }
+  return launch([&] { return group_->group->allreduce(tensors, options); }, what);
 }
 
 void Communicator::wait(Pending& pending) {
   if (!pending.active()) return;
   auto work = std::move(pending.work_);
+  std::string reason;
   try {
-    // Gloo fails the operation itself after the timeout given at creation; the wait bound is the
-    // second line of defence against a stall that Gloo does not notice.
-    work->wait(timeout_);
-  } catch (const std::exception& e) {
-    std::string reason = e.what();
-    // c10d appends a C++ stack trace to some messages; the first line says what happened.
-    if (const auto newline = reason.find('\n'); newline != std::string::npos) {
-      reason.resize(newline);
+    if (stream_ordered_) {
+      work->wait();  // the current stream waits; throws if the watchdog has seen a failure
+    } else {
+      // Gloo fails the operation itself after the timeout given at creation; the wait bound is
+      // the second line of defence against a stall that Gloo does not notice.
+      work->wait(timeout_);
     }
-    std::ostringstream message;
-    message << "rank " << rank_ << " of " << world_size_ << ": " << pending.what_
-            << " failed (timeout " << timeout_.count() / 1000.0 << " s): " << reason
-            << diagnose_peers();
-    throw CollectiveError(message.str());
+    return;
+  } catch (const std::exception& e) {
+    reason = e.what();
   }
+  fail(pending.what_, reason);
+}
+
+void Communicator::wait_host(const std::string& what) {
+  if (!stream_ordered_) return;
+  if (aborted_) fail(what, "this rank's process group was aborted after a failure");
+  c10::intrusive_ptr<c10d::Work> work;
+  std::string last;
+  {
+    std::lock_guard<std::mutex> lock(last_mutex_);
+    work = last_work_;
+    last = last_what_;
+  }
+  if (work) wait_host_for(work, last + " (awaited before " + what + ")");
+}
+
+void Communicator::wait_host_for(const c10::intrusive_ptr<c10d::Work>& work,
+                                 const std::string& what) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout_;
+  std::string reason;
+  try {
+    while (!work->isCompleted() && !aborted_) {
+      if (std::chrono::steady_clock::now() >= deadline) {
+        reason = "did not finish within the timeout";
+        break;
+      }
+      std::this_thread::sleep_for(std::chrono::microseconds(50));
+    }
+    if (reason.empty() && work->exception()) std::rethrow_exception(work->exception());
+  } catch (const std::exception& e) {
+    reason = e.what();
+  }
+  if (reason.empty() && aborted_) reason = "this rank's process group was aborted after a failure";
+  if (!reason.empty()) fail(what, reason);
+}
+
+void Communicator::fail(const std::string& what, std::string reason) {
+  abort();  // NCCL: kernels waiting for a peer end, and peers waiting for us fail fast
+  std::ostringstream message;
+  message << "rank " << rank_ << " of " << world_size_ << ": " << what << " failed (timeout "
+          << timeout_.count() / 1000.0 << " s): " << first_line(std::move(reason))
+          << diagnose_peers();
+  throw CollectiveError(message.str());
 }
 
 // Note [Naming the missing rank]
@@ -180,36 +329,44 @@ std::string Communicator::diagnose_peers() {
   }
 }
 
+// Start and wait: allreduce_sum and broadcast feed device work, allreduce_max and barrier the
+// host (complete()).
 void Communicator::allreduce_sum(torch::Tensor tensor, const std::string& what) {
   auto pending = allreduce_sum_async(std::move(tensor), what);
   wait(pending);
 }
 
 void Communicator::allreduce_max(torch::Tensor tensor, const std::string& what) {
-  if (world_size_ == 1) return;
+  if (!group_) return;
   std::vector<torch::Tensor> tensors{std::move(tensor)};
   c10d::AllreduceOptions options;
   options.reduceOp = c10d::ReduceOp::MAX;
   options.timeout = timeout_;
-  Pending pending(group_->group->allreduce(tensors, options), what);
-  wait(pending);
+  auto pending = launch([&] { return group_->group->allreduce(tensors, options); }, what);
+  complete(pending);
 }
 
 void Communicator::broadcast(torch::Tensor tensor, int root, const std::string& what) {
-  if (world_size_ == 1) return;
+  if (!group_) return;
   std::vector<torch::Tensor> tensors{std::move(tensor)};
   c10d::BroadcastOptions options;
   options.rootRank = root;
   options.timeout = timeout_;
-  Pending pending(group_->group->broadcast(tensors, options), what);
+  auto pending = launch([&] { return group_->group->broadcast(tensors, options); }, what);
   wait(pending);
 }
 
 void Communicator::barrier(const std::string& what) {
-  if (world_size_ == 1) return;
+  if (!group_) return;
   c10d::BarrierOptions options;
   options.timeout = timeout_;
-  Pending pending(group_->group->barrier(options), what);
+  auto pending = launch([&] { return group_->group->barrier(options); }, what);
+  complete(pending);
+}
+
+void Communicator::complete(Pending& pending) {
+  if (!pending.active()) return;
+  if (stream_ordered_) wait_host_for(pending.work_, pending.what_);
   wait(pending);
 }
 

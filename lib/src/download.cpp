@@ -1,9 +1,11 @@
-// Fetching Fashion-MNIST with libcurl: one file at a time, to "<name>.part", verified with our
-// SHA-256, then renamed into place. See download.h. Not here: decompressing or parsing the files
-// (idx.h, data.h) and any output to the terminal.
+// Fetching Fashion-MNIST with libcurl: one file at a time, to "<name>.part", verified by its
+// SHA-256 (OpenSSL's), then renamed into place. See download.h. Not here: decompressing or
+// parsing the files (idx.h, data.h) and any output to the terminal.
 #include "dptrain/download.h"
 
+#if defined(DPTRAIN_WITH_CURL)
 #include <curl/curl.h>
+#endif
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -133,6 +135,7 @@ class PartFile {
   bool renamed_ = false;
 };
 
+#if defined(DPTRAIN_WITH_CURL)
 // ---- One attempt with libcurl ----------------------------------------------------------------
 
 void init_curl_once() {
@@ -308,6 +311,29 @@ std::optional<AttemptFailure> fetch_once(const std::string& url, const std::stri
   return std::nullopt;
 }
 
+#else  // built without libcurl (third_party/dependencies.cmake, DPTRAIN_DOWNLOAD)
+
+// Why an attempt failed, and whether another attempt could go differently.
+struct AttemptFailure {
+  std::string cause;
+  bool retriable = true;
+};
+
+void init_curl_once() {
+  throw UsageError(
+      "download: this build of dptrain has no libcurl (it was not found when dptrain was "
+      "built); copy the four Fashion-MNIST files into the data directory instead");
+}
+
+// Unreachable, as init_curl_once threw: it only keeps download_fashion_mnist one function.
+std::optional<AttemptFailure> fetch_once(const std::string&, const std::string&, const std::string&,
+                                         const DownloadOptions&, Clock::time_point, int,
+                                         const std::string&, const DownloadProgressFn&) {
+  return AttemptFailure{"no libcurl in this build", false};
+}
+
+#endif  // DPTRAIN_WITH_CURL
+
 // ---- Checking the options --------------------------------------------------------------------
 
 bool has_supported_scheme(const std::string& url) {
@@ -453,6 +479,14 @@ std::vector<DownloadedFile> download_fashion_mnist(const DownloadOptions& option
     results.push_back(file);
   }
   return results;
+}
+
+bool download_supported() {
+#if defined(DPTRAIN_WITH_CURL)
+  return true;
+#else
+  return false;
+#endif
 }
 
 }  // namespace dptrain

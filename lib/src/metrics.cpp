@@ -21,9 +21,9 @@ namespace dptrain {
 namespace {
 
 // The columns, in file order; the JSON keys are the same names.
-const char* const kColumns[] = {"epoch",    "train_loss", "train_acc",         "test_loss",
-                                "test_acc", "seconds",    "images_per_second", "lr",
-                                "devices"};
+const char* const kColumns[] = {"epoch",          "train_loss", "train_acc",         "test_loss",
+                                "test_acc",       "seconds",    "images_per_second", "lr",
+                                "steady_seconds", "devices"};
 constexpr size_t kColumnCount = sizeof kColumns / sizeof kColumns[0];
 
 std::string lowercase(std::string text) {
@@ -94,7 +94,8 @@ std::vector<std::string> record_numbers(const EpochRecord& r) {
           format_number(r.test_acc),
           format_number(r.seconds),
           format_number(r.images_per_second),
-          format_number(r.lr)};
+          format_number(r.lr),
+          format_number(r.steady_seconds)};
 }
 
 // ============================================================================================

@@ -5,6 +5,7 @@
 #include <torch/csrc/autograd/utils/lambda_post_hook.h>
 #include <torch/csrc/autograd/variable.h>
 
+#include <cstdint>
 #include <stdexcept>
 #include <string>
 
@@ -40,6 +41,16 @@ std::vector<std::vector<size_t>> assign_buckets(const std::vector<int64_t>& size
 // SGD, p -= lr * grad, is then one add_ per bucket instead of one per parameter: the same
 // element-wise arithmetic, so the same bits, with a tenth of the kernel launches.
 //
+// Note [Aligned offsets]
+// Packed end to end, a bucket that begins with fc.bias (10 floats, the last parameter, so the
+// first in bucket 0) leaves every later view only 8-byte aligned. cuDNN picks its algorithms
+// partly by pointer alignment and vectorised kernels fall back to narrower loads, so every
+// parameter (and its gradient) starts at a multiple of kBucketAlignmentBytes, from a base that
+// is aligned too (the CPU allocator promises only 64 bytes, so the base is found inside a slightly
+// larger allocation). The gaps are zeros in both flat tensors and stay zeros: no gradient is
+// ever accumulated there, sums of zeros are zeros, and SGD moves them by lr * 0. Values and
+// arithmetic are those of the packed layout, bit for bit.
+//
 // Note [Launch order]
 // Autograd decides when each gradient is ready; that order can differ between ranks in
 // principle, but the collectives must be issued in the same order everywhere. A bucket is
@@ -57,6 +68,21 @@ Reducer::Reducer(std::vector<torch::Tensor> parameters, Communicator& communicat
     sizes_bytes.push_back(p.numel() * static_cast<int64_t>(p.element_size()));
   }
   const auto assignment = assign_buckets(sizes_bytes, bucket_bytes);
+  const int64_t element_size = static_cast<int64_t>(parameters_.front().element_size());
+  TORCH_CHECK(kBucketAlignmentBytes % element_size == 0, "reducer: element size ", element_size,
+              " does not divide the alignment");
+  const int64_t align = kBucketAlignmentBytes / element_size;  // in elements
+  const auto aligned = [align](int64_t n) { return (n + align - 1) / align * align; };
+  // `numel` zeros whose first element sits at an aligned address.
+  const auto aligned_zeros = [&](int64_t numel) {
+    auto storage = torch::zeros({numel + align}, options.requires_grad(false));
+    const auto address = reinterpret_cast<uintptr_t>(storage.data_ptr());
+    const auto skip =
+        static_cast<int64_t>((kBucketAlignmentBytes - address % kBucketAlignmentBytes) %
+                             kBucketAlignmentBytes) /
+        element_size;
+    return storage.narrow(0, skip, numel);
+  };
 
   torch::NoGradGuard no_grad;
   bucket_of_.resize(parameters_.size());
@@ -65,9 +91,9 @@ Reducer::Reducer(std::vector<torch::Tensor> parameters, Communicator& communicat
     Bucket bucket;
     bucket.parameters = assignment[b];
     int64_t numel = 0;
-    for (size_t k : bucket.parameters) numel += parameters_[k].numel();
-    bucket.flat = torch::zeros({numel}, options.requires_grad(false));
-    bucket.parameter_flat = torch::empty({numel}, options.requires_grad(false));
+    for (size_t k : bucket.parameters) numel += aligned(parameters_[k].numel());
+    bucket.flat = aligned_zeros(numel);
+    bucket.parameter_flat = aligned_zeros(numel);
     int64_t offset = 0;
     for (size_t k : bucket.parameters) {
       auto& p = parameters_[k];
@@ -80,7 +106,7 @@ Reducer::Reducer(std::vector<torch::Tensor> parameters, Communicator& communicat
       p.set_data(data);
       p.mutable_grad() =
           bucket.flat.narrow(0, offset, p.numel()).as_strided(p.sizes(), p.strides());
-      offset += p.numel();
+      offset += aligned(p.numel());
       bucket_of_[k] = b;
     }
     buckets_.push_back(std::move(bucket));

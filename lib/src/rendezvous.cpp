@@ -204,4 +204,26 @@ std::vector<std::string> all_gather_strings(c10d::Store& store, const std::strin
   return values;
 }
 
+std::vector<RankPlacement> gather_placements(c10d::Store& store, int rank, int world_size,
+                                             const RankPlacement& mine,
+                                             std::chrono::milliseconds timeout) {
+  // Host names, device names and UUIDs hold no newline, so one line per field is unambiguous.
+  const auto texts = all_gather_strings(store, "placements", rank, world_size,
+                                        mine.host + "\n" + mine.device + "\n" + mine.gpu, timeout);
+  std::vector<RankPlacement> placements;
+  for (const auto& text : texts) {
+    const auto first = text.find('\n');
+    const auto second = first == std::string::npos ? first : text.find('\n', first + 1);
+    if (second == std::string::npos) {
+      throw CollectiveError("rank " + std::to_string(rank) +
+                            ": a peer published a malformed placement (another program, or "
+                            "another version of dptrain, on the same rendezvous?)");
+    }
+    placements.push_back(RankPlacement{text.substr(0, first),
+                                       text.substr(first + 1, second - first - 1),
+                                       text.substr(second + 1)});
+  }
+  return placements;
+}
+
 }  // namespace dptrain

@@ -44,13 +44,18 @@ int64_t parameter_checksum(const torch::nn::Module& model) {
 
 void check_replicas_identical(const torch::nn::Module& model, Communicator& communicator,
                               int64_t step) {
-  if (communicator.world_size() == 1) return;
+  if (!communicator.has_process_group()) return;
+  const std::string what = "replica checksum at step " + std::to_string(step);
+  communicator.wait_host(what);  // the checksum reads the weights on the host
   const int64_t checksum = parameter_checksum(model);
-  // max(h) and max(-h) = -min(h) in one all-reduce: the ranks agree iff they are equal.
-  auto extremes = torch::tensor({checksum, -checksum}, torch::kInt64);
-  communicator.allreduce_max(extremes, "replica checksum at step " + std::to_string(step));
-  const int64_t highest = extremes[0].item<int64_t>();
-  const int64_t lowest = -extremes[1].item<int64_t>();
+  // max(h) and max(-h) = -min(h) in one all-reduce: the ranks agree iff they are equal. On the
+  // weights' device, since NCCL takes CUDA tensors only.
+  const auto device = model.parameters().front().device();
+  auto extremes = torch::tensor({checksum, -checksum}, torch::kInt64).to(device);
+  communicator.allreduce_max(extremes, what);
+  const auto host = extremes.to(torch::kCPU);
+  const int64_t highest = host[0].item<int64_t>();
+  const int64_t lowest = -host[1].item<int64_t>();
   if (highest != lowest) {
     throw CollectiveError("rank " + std::to_string(communicator.rank()) +
                           ": replicas diverged at step " + std::to_string(step) +

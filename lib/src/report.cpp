@@ -31,6 +31,26 @@ std::string format_final_line(const TrainResult& result) {
   return line + device_list_name(result.devices);
 }
 
+std::optional<double> steady_epoch_seconds(const std::vector<double>& seconds) {
+  if (seconds.size() < 2) return std::nullopt;
+  std::vector<double> steady(seconds.begin() + 1, seconds.end());
+  std::sort(steady.begin(), steady.end());
+  const size_t n = steady.size();
+  return n % 2 == 1 ? steady[n / 2] : (steady[n / 2 - 1] + steady[n / 2]) / 2;
+}
+
+std::string format_steady_line(const TrainResult& result) {
+  std::vector<double> seconds;
+  for (const auto& epoch : result.epochs) seconds.push_back(epoch.seconds);
+  const auto steady = steady_epoch_seconds(seconds);
+  if (!steady) return "";
+  char line[160];
+  std::snprintf(line, sizeof line, "median of epochs 2-%lld: %.3g sec/epoch (epoch 1: %.3g s)",
+                static_cast<long long>(result.epochs.back().epoch), *steady,
+                result.epochs.front().seconds);
+  return line;
+}
+
 namespace {
 
 double images_per_second(const ProgressStats& p) {

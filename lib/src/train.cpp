@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <cerrno>
 #include <chrono>
 #include <cmath>
@@ -39,6 +40,32 @@ bool channels_last(const TrainOptions& options) {
   return options.memory_format == MemoryFormat::kChannelsLast;
 }
 
+// The replicas of this process, each a thread with its own communicator. When one fails, the
+// others' process groups are aborted, so that their collectives with it end at once instead of
+// at the timeout (Communicator::abort; a no-op for Gloo, whose peers see the closed connection).
+class LocalReplicas {
+ public:
+  void add(Communicator* communicator) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (failed_) communicator->abort();
+    members_.push_back(communicator);
+  }
+  void remove(Communicator* communicator) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    members_.erase(std::remove(members_.begin(), members_.end(), communicator), members_.end());
+  }
+  void abort_all() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    failed_ = true;
+    for (auto* communicator : members_) communicator->abort();
+  }
+
+ private:
+  std::mutex mutex_;
+  std::vector<Communicator*> members_;
+  bool failed_ = false;
+};
+
 // Everything one rank needs to know to run.
 struct RankPlan {
   int rank = 0;
@@ -51,6 +78,7 @@ struct RankPlan {
   const Checkpoint* start = nullptr;  // weights and position to start from, if any
   std::string start_name;             // where `start` came from, for messages
   bool evaluate_only = false;         // evaluate the start's weights instead of training
+  LocalReplicas* local = nullptr;     // this process's replicas, when there are several
 };
 
 // The data one rank trains and evaluates on, moved to its device once: 55 MB as bytes, so that
@@ -89,6 +117,7 @@ struct Tally {
   // Sums over all ranks, in place; returns their means.
   std::array<double, 3> reduce(Communicator& communicator, const std::string& what) {
     communicator.allreduce_sum(sums, what);
+    communicator.wait_host(what);
     return means(read());
   }
 };
@@ -202,6 +231,38 @@ torch::Tensor gradients_finite(const Reducer& reducer) {
 
 // ---- One rank -----------------------------------------------------------------
 
+// The rendezvous of one rank: every rank present and agreeing on the world, their placements
+// exchanged (into `devices`, every rank's device in rank order) and checked against the
+// backend, then the process group. A world of one without a process group skips all of it.
+std::unique_ptr<Communicator> connect_rank(const TrainOptions& options, const RankPlan& plan,
+                                           std::vector<std::string>& devices) {
+  if (!plan.store) {
+    devices = {device_name(plan.device)};
+    return std::make_unique<Communicator>();
+  }
+  store_barrier(*plan.store, "rendezvous", plan.rank, plan.world_size, options.timeout);
+  const RankPlacement mine{host_name(), device_name(plan.device), gpu_identity(plan.device)};
+  const auto placements =
+      gather_placements(*plan.store, plan.rank, plan.world_size, mine, options.timeout);
+  try {
+    check_placements(placements, options.backend);
+  } catch (const UsageError&) {
+    // Every rank finds the same mistake. Rank 0 may serve the store: it leaves only once the
+    // others have read the placements, so that they report it too, not a lost store.
+    const std::string prefix = "dptrain/placements-read/";
+    plan.store->set(prefix + std::to_string(plan.rank), std::vector<uint8_t>{'1'});
+    if (plan.rank == 0) ranks_missing_after(*plan.store, prefix, plan.world_size, options.timeout);
+    throw;
+  }
+  devices.clear();
+  for (const auto& placement : placements) devices.push_back(placement.device);
+  WorldOptions world_options;
+  world_options.backend = options.backend;
+  world_options.timeout = options.timeout;
+  world_options.loopback = plan.loopback;
+  return std::make_unique<Communicator>(plan.store, plan.rank, plan.world_size, world_options);
+}
+
 TrainResult run_rank(const FashionMnist& data, const TrainOptions& options, const RankPlan& plan,
                      const TrainCallbacks& callbacks) {
   at::set_num_threads(plan.threads);  // intra-op threads are per calling thread under OpenMP
@@ -214,21 +275,16 @@ TrainResult run_rank(const FashionMnist& data, const TrainOptions& options, cons
   // Rendezvous: every rank present, agreeing on the world, then the process group.
   TrainResult result;
   result.world_size = plan.world_size;
-  std::unique_ptr<Communicator> communicator;
-  if (plan.world_size == 1) {
-    communicator = std::make_unique<Communicator>();
-    result.devices = {device_name(plan.device)};
-  } else {
-    store_barrier(*plan.store, "rendezvous", plan.rank, plan.world_size, options.timeout);
-    result.devices = all_gather_strings(*plan.store, "devices", plan.rank, plan.world_size,
-                                        device_name(plan.device), options.timeout);
-    WorldOptions world_options;
-    world_options.backend = options.backend;
-    world_options.timeout = options.timeout;
-    world_options.loopback = plan.loopback;
-    communicator =
-        std::make_unique<Communicator>(plan.store, plan.rank, plan.world_size, world_options);
-  }
+  auto communicator = connect_rank(options, plan, result.devices);
+  // Aborting this process's other replicas is run_world's job; membership is ours.
+  struct Membership {
+    LocalReplicas* local;
+    Communicator* communicator;
+    ~Membership() {
+      if (local) local->remove(communicator);
+    }
+  } membership{plan.local, communicator.get()};
+  if (plan.local) plan.local->add(communicator.get());
 
   if (plan.world_size > 1 && options.resume && !plan.evaluate_only) {
     // Processes that found different newest checkpoints (or none) must not mix them.
@@ -266,6 +322,7 @@ TrainResult run_rank(const FashionMnist& data, const TrainOptions& options, cons
     stats.steps = static_cast<int64_t>(totals[2]);
     result.epochs.push_back(stats);
     communicator->barrier("final barrier");
+    communicator->shutdown();
     return result;
   }
 
@@ -320,6 +377,7 @@ TrainResult run_rank(const FashionMnist& data, const TrainOptions& options, cons
   }
   const auto make_checkpoint = [&](int64_t epochs_done, int64_t step_in_epoch,
                                    std::array<double, 3> partial_sums, double partial_seconds) {
+    communicator->wait_host("the checkpoint's copy of the weights");
     Checkpoint checkpoint;
     checkpoint.config = config;
     checkpoint.epochs_done = epochs_done;
@@ -402,6 +460,7 @@ TrainResult run_rank(const FashionMnist& data, const TrainOptions& options, cons
       const auto finite = gradients_finite(reducer);  // the same on every rank
       if (options.on_nonfinite == NonFinite::kSkip) {
         torch::NoGradGuard no_grad;
+        communicator->wait_host("the non-finite check");
         if (!finite.item<bool>()) {
           for (size_t i = 0; i < buffers.size(); ++i) buffers[i].copy_(saved_buffers[i]);
           ++result.skipped_steps;
@@ -419,11 +478,13 @@ TrainResult run_rank(const FashionMnist& data, const TrainOptions& options, cons
       ++steps;
       images += global_batch;
       if (reporter && callbacks.on_step) {
+        communicator->wait_host("the step callback");
         callbacks.on_step(StepStats{epoch + 1, steps, batches_per_epoch,
                                     loss_sum.item<double>() / std::max<int64_t>(index.size(0), 1)});
       }
       if (reporter && callbacks.on_progress && options.progress_every > 0 &&
           (steps % options.progress_every == 0 || steps == batches_per_epoch)) {
+        communicator->wait_host("the progress report");
         const auto running = Tally::means(tally.read());
         callbacks.on_progress(ProgressStats{epoch + 1, options.epochs, steps, batches_per_epoch,
                                             images, seconds_before + elapsed(), running[0],
@@ -433,11 +494,13 @@ TrainResult run_rank(const FashionMnist& data, const TrainOptions& options, cons
         check_replicas_identical(*model, *communicator, global_step);
       }
       if (global_step % check_every == 0 && b + 1 < batches_per_epoch) {
+        communicator->wait_host("the step's host check");
         if (options.on_nonfinite == NonFinite::kStop) throw_if_nonfinite();
         stop = agreed_stop_signal(options.stop_signal, *communicator, plan.device);
         if (stop != 0) break;
       }
     }
+    communicator->wait_host("the end of the epoch");
     synchronize(plan.device);
     const double seconds = seconds_before + elapsed();
     if (options.on_nonfinite == NonFinite::kStop) throw_if_nonfinite();
@@ -452,6 +515,7 @@ TrainResult run_rank(const FashionMnist& data, const TrainOptions& options, cons
         // alone would move it by (1 - momentum)^k times the replicas' spread.
         average_buffers(*model, *communicator);
         communicator->allreduce_sum(tally.sums, "partial epoch sums");
+        communicator->wait_host("partial epoch sums");
         save(make_checkpoint(epoch, steps, tally.read(), seconds));
       }
       break;
@@ -507,16 +571,67 @@ TrainResult run_rank(const FashionMnist& data, const TrainOptions& options, cons
   if (options.check_replicas_every > 0)
     check_replicas_identical(*model, *communicator, global_step);
   if (plan.rank == 0 && options.save_model && result.stopped_by == 0) {
+    communicator->wait_host("the saved model's copy of the weights");
     save_model_atomically(model, *options.save_model);
   }
   // No rank leaves while others may still talk to it.
   communicator->barrier("final barrier");
+  communicator->shutdown();
   return result;
 }
 
 }  // namespace
 
 // ---- The world ------------------------------------------------------------------
+
+namespace {
+
+// Note [Sync-bn needs a GPU per replica]
+// Autograd runs the backward pass of each CUDA device on one worker thread of its own
+// (torch/csrc/autograd/engine.h: Engine::start_device_threads, one ReadyQueue per device in
+// device_ready_queues_); CPU work runs on the calling thread. Two replicas on one GPU in one
+// process therefore share that thread, and sync-bn's AllReduceSum::backward, which blocks until
+// every replica has contributed, would block it while the other replica's backward waits in the
+// same queue: a deadlock. Separate processes have separate engines, so one GPU shared by two
+// ranks under a launcher (with --backend gloo) is fine.
+void check_sync_bn_devices(const std::vector<torch::Device>& devices) {
+  for (size_t i = 0; i < devices.size(); ++i) {
+    for (size_t j = 0; j < i; ++j) {
+      if (devices[i].is_cuda() && devices[i] == devices[j]) {
+        throw UsageError("--sync-bn cannot run two replicas on " + device_name(devices[i]) +
+                         " in one process: autograd runs one GPU's backward pass on one thread, "
+                         "where their statistics all-reduces would wait for each other; give "
+                         "each replica its own GPU, or start one process per replica (torchrun)");
+      }
+    }
+  }
+}
+
+}  // namespace
+
+void check_placements(const std::vector<RankPlacement>& placements, Backend backend) {
+  if (backend != Backend::kNccl) return;
+  for (size_t i = 0; i < placements.size(); ++i) {
+    for (size_t j = 0; j < i; ++j) {
+      const auto& a = placements[j];
+      const auto& b = placements[i];
+      // The UUID names the GPU whatever CUDA_VISIBLE_DEVICES did to its index; without one (a
+      // build without CUDA) the host and device name are the best guess.
+      const bool same = a.gpu.empty() || b.gpu.empty()
+                            ? a.host == b.host && a.device == b.device && a.device != "cpu"
+                            : a.gpu == b.gpu;
+      if (!same) continue;
+      throw UsageError("--backend nccl: ranks " + std::to_string(j) + " and " + std::to_string(i) +
+                       " both use the GPU " + (a.gpu.empty() ? "" : a.gpu + " ") + "(" + a.device +
+                       " on " + a.host +
+                       (b.device == a.device
+                            ? ""
+                            : ", " + b.device + " in rank " + std::to_string(i) + "'s process") +
+                       "); NCCL needs one GPU per rank: give each rank its own GPU, or use "
+                       "--backend gloo");
+    }
+  }
+}
 
 void check_world(const TrainOptions& options, const WorldPlan& world) {
   if (world.local_devices.empty()) throw UsageError("no device to train on");
@@ -542,11 +657,13 @@ void check_world(const TrainOptions& options, const WorldPlan& world) {
         "--backend nccl: this build of dptrain has no NCCL (it needs a CUDA LibTorch with NCCL "
         "at build time); use --backend gloo");
   }
-  if (world.world_size > 1 && !backend_available(options.backend)) {
+  if ((world.world_size > 1 || options.process_group_for_one) &&
+      !backend_available(options.backend)) {
     throw UsageError("--backend " + backend_name(options.backend) +
                      ": not available in this build of dptrain (Gloo needs its headers, "
                      "libgloo-dev, at build time)");
   }
+  if (options.sync_bn) check_sync_bn_devices(world.local_devices);
   if (options.backend == Backend::kNccl) {
     for (size_t i = 0; i < world.local_devices.size(); ++i) {
       if (!world.local_devices[i].is_cuda()) {
@@ -631,7 +748,7 @@ TrainResult run_world(const FashionMnist& data, const TrainOptions& options, con
   base.world_size = world.world_size;
   base.threads = std::max(1, total_threads / local);
   base.loopback = !world.multi_process;
-  if (world.world_size > 1) {
+  if (world.world_size > 1 || options.process_group_for_one) {
     if (world.multi_process) {
       base.store = connect_tcp_store(world.launch, options.timeout);
       base.loopback =
@@ -648,10 +765,15 @@ TrainResult run_world(const FashionMnist& data, const TrainOptions& options, con
     return run_rank_reporting_memory(data, options_for(plan.device), plan, callbacks);
   }
 
-  // Replicas in this process: a thread each. The first failure is reported; the others usually
-  // follow from it (their peer left) and would only hide the cause.
+  // Replicas in this process: a thread each. The first failure aborts the others' process
+  // groups and is reported; the others follow from it (their peer left) and would only hide
+  // the cause.
+  LocalReplicas replicas;
+  base.local = &replicas;
   std::vector<TrainResult> results(static_cast<size_t>(local));
   std::vector<std::exception_ptr> errors(static_cast<size_t>(local));
+  std::vector<int> failure_order(static_cast<size_t>(local), 0);
+  std::atomic<int> failures{0};
   std::vector<std::thread> threads;
   for (int i = 0; i < local; ++i) {
     threads.emplace_back([&, i] {
@@ -663,19 +785,26 @@ TrainResult run_world(const FashionMnist& data, const TrainOptions& options, con
         results[static_cast<size_t>(i)] =
             run_rank_reporting_memory(data, options_for(plan.device), plan, callbacks);
       } catch (...) {
+        failure_order[static_cast<size_t>(i)] = ++failures;
         errors[static_cast<size_t>(i)] = std::current_exception();
+        replicas.abort_all();
       }
     });
   }
   for (auto& thread : threads) thread.join();
-  // Prefer a rank's own failure over a collective error that merely reports a missing peer.
+  // Prefer a rank's own failure over a collective error that merely reports a missing peer,
+  // and among collective errors the first to happen.
   std::exception_ptr first_collective;
-  for (auto& error : errors) {
-    if (!error) continue;
+  int first_order = 0;
+  for (size_t i = 0; i < errors.size(); ++i) {
+    if (!errors[i]) continue;
     try {
-      std::rethrow_exception(error);
+      std::rethrow_exception(errors[i]);
     } catch (const CollectiveError&) {
-      if (!first_collective) first_collective = error;
+      if (!first_collective || failure_order[i] < first_order) {
+        first_collective = errors[i];
+        first_order = failure_order[i];
+      }
     } catch (...) {
       throw;
     }

@@ -31,4 +31,12 @@ int usable_cpu_cores();
 // Waits for the device's queued work, so that a clock reading means what it says.
 void synchronize(const torch::Device& device);
 
+// The GPU behind a CUDA device, the same in every process that sees it whatever its index
+// there (CUDA_VISIBLE_DEVICES renumbers): "GPU-" and its UUID. "" for the CPU, or in a build
+// without CUDA.
+std::string gpu_identity(const torch::Device& device);
+
+// This machine's name, as gethostname() gives it ("localhost" when that fails).
+std::string host_name();
+
 }  // namespace dptrain

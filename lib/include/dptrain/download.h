@@ -97,4 +97,7 @@ std::string redact_url(const std::string& url);
 std::vector<DownloadedFile> download_fashion_mnist(const DownloadOptions& options,
                                                    const DownloadProgressFn& progress = {});
 
+// False in a build without libcurl, where download_fashion_mnist throws UsageError saying so.
+bool download_supported();
+
 }  // namespace dptrain

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -23,6 +24,9 @@ struct EpochRecord {
   double seconds = 0;  // training only, as EpochStats::seconds
   double images_per_second = 0;
   double lr = 0;
+  // The median seconds of epochs 2 to this one (steady_epoch_seconds in report.h): the pace
+  // without the first epoch's warm-up. Missing (NaN) for the first epoch.
+  double steady_seconds = std::numeric_limits<double>::quiet_NaN();
   std::string devices;  // every rank's device in rank order, comma-separated: "cuda:0,cuda:1"
 };
 

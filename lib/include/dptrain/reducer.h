@@ -30,13 +30,17 @@ std::vector<std::vector<size_t>> assign_buckets(const std::vector<int64_t>& size
                                                 int64_t limit_bytes);
 
 constexpr int64_t kDefaultBucketBytes = 25 * 1024 * 1024;  // DDP's default bucket_cap_mb
+// Every parameter and gradient in a bucket starts at a multiple of this many bytes (Note
+// [Aligned offsets] in reducer.cpp): what cudaMalloc itself guarantees.
+constexpr int64_t kBucketAlignmentBytes = 256;
 
 class Reducer {
  public:
   // `parameters` must all have the same dtype and device, and be dense (contiguous or
   // channels-last). Their data moves into flat per-bucket storage (values unchanged) and their
   // .grad tensors become views into the gradient buckets (zero-initialised), both with the
-  // parameter's strides. The communicator must outlive the reducer.
+  // parameter's strides and starting at a multiple of kBucketAlignmentBytes. The communicator
+  // must outlive the reducer.
   Reducer(std::vector<torch::Tensor> parameters, Communicator& communicator,
           int64_t bucket_bytes = kDefaultBucketBytes);
   ~Reducer();
@@ -56,7 +60,8 @@ class Reducer {
   void sgd_step(double lr);
 
   size_t num_buckets() const { return buckets_.size(); }
-  // The flat gradient storage of bucket `i`, (numel) of the parameters' dtype.
+  // The flat gradient storage of bucket `i`, (numel) of the parameters' dtype: the gradients
+  // in bucket order, each followed by zeros up to the next aligned offset.
   const torch::Tensor& bucket(size_t i) const { return buckets_[i].flat; }
   const std::vector<size_t>& bucket_parameters(size_t i) const { return buckets_[i].parameters; }
 

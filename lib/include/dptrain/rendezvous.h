@@ -73,4 +73,18 @@ std::vector<std::string> all_gather_strings(c10d::Store& store, const std::strin
                                             int world_size, const std::string& value,
                                             std::chrono::milliseconds timeout);
 
+// Where one rank runs, as every rank learns it at the rendezvous.
+struct RankPlacement {
+  std::string host;    // the machine's name
+  std::string device;  // as that process names it: "cpu", "cuda:0"
+  std::string gpu;     // the GPU's identity across processes ("GPU-" and its UUID); "" for cpu
+};
+
+// The rendezvous exchange of placements: each rank publishes its own, and gets every rank's in
+// rank order. One round through the store; a rank that never publishes is a CollectiveError
+// naming it (store_barrier).
+std::vector<RankPlacement> gather_placements(c10d::Store& store, int rank, int world_size,
+                                             const RankPlacement& mine,
+                                             std::chrono::milliseconds timeout);
+
 }  // namespace dptrain

@@ -2,6 +2,7 @@
 // "test acc: 0.93, 13.2 sec/epoch on [cuda:0]". Not here: where the lines go.
 #pragma once
 
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -15,6 +16,15 @@ std::string format_epoch_line(const EpochStats& stats);
 // "test acc: 0.93, 13.2 sec/epoch on [cuda:0, cuda:1]": the last epoch's test accuracy and the
 // mean training time per epoch, as the book's train function prints them.
 std::string format_final_line(const TrainResult& result);
+
+// The median of `seconds` (one entry per epoch, in order) from the second epoch on: the steady
+// pace, without the first epoch's cuDNN autotuning and allocator growth. nullopt with fewer
+// than two epochs.
+std::optional<double> steady_epoch_seconds(const std::vector<double>& seconds);
+
+// "median of epochs 2-10: 0.93 sec/epoch (epoch 1: 3.1 s)", printed before the final line; ""
+// with fewer than two epochs.
+std::string format_steady_line(const TrainResult& result);
 
 // Progress inside an epoch. The bar is for a terminal, redrawn in place by the caller:
 // "epoch 2/10 [########............] 120/235  4512 img/s  loss 0.4123  acc 0.8512  ETA 0:21"

@@ -40,6 +40,9 @@ struct TrainOptions {
   int64_t width = 64;   // ResNet base channel count
   int64_t threads = 0;  // intra-op CPU threads for the whole process; 0 = all cores
   Backend backend = Backend::kGloo;
+  // A world of one still creates its process group, so that the backend really runs (the CLI
+  // sets it when --backend is given); otherwise one replica communicates with nobody.
+  bool process_group_for_one = false;
   bool sync_bn = false;  // all-reduce BatchNorm batch statistics over replicas
   // The fast path. The layout and cuDNN's benchmark mode change results by float rounding
   // only, so they are on by default where they are safe; bfloat16 autocast changes them more and
@@ -97,6 +100,11 @@ struct TrainCallbacks {
 // Checks that `options` can run on `world` (batch size, backend against devices) without
 // touching data or devices; throws UsageError. train() checks the same.
 void check_world(const TrainOptions& options, const WorldPlan& world);
+
+// Checks the placements every rank learns at the rendezvous (gather_placements) against the
+// backend: NCCL refuses two ranks on one GPU ("Duplicate GPU detected" deep inside its first
+// collective), so that is a UsageError here naming both ranks, the host and the device.
+void check_placements(const std::vector<RankPlacement>& placements, Backend backend);
 
 // Runs the whole training. Returns the first local replica's result; every rank's figures are
 // the same, as they are all-reduced. Throws UsageError, DataError or CollectiveError.
