@@ -72,7 +72,11 @@ void add_training_flags(cxxopts::Options& options) {
        cxxopts::value<std::string>(), "DIR")
       ("checkpoint-every", "epochs between checkpoints",
        cxxopts::value<std::string>()->default_value("1"), "N")
-      ("resume", "continue from the newest valid checkpoint in --checkpoint-dir",
+      ("resume", "continue from the checkpoint in --checkpoint-dir at the latest position "
+                 "(an empty directory starts from the beginning)",
+       cxxopts::value<bool>()->default_value("false")->implicit_value("true"))
+      ("fresh", "start from the beginning in a --checkpoint-dir that holds checkpoints, "
+                "removing them first",
        cxxopts::value<bool>()->default_value("false")->implicit_value("true"));
 }
 
@@ -441,8 +445,15 @@ ParsedCommandLine parse_command_line(int argc, const char* const argv[]) {
     if (result->count("checkpoint-dir")) o.checkpoint_dir = path_text(*result, "checkpoint-dir");
     o.checkpoint_every = parse_integer_flag("checkpoint-every", text("checkpoint-every"), 1, kMax);
     o.resume = (*result)["resume"].as<bool>();
+    o.fresh = (*result)["fresh"].as<bool>();
     if (o.resume && !o.checkpoint_dir) {
       throw UsageError("--resume needs --checkpoint-dir, where the checkpoints are");
+    }
+    if (o.fresh && !o.checkpoint_dir) {
+      throw UsageError("--fresh needs --checkpoint-dir, whose checkpoints it removes");
+    }
+    if (o.fresh && o.resume) {
+      throw UsageError("--fresh and --resume exclude each other: start over, or continue");
     }
     train.quiet = (*result)["quiet"].as<bool>();
     train.log_every = parse_integer_flag("log-every", text("log-every"), 1, kMax);

@@ -11,6 +11,7 @@
 #include <cstring>
 #include <exception>
 #include <memory>
+#include <sstream>
 #include <string>
 
 #include "cli.h"
@@ -19,6 +20,7 @@
 #include "dptrain/devices.h"
 #include "dptrain/download.h"
 #include "dptrain/errors.h"
+#include "dptrain/files.h"
 #include "dptrain/metrics.h"
 #include "dptrain/model.h"
 #include "dptrain/plot.h"
@@ -82,8 +84,17 @@ int run_train(dptrain::TrainCommand command, CheckedStdout& out) {
   options.process_group_for_one = command.backend.has_value();
   dptrain::check_world(options, world);  // usage mistakes before the data is loaded
   if (world.multi_process) dptrain::check_master_address(world.launch);
+  // Global rank 0 writes the records: their paths are checked before the data is read, so that
+  // a bad one fails now, not after the training (train() checks --save-model and the
+  // checkpoint directory the same way).
+  const bool records_writer = world.first_rank == 0;
   if (command.metrics) dptrain::check_metrics_path(*command.metrics);
   if (command.plot) dptrain::check_plot_path(*command.plot);
+  if (records_writer && command.metrics) dptrain::check_output_file(*command.metrics, "--metrics");
+  if (records_writer && command.plot) dptrain::check_output_file(*command.plot, "--plot");
+  if (records_writer && options.save_model) {
+    dptrain::check_output_file(*options.save_model, "--save-model");
+  }
   const bool reporter = world.first_rank == 0 || command.verbose;
   // With every rank of a launch printing, each line says whose it is.
   const std::string prefix = world.multi_process && command.verbose
@@ -113,7 +124,6 @@ int run_train(dptrain::TrainCommand command, CheckedStdout& out) {
   dptrain::TrainCallbacks callbacks;
   // The metrics file and the plot are global rank 0's; both are written anew from the epochs a
   // resumed run starts with, so that they hold each epoch once.
-  const bool records_writer = world.first_rank == 0;
   std::unique_ptr<dptrain::MetricsWriter> metrics;
   std::vector<dptrain::EpochRecord> records;
   std::vector<std::string> devices;
@@ -153,6 +163,10 @@ int run_train(dptrain::TrainCommand command, CheckedStdout& out) {
     if (command.metrics) metrics = std::make_unique<dptrain::MetricsWriter>(*command.metrics);
     for (const auto& stats : done) record(stats);
   };
+  callbacks.on_notice = [&](const std::string& text) {
+    progress.clear();
+    std::fprintf(stderr, "%sdptrain: %s\n", prefix.c_str(), text.c_str());
+  };
   callbacks.on_progress = [&](const dptrain::ProgressStats& stats) { progress.show(stats); };
   callbacks.on_epoch = [&](const dptrain::EpochStats& stats) {
     if (reporter && !command.quiet) print(dptrain::format_epoch_line(stats));
@@ -171,7 +185,8 @@ int run_train(dptrain::TrainCommand command, CheckedStdout& out) {
       result.last_checkpoint ? "; resume from " + *result.last_checkpoint : "";
   if (result.stopped_by == 0 && reporter) {
     // The steady pace first (first-epoch warm-up left out), then the book's line, last.
-    if (const auto steady = dptrain::format_steady_line(result); !steady.empty() && !command.quiet) {
+    if (const auto steady = dptrain::format_steady_line(result);
+        !steady.empty() && !command.quiet) {
       print(steady);
     }
     print(dptrain::format_final_line(result));
@@ -195,16 +210,20 @@ std::vector<std::pair<std::string, torch::Tensor>> load_weights(dptrain::EvalCom
   if (command.checkpoint) {
     auto checkpoint = dptrain::read_checkpoint(*command.checkpoint);
     command.common.options.width = checkpoint.config.width;
-    dptrain::check_checkpoint_matches(
-        checkpoint.config,
-        dptrain::CheckpointConfig{checkpoint.config.width, dptrain::kNumClasses, 1},
-        *command.checkpoint);
+    dptrain::CheckpointConfig model;  // what this dptrain builds, at the checkpoint's width
+    model.width = checkpoint.config.width;
+    model.num_classes = dptrain::kNumClasses;
+    model.in_channels = 1;
+    dptrain::check_checkpoint_matches(checkpoint.config, model, *command.checkpoint);
     return std::move(checkpoint.tensors);
   }
   const auto width = command.common.options.width;
   dptrain::ResNet model(dptrain::ResNetOptions{dptrain::kNumClasses, 1, width});
+  // Read as bytes first: only a regular file, and a FIFO cannot hang the load.
+  const auto bytes = dptrain::read_regular_file(*command.model, "--model");
+  std::istringstream stream(std::string(bytes.begin(), bytes.end()));
   try {
-    torch::load(model, *command.model);
+    torch::load(model, stream);
   } catch (const c10::Error& e) {
     throw dptrain::DataError("--model " + *command.model + ": not a model of width " +
                              std::to_string(width) + " saved by dptrain train --save-model (" +
@@ -286,7 +305,9 @@ int run_eval(dptrain::EvalCommand command, CheckedStdout& out) {
 int main(int argc, char** argv) {
   // Before any thread exists: LibTorch's NCCL reads these when a process group is made.
   dptrain::prepare_nccl_environment();
-  dptrain::ignore_broken_pipes();  // a closed stdout is a failed write (CheckedStdout)
+  // A closed stdout is a failed write (CheckedStdout); a file over `ulimit -f` is a failed
+  // write that the writer reports and cleans up after.
+  dptrain::ignore_write_signals();
   CheckedStdout out;
   try {
     const auto parsed = dptrain::parse_command_line(argc, argv);

@@ -45,7 +45,10 @@ const std::atomic<int>& install_stop_handlers(bool announce) {
   return g_stop_signal;
 }
 
-void ignore_broken_pipes() { ::signal(SIGPIPE, SIG_IGN); }
+void ignore_write_signals() {
+  ::signal(SIGPIPE, SIG_IGN);
+  ::signal(SIGXFSZ, SIG_IGN);
+}
 
 void request_stop(int signal_number) {
   int expected = 0;

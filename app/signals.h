@@ -1,7 +1,7 @@
 // Stop requests: SIGINT and SIGTERM, and a standard output that can no longer be written (a
 // closed pipe, a full disk). The first request asks the training to finish its step, write a
-// checkpoint and exit; a second SIGINT exits at once. SIGPIPE is ignored, so that a closed pipe
-// is a failed write that the program sees, not a death without a checkpoint.
+// checkpoint and exit; a second SIGINT exits at once. SIGPIPE and SIGXFSZ are ignored, so that a
+// closed pipe or a full file-size limit is a failed write that the program sees, not a death.
 // Not here: how the ranks agree on the stop (train.cpp).
 #pragma once
 
@@ -16,8 +16,10 @@ namespace dptrain {
 // (train); without it the caller reports the stop itself (download).
 const std::atomic<int>& install_stop_handlers(bool announce = true);
 
-// Ignores SIGPIPE for the whole process: writes to a closed pipe then fail with EPIPE.
-void ignore_broken_pipes();
+// Ignores SIGPIPE and SIGXFSZ for the whole process: a write to a closed pipe then fails with
+// EPIPE, and one past the file-size limit (ulimit -f) with EFBIG, each a failure the writer
+// reports, where the signals would end the process with no error line and a temporary file left.
+void ignore_write_signals();
 
 // Requests a stop as a signal would (the first request wins).
 void request_stop(int signal_number);

@@ -40,9 +40,13 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   // is tried a second time with its header's payload size and CRC made to fit the rest.
   if (bytes.size() >= kHeaderBytes) {
     const uint64_t payload = bytes.size() - kHeaderBytes;
-    const uint32_t crc =
-        static_cast<uint32_t>(::crc32(0L, bytes.data() + kHeaderBytes, static_cast<uInt>(payload)));
     for (int i = 0; i < 8; ++i) bytes[12 + i] = static_cast<uint8_t>(payload >> (8 * i));
+    // Version 1's CRC covers the payload; later versions' the header before it too.
+    const uint32_t version = uint32_t{bytes[8]} | uint32_t{bytes[9]} << 8 |
+                             uint32_t{bytes[10]} << 16 | uint32_t{bytes[11]} << 24;
+    uLong crc = ::crc32(0L, Z_NULL, 0);
+    if (version != 1) crc = ::crc32(crc, bytes.data(), kHeaderBytes - 4);
+    crc = ::crc32(crc, bytes.data() + kHeaderBytes, static_cast<uInt>(payload));
     for (int i = 0; i < 4; ++i) bytes[20 + i] = static_cast<uint8_t>(crc >> (8 * i));
     check_one(bytes);
   }

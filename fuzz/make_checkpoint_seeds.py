@@ -9,8 +9,10 @@ import zlib
 HERE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "corpus", "fuzz_checkpoint")
 
 
-def checkpoint(history, tensors, epochs_done=1, step=0):
+def checkpoint(history, tensors, epochs_done=1, step=0, version=2):
     p = struct.pack("<qqqqdQqq", 4, 10, 1, 32, 0.1, 7, 64, 2)  # width .. world_size
+    if version >= 2:  # the training set's SHA-256, as hex text
+        p += struct.pack("<Q", 64) + b"0123456789abcdef" * 4
     p += struct.pack("<qqq", epochs_done, step, 2)  # epochs_done, step_in_epoch, global_step
     p += struct.pack("<dddd", 1.5, 3.0, 8.0, 0.25)  # partial sums and seconds
     p += struct.pack("<Q", len(history))
@@ -21,7 +23,14 @@ def checkpoint(history, tensors, epochs_done=1, step=0):
         p += struct.pack("<Q", len(name)) + name.encode()
         p += struct.pack("<IQ", code, len(dims)) + b"".join(struct.pack("<q", d) for d in dims)
         p += struct.pack("<Q", len(raw)) + raw
-    return b"DPTRNCKP" + struct.pack("<IQI", 1, len(p), zlib.crc32(p)) + p
+    return with_header(version, p)
+
+
+def with_header(version, payload):
+    """Version 1's CRC-32 covers the payload; version 2's the magic, version and size too."""
+    head = b"DPTRNCKP" + struct.pack("<IQ", version, len(payload))
+    crc = zlib.crc32(payload) if version == 1 else zlib.crc32(head + payload)
+    return head + struct.pack("<I", crc) + payload
 
 
 def main():
@@ -34,11 +43,13 @@ def main():
         "valid_three_tensors.dpt": checkpoint(history, tensors),
         "valid_empty.dpt": checkpoint([], [], epochs_done=0),
         "valid_mid_epoch.dpt": checkpoint(history, tensors[:1], epochs_done=1, step=17),
+        "valid_version_1.dpt": checkpoint(history, tensors, version=1),
     }
     good = files["valid_three_tensors.dpt"]
     files["truncated.dpt"] = good[: len(good) // 2]
     files["bad_crc.dpt"] = good[:-1] + bytes([good[-1] ^ 1])
-    files["newer_version.dpt"] = good[:8] + struct.pack("<I", 2) + good[12:]
+    files["newer_version.dpt"] = with_header(3, good[24:])
+    files["flipped_version_bit.dpt"] = good[:9] + bytes([good[9] ^ 1]) + good[10:]
     for name, data in files.items():
         with open(os.path.join(HERE, name), "wb") as f:
             f.write(data)

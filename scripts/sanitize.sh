@@ -24,13 +24,15 @@ cmake --build "$build_dir" -j "${DPTRAIN_ASAN_JOBS:-$(nproc)}" --target dptrain_
 
 # The quick suites in full. Of the tests that start the dptrain binary (some 2 s each under
 # ASan, loading LibTorch) one per kind: help, a usage error, a data error, an environment error,
-# a tiny training run that saves, a failing save, a small stack, an unprivileged user and a
-# full stdout. CliParse covers the parser in process.
+# a tiny training run that saves, a failing save, a small stack, an unprivileged user, a full
+# stdout, FIFOs given as files and writes past the file-size limit. CliParse covers the parser in process.
 quick="IdxReader.*:*IdxCorruption.*:Data*:*DataMissingFile.*:*DataBadImageShape.*"
 quick+=":Batching*:*Batching*:Random*:*Random*"
 quick+=":CliParse.*:CliHelp.TrainHelpShowsTheDefaults:*CliErrors.*/unknown_command"
 quick+=":*CliDataErrors.*/corrupt_gzip:CliErrorsEnvironment.*"
-quick+=":CliRun.TinyDataTwoEpochsSavesTheModel:CliRun.UnwritableSaveModelIsARunTimeError"
+quick+=":CliRun.TinyDataTwoEpochsSavesTheModel:CliRun.UnwritableSaveModelIsAUsageErrorBeforeTraining"
+quick+=":*CliErrors.*/save_model_is_a_device:CliLostWork.FifosAreRefusedAtOnce"
+quick+=":CliLostWork.WritesPastTheFileSizeLimitAreOneErrorLineAndLeaveNothing:RunSettings.*"
 quick+=":CliStack.*:CliDataPermissions.*:CliOutput.FullStdoutIsARunTimeError"
 quick+=":CheckWorld.*:CheckData.*:DownloadRedaction.*:DownloadDefaults.*"
 quick+=":Communicator.*:Rendezvous.*:LaunchEnvironment*:*LaunchEnvironmentErrors.*"

@@ -7,6 +7,7 @@
 #include <signal.h>
 #include <sys/mount.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
 #include <torch/serialize.h>
 #include <unistd.h>
 #include <zlib.h>
@@ -26,9 +27,12 @@
 #include <vector>
 
 #include "dptrain/checkpoint.h"
+#include "dptrain/checkpoint_directory.h"
 #include "dptrain/data.h"
 #include "dptrain/errors.h"
+#include "dptrain/files.h"
 #include "dptrain/model.h"
+#include "dptrain/sha256.h"
 #include "test_support.h"
 
 namespace {
@@ -63,6 +67,7 @@ Checkpoint sample_checkpoint() {
   c.config.seed = 0xFEDCBA9876543210ull;  // above INT64_MAX
   c.config.train_size = 60000;
   c.config.world_size = 3;
+  c.config.train_digest = "5f0c" + std::string(60, 'a');
   c.epochs_done = 2;
   c.step_in_epoch = 17;
   c.global_step = 2 * 625 + 17;
@@ -85,7 +90,7 @@ Checkpoint sample_checkpoint() {
 // A checkpoint a few hundred bytes long, for the loops over every byte.
 Checkpoint small_checkpoint() {
   Checkpoint c;
-  c.config = CheckpointConfig{4, 10, 1, 32, 0.05, 7, 256, 2};
+  c.config = CheckpointConfig{4, 10, 1, 32, 0.05, 7, 256, 2, std::string(64, 'd')};
   c.epochs_done = 1;
   c.step_in_epoch = 3;
   c.global_step = 11;
@@ -109,6 +114,8 @@ void expect_same_checkpoint(const Checkpoint& a, const Checkpoint& b) {
   EXPECT_EQ(a.config.seed, b.config.seed);
   EXPECT_EQ(a.config.train_size, b.config.train_size);
   EXPECT_EQ(a.config.world_size, b.config.world_size);
+  EXPECT_EQ(a.config.train_digest, b.config.train_digest);
+  EXPECT_EQ(a.format_version, b.format_version);
   EXPECT_EQ(a.epochs_done, b.epochs_done);
   EXPECT_EQ(a.step_in_epoch, b.step_in_epoch);
   EXPECT_EQ(a.global_step, b.global_step);
@@ -204,7 +211,7 @@ TEST(CheckpointFormat, FileRoundTripIsExact) {
   const auto original = sample_checkpoint();
   const std::string path = dir.file(checkpoint_file_name(2, 17));
   write_checkpoint_atomically(original, path);
-  EXPECT_FALSE(path_exists(path + ".tmp"));
+  EXPECT_EQ(temporary_files_in(parent_directory(path)), std::vector<std::string>{});
   expect_same_checkpoint(original, read_checkpoint(path));
 }
 
@@ -277,15 +284,66 @@ TEST(CheckpointFormat, EverySingleByteChangeIsADataError) {
   }
 }
 
+// The CRC-32 a version-2 header carries: over the 20 header bytes before it, then the payload.
+void fix_crc(std::vector<uint8_t>& file) {
+  uLong crc = ::crc32(0L, Z_NULL, 0);
+  crc = ::crc32(crc, file.data(), 20);
+  crc = ::crc32(crc, file.data() + 24, static_cast<uInt>(file.size() - 24));
+  for (int i = 0; i < 4; ++i) file[20 + i] = static_cast<uint8_t>(crc >> (8 * i));
+}
+
+// A file from a later dptrain, intact (its CRC fits its header): named as newer, not as corrupt.
 TEST(CheckpointFormat, NewerFormatVersionIsNamed) {
   auto bytes = serialize_checkpoint(small_checkpoint());
   bytes[8] = static_cast<uint8_t>(kCheckpointFormatVersion + 1);
-  expect_data_error([&] { parse_checkpoint(bytes, "new.dpt"); },
-                    {"new.dpt", "format version " + std::to_string(kCheckpointFormatVersion + 1),
-                     "reads version " + std::to_string(kCheckpointFormatVersion)});
+  fix_crc(bytes);
+  expect_data_error(
+      [&] { parse_checkpoint(bytes, "new.dpt"); },
+      {"new.dpt", "format version " + std::to_string(kCheckpointFormatVersion + 1), "newer dptrain",
+       "reads versions 1 to " + std::to_string(kCheckpointFormatVersion)});
   bytes[8] = 0;
   bytes[11] = 0x80;  // version 2^31
+  fix_crc(bytes);
   expect_data_error([&] { parse_checkpoint(bytes, "new.dpt"); }, {"format version 2147483648"});
+}
+
+// One flipped bit in the version field (issue 11: it read as "format version 257; this dptrain
+// reads version 1"): the CRC covers the header, so the file reads as corrupt.
+TEST(CheckpointFormat, FlippedVersionBitReadsAsCorrupt) {
+  const auto good = serialize_checkpoint(small_checkpoint());
+  for (size_t byte = 8; byte < 12; ++byte) {
+    for (int bit = 0; bit < 8; ++bit) {
+      SCOPED_TRACE("byte " + std::to_string(byte) + " bit " + std::to_string(bit));
+      auto bytes = good;
+      bytes[byte] ^= static_cast<uint8_t>(1 << bit);
+      try {
+        parse_checkpoint(bytes, "flip.dpt");
+        ADD_FAILURE() << "a flipped version bit was accepted";
+      } catch (const DataError& e) {
+        const std::string message = e.what();
+        EXPECT_NE(message.find("corrupt"), std::string::npos) << message;
+        EXPECT_EQ(message.find("format version"), std::string::npos) << message;
+      }
+    }
+  }
+}
+
+// Files of format version 1 (before the digest) still read, and write back byte for byte.
+TEST(CheckpointFormat, VersionOneFilesStillReadAndRoundTrip) {
+  auto c = small_checkpoint();
+  c.format_version = 1;
+  c.config.train_digest.clear();
+  const auto bytes = serialize_checkpoint(c);
+  EXPECT_EQ(bytes[8], 1);
+  // Version 1's CRC covers the payload alone.
+  EXPECT_EQ(uint32_t{bytes[20]} | uint32_t{bytes[21]} << 8 | uint32_t{bytes[22]} << 16 |
+                uint32_t{bytes[23]} << 24,
+            ::crc32(0L, bytes.data() + 24, static_cast<uInt>(bytes.size() - 24)));
+  const auto read = parse_checkpoint(bytes, "v1.dpt");
+  EXPECT_EQ(read.format_version, 1u);
+  EXPECT_TRUE(read.config.train_digest.empty());
+  expect_same_checkpoint(c, read);
+  EXPECT_EQ(serialize_checkpoint(read), bytes);
 }
 
 // A payload with a valid CRC but absurd contents: the reader still refuses, never allocates
@@ -297,9 +355,8 @@ TEST(CheckpointFormat, ConsistentCrcButAbsurdContentsAreDataErrors) {
     auto file = serialize_checkpoint(Checkpoint{});
     file.resize(24);
     for (int i = 0; i < 8; ++i) file[12 + i] = static_cast<uint8_t>(payload.size() >> (8 * i));
-    const auto crc = ::crc32(0L, payload.data(), static_cast<uInt>(payload.size()));
-    for (int i = 0; i < 4; ++i) file[20 + i] = static_cast<uint8_t>(crc >> (8 * i));
     file.insert(file.end(), payload.begin(), payload.end());
+    fix_crc(file);
     return file;
   };
   const auto original = serialize_checkpoint(c);
@@ -307,9 +364,11 @@ TEST(CheckpointFormat, ConsistentCrcButAbsurdContentsAreDataErrors) {
   // Sanity: rebuilding the unedited payload gives a readable file.
   EXPECT_NO_THROW(parse_checkpoint(with_payload(payload), "same.dpt"));
 
-  // Offsets in the payload: 8 config fields, 3 position fields, 3 sums, seconds = 15 * 8 bytes,
-  // then the history count.
-  constexpr size_t kHistoryCount = 15 * 8;
+  // Offsets in the payload: 8 config fields, the digest (its length, then its 64 characters), 3
+  // position fields, 3 sums, seconds = 15 * 8 + 8 + 64 bytes, then the history count.
+  ASSERT_EQ(c.config.train_digest.size(), 64u);
+  constexpr size_t kPosition = 8 * 8 + 8 + 64;
+  constexpr size_t kHistoryCount = kPosition + 7 * 8;
   const size_t history_bytes = 9 * 8 * c.history.size();
   const size_t tensor_count = kHistoryCount + 8 + history_bytes;
   const size_t first_name_size = tensor_count + 8;
@@ -324,7 +383,8 @@ TEST(CheckpointFormat, ConsistentCrcButAbsurdContentsAreDataErrors) {
   };
   const Edit edits[] = {
       {"width 0", 0, 0, "zero setting"},
-      {"negative epochs done", 8 * 8, uint64_t(-1), "negative"},
+      {"negative epochs done", kPosition, uint64_t(-1), "negative"},
+      {"a digest of 2^40 bytes", 8 * 8, uint64_t{1} << 40, "digest"},
       {"a billion epochs of history", kHistoryCount, 1000000000, "epochs"},
       {"history longer than the file", kHistoryCount, 1000, "truncated"},
       {"2^40 tensors", tensor_count, uint64_t{1} << 40, "tensors"},
@@ -370,6 +430,57 @@ TEST(CheckpointFormat, ConsistentCrcButAbsurdContentsAreDataErrors) {
   }
 }
 
+// ---- Python reads what dptrain writes (scripts/read_checkpoint.py) ----------------------------
+
+// The script reads a checkpoint the C++ wrote: every tensor's name, dtype, shape and bytes, and the
+// configuration and position, exactly.
+TEST(CheckpointPython, ReadCheckpointScriptGivesEveryTensorAndThePosition) {
+  const std::string python = DPTRAIN_TORCHRUN_PYTHON;
+  if (python.empty()) GTEST_SKIP() << "no Python with torch found at configure time";
+  TempDir dir;
+  const auto checkpoint = sample_checkpoint();
+  const std::string path = dir.file(checkpoint_file_name(2, 17));
+  write_checkpoint_atomically(checkpoint, path);
+  const std::string script =
+      std::string(DPTRAIN_TEST_DATA_DIR) + "/../../scripts/read_checkpoint.py";
+  const auto digests = run_command({python, script, path, "--tensor-digests"}, {}, 120);
+  ASSERT_EQ(digests.exit_code, 0) << digests.err;
+  std::string expected;
+  for (const auto& [name, tensor] : checkpoint.tensors) {
+    const auto t = tensor.contiguous();
+    std::ostringstream shape;
+    for (int64_t d = 0; d < t.dim(); ++d) shape << (d ? "x" : "") << t.size(d);
+    const std::string dtype = t.scalar_type() == torch::kFloat32    ? "float32"
+                              : t.scalar_type() == torch::kFloat64  ? "float64"
+                              : t.scalar_type() == torch::kInt64    ? "int64"
+                              : t.scalar_type() == torch::kBFloat16 ? "bfloat16"
+                                                                    : "float16";
+    const std::string bytes(static_cast<const char*>(t.data_ptr()),
+                            static_cast<size_t>(t.numel()) * t.element_size());
+    expected += name + " " + dtype + " " + (t.dim() ? shape.str() : "scalar") + " " +
+                sha256_hex(bytes) + "\n";
+  }
+  EXPECT_EQ(digests.out, expected);
+
+  const auto summary = run_command({python, script, path, "--json"}, {}, 120);
+  ASSERT_EQ(summary.exit_code, 0) << summary.err;
+  for (const std::string& field :
+       {std::string("\"epochs_done\": 2"), std::string("\"step_in_epoch\": 17"),
+        "\"global_step\": " + std::to_string(checkpoint.global_step), std::string("\"width\": 8"),
+        "\"train_digest\": \"" + checkpoint.config.train_digest + "\"",
+        std::string("\"seed\": 18364758544493064720"), std::string("\"format_version\": 2")}) {
+    EXPECT_NE(summary.out.find(field), std::string::npos) << field << "\n" << summary.out;
+  }
+  // A damaged file is refused with one line, as dptrain refuses it.
+  auto bytes = serialize_checkpoint(checkpoint);
+  bytes[bytes.size() / 2] ^= 1;
+  write_bytes(path, bytes);
+  const auto damaged = run_command({python, script, path}, {}, 120);
+  EXPECT_EQ(damaged.exit_code, 1);
+  EXPECT_NE(damaged.err.find("corrupt: the CRC-32 does not match"), std::string::npos)
+      << damaged.err;
+}
+
 // ---- Atomic writes ----------------------------------------------------------------------
 
 TEST(CheckpointFiles, WriteIntoMissingDirectoryIsADataErrorAndLeavesNothing) {
@@ -378,7 +489,7 @@ TEST(CheckpointFiles, WriteIntoMissingDirectoryIsADataErrorAndLeavesNothing) {
   expect_data_error([&] { write_checkpoint_atomically(small_checkpoint(), path); },
                     {path, "cannot create"});
   EXPECT_FALSE(path_exists(dir.file("missing")));
-  EXPECT_FALSE(path_exists(path + ".tmp"));
+  EXPECT_EQ(temporary_files_in(parent_directory(path)), std::vector<std::string>{});
 }
 
 TEST(CheckpointFiles, RewriteReplacesTheWholeFile) {
@@ -401,7 +512,7 @@ void expect_failed_write_keeps_older(const std::string& path, const std::string&
   big.tensors.emplace_back("big", torch::ones({50000}));  // 200 kB
   expect_data_error([&] { write_checkpoint_atomically(big, path); },
                     {path, "cannot write", cause, "previous checkpoints are untouched"});
-  EXPECT_FALSE(path_exists(path + ".tmp"));
+  EXPECT_EQ(temporary_files_in(parent_directory(path)), std::vector<std::string>{});
   EXPECT_EQ(read_bytes(path), older);
   EXPECT_EQ(read_checkpoint(path).global_step, small_checkpoint().global_step);
 }
@@ -423,16 +534,53 @@ TEST(CheckpointFiles, FailedWriteOverFileSizeLimitKeepsTheOlderCheckpoint) {
   EXPECT_EQ(read_checkpoint(path).tensors.size(), 3u);
 }
 
-// ENOSPC from a device that is always full: the temporary name is made a link to /dev/full, so
-// the writer opens that and every write fails as on a full disk.
-TEST(CheckpointFiles, FailedWriteOnAFullDeviceKeepsTheOlderCheckpoint) {
-  ASSERT_TRUE(path_exists("/dev/full")) << "Linux has /dev/full";
+// Issue 11: a link planted at the old temporary name ("<path>.tmp" -> a victim) made the writer
+// write through it. Temporary names are now the writer's own and created exclusively: the link
+// and its target are left as they were.
+TEST(CheckpointFiles, PlantedLinkAtATemporaryNameIsNeverWrittenThrough) {
   TempDir dir;
   const std::string path = dir.file("checkpoint-e0001-s000000.dpt");
+  const std::string victim = dir.file("victim.txt");
+  write_bytes(victim, {'k', 'e', 'e', 'p'});
+  ASSERT_EQ(::symlink(victim.c_str(), (path + ".tmp").c_str()), 0) << std::strerror(errno);
   write_checkpoint_atomically(small_checkpoint(), path);
-  ASSERT_EQ(::symlink("/dev/full", (path + ".tmp").c_str()), 0) << std::strerror(errno);
-  expect_failed_write_keeps_older(path, std::strerror(ENOSPC));
-  EXPECT_TRUE(path_exists("/dev/full"));  // the writer removed its link, not the device
+  EXPECT_EQ(read_bytes(victim), (std::vector<uint8_t>{'k', 'e', 'e', 'p'}));
+  struct stat info {};
+  ASSERT_EQ(::lstat((path + ".tmp").c_str(), &info), 0);
+  EXPECT_TRUE(S_ISLNK(info.st_mode));
+  expect_same_checkpoint(small_checkpoint(), read_checkpoint(path));
+}
+
+// Issue 11: `--save-model /dev/full` renamed a file over the device node. Only a regular file
+// (or nothing) is replaced; anything else is an error naming it, and stays.
+TEST(CheckpointFiles, NonRegularTargetIsRefusedAndLeftInPlace) {
+  TempDir dir;
+  const std::string fifo = dir.file("checkpoint-e0001-s000000.dpt");
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0644), 0) << std::strerror(errno);
+  expect_data_error([&] { write_checkpoint_atomically(small_checkpoint(), fifo); },
+                    {fifo, "is a FIFO", "only a regular file is replaced"});
+  const std::string link = dir.file("link.dpt");
+  ASSERT_EQ(::symlink("/dev/full", link.c_str()), 0);
+  expect_data_error([&] { write_checkpoint_atomically(small_checkpoint(), link); },
+                    {link, "is a symbolic link"});
+  struct stat info {};
+  ASSERT_EQ(::lstat(fifo.c_str(), &info), 0);
+  EXPECT_TRUE(S_ISFIFO(info.st_mode));
+  ASSERT_EQ(::lstat(link.c_str(), &info), 0);
+  EXPECT_TRUE(S_ISLNK(info.st_mode));
+  EXPECT_EQ(temporary_files_in(dir.path()), std::vector<std::string>{});
+}
+
+// Issue 11: a FIFO named like a checkpoint hung the reader for ever. It is refused at once.
+TEST(CheckpointFiles, FifoIsRefusedWithoutWaitingForAWriter) {
+  TempDir dir;
+  const std::string fifo = dir.file("checkpoint-e0001-s000000.dpt");
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0644), 0) << std::strerror(errno);
+  expect_data_error([&] { read_checkpoint(fifo); }, {fifo, "not a regular file", "FIFO"});
+  std::vector<std::string> skipped;
+  EXPECT_FALSE(newest_valid_checkpoint(dir.path(), &skipped).has_value());
+  ASSERT_EQ(skipped.size(), 1u);
+  EXPECT_NE(skipped[0].find("FIFO"), std::string::npos) << skipped[0];
 }
 
 // A real full file system: a 64 KiB tmpfs. Needs the right to mount (root in most containers).
@@ -491,6 +639,21 @@ TEST(NewestValidCheckpoint, PicksTheLatestPosition) {
   EXPECT_TRUE(skipped.empty());
 }
 
+// Issue 11: the newest was picked by file name, so a copy of an epoch-1 checkpoint named
+// checkpoint-e0009-... won. The position stored inside decides.
+TEST(NewestValidCheckpoint, PicksByTheStoredPositionNotTheName) {
+  TempDir dir;
+  write_checkpoint_atomically(checkpoint_at(1, 0), dir.file(checkpoint_file_name(1, 0)));
+  write_checkpoint_atomically(checkpoint_at(2, 0), dir.file(checkpoint_file_name(2, 0)));
+  write_checkpoint_atomically(checkpoint_at(1, 0), dir.file(checkpoint_file_name(9, 0)));
+  write_checkpoint_atomically(checkpoint_at(1, 7), dir.file(checkpoint_file_name(0, 1)));
+  const auto found = newest_valid_checkpoint(dir.path(), nullptr);
+  ASSERT_TRUE(found.has_value());
+  EXPECT_EQ(found->first, dir.file(checkpoint_file_name(2, 0)));
+  EXPECT_EQ(found->second.epochs_done, 2);
+  EXPECT_EQ(found->second.step_in_epoch, 0);
+}
+
 TEST(NewestValidCheckpoint, SkipsCorruptNewerFilesAndSaysWhy) {
   TempDir dir;
   const std::string good = dir.file(checkpoint_file_name(1, 0));
@@ -537,12 +700,12 @@ TEST(NewestValidCheckpoint, UnlistableDirectoryIsADataError) {
 // ---- check_checkpoint_matches -------------------------------------------------------------
 
 TEST(CheckCheckpointMatches, NamesEveryDifferingModelSettingWithBothValues) {
-  const CheckpointConfig saved{8, 10, 1, 32, 0.1, 1, 100, 1};
+  const CheckpointConfig saved{8, 10, 1, 32, 0.1, 1, 100, 1, ""};
   // Settings of the run, not of the model, may differ.
   EXPECT_NO_THROW(
-      check_checkpoint_matches(saved, CheckpointConfig{8, 10, 1, 64, 0.5, 2, 50, 4}, "c.dpt"));
+      check_checkpoint_matches(saved, CheckpointConfig{8, 10, 1, 64, 0.5, 2, 50, 4, ""}, "c.dpt"));
   try {
-    check_checkpoint_matches(saved, CheckpointConfig{16, 10, 1, 32, 0.1, 1, 100, 1}, "c.dpt");
+    check_checkpoint_matches(saved, CheckpointConfig{16, 10, 1, 32, 0.1, 1, 100, 1, ""}, "c.dpt");
     ADD_FAILURE() << "no UsageError for another width";
   } catch (const UsageError& e) {
     const std::string message = e.what();
@@ -550,7 +713,7 @@ TEST(CheckCheckpointMatches, NamesEveryDifferingModelSettingWithBothValues) {
     EXPECT_NE(message.find("--width 8 (this run: 16)"), std::string::npos) << message;
   }
   try {
-    check_checkpoint_matches(saved, CheckpointConfig{4, 100, 3, 32, 0.1, 1, 100, 1}, "c.dpt");
+    check_checkpoint_matches(saved, CheckpointConfig{4, 100, 3, 32, 0.1, 1, 100, 1, ""}, "c.dpt");
     ADD_FAILURE() << "no UsageError for another model";
   } catch (const UsageError& e) {
     const std::string message = e.what();

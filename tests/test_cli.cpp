@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
+#include <cstring>
 #include <fstream>
 #include <functional>
 #include <iterator>
@@ -23,6 +24,7 @@
 
 #include "cli.h"
 #include "dptrain/checkpoint.h"
+#include "dptrain/checkpoint_directory.h"
 #include "dptrain/data.h"
 #include "dptrain/devices.h"
 #include "dptrain/errors.h"
@@ -667,6 +669,37 @@ const std::vector<ErrorCase> kErrorCases = {
      {"train", "--devices", "cpu,cpu", "--batch-size", "1", "--width", "1"},
      kUsage,
      "--batch-size 1"},
+    // Output paths, checked before the data are read (issue 11: they were first tried after the
+    // training, and /dev/full was replaced by a model file).
+    {"save_model_is_a_device",
+     {"train", "--save-model", "/dev/full", "--data-dir", "/nonexistent"},
+     kUsage,
+     "--save-model /dev/full: is a character device"},
+    {"save_model_is_a_directory", {"train", "--save-model", "/tmp"}, kUsage, "is a directory"},
+    {"save_model_directory_missing",
+     {"train", "--save-model", "/nonexistent-dptrain-dir/m.pt"},
+     kUsage,
+     "its directory /nonexistent-dptrain-dir cannot be used"},
+    {"plot_directory_missing",
+     {"train", "--plot", "/nonexistent-dptrain-dir/p.svg", "--data-dir", "/nonexistent"},
+     kUsage,
+     "--plot /nonexistent-dptrain-dir/p.svg: its directory"},
+    {"metrics_directory_missing",
+     {"train", "--metrics", "/nonexistent-dptrain-dir/m.csv", "--data-dir", "/nonexistent"},
+     kUsage,
+     "--metrics /nonexistent-dptrain-dir/m.csv: its directory"},
+    {"metrics_in_a_read_only_place",
+     {"train", "--metrics", "/proc/m.csv"},
+     kUsage,
+     "--metrics /proc/m.csv: cannot create a file in /proc"},
+    {"fresh_without_checkpoint_dir",
+     {"train", "--fresh"},
+     kUsage,
+     "--fresh needs --checkpoint-dir"},
+    {"fresh_and_resume",
+     {"train", "--checkpoint-dir", "ck", "--fresh", "--resume"},
+     kUsage,
+     "--fresh and --resume exclude each other"},
     // A usage mistake is reported before the data are looked at.
     {"usage_before_missing_data",
      {"train", "--data-dir", "/nonexistent", "--epochs", "0"},
@@ -843,10 +876,26 @@ TEST(CliLayout, DefaultLayoutIsCleanUnderValgrind) {
   const TempDir dir;
   write_fake_data(dir, 32, 16);
   const auto result = testing::run_command(
-      {"valgrind", "-q", "--error-exitcode=99", "--vex-guest-max-insns=100",
+      {"valgrind",
+       "-q",
+       "--error-exitcode=99",
+       "--vex-guest-max-insns=100",
        std::string("--suppressions=") + DPTRAIN_TEST_DATA_DIR + "/../sanitizers/valgrind.supp",
-       testing::dptrain_binary(), "train", "--data-dir", dir.path(), "--devices", "cpu",
-       "--width", "4", "--batch-size", "32", "--epochs", "1", "--threads", "1", "--quiet"},
+       testing::dptrain_binary(),
+       "train",
+       "--data-dir",
+       dir.path(),
+       "--devices",
+       "cpu",
+       "--width",
+       "4",
+       "--batch-size",
+       "32",
+       "--epochs",
+       "1",
+       "--threads",
+       "1",
+       "--quiet"},
       {}, 1200);
   // Valgrind 3.19 (Debian 12) cannot translate some of PyPI's LibTorch 2.x CPU code: it stops
   // with this, having found nothing. A corrupted heap ends differently (an invalid write, or a
@@ -859,8 +908,8 @@ TEST(CliLayout, DefaultLayoutIsCleanUnderValgrind) {
 
 TEST(CliLayout, ChannelsLastOnAvx2KernelsIsRefusedBeforeTheData) {
   for (const char* command : {"train", "eval"}) {
-    std::vector<std::string> args{command, "--data-dir", "/nonexistent", "--devices", "cpu",
-                                  "--memory-format", "channels-last"};
+    std::vector<std::string> args{command, "--data-dir",      "/nonexistent", "--devices",
+                                  "cpu",   "--memory-format", "channels-last"};
     if (std::string(command) == "eval") args.insert(args.end(), {"--checkpoint", "a.dpt"});
     expect_one_error_line(run_dptrain(args, kAvx2Kernels), kUsage,
                           "so oneDNN runs its AVX2 (or older) kernels, whose channels-last");
@@ -897,7 +946,7 @@ TEST(CliRun, TinyDataTwoEpochsSavesTheModel) {
   expect_successful_run(result, 2, kFinalLineOneCpu);
   EXPECT_TRUE(dptrain::testing::is_regular_file(model)) << describe(result);
   EXPECT_GT(dptrain::testing::file_size(model), 0);
-  EXPECT_FALSE(dptrain::testing::path_exists(model + ".tmp"));
+  EXPECT_EQ(dptrain::testing::temporary_files_in(out.path()), std::vector<std::string>{});
 }
 
 // The steady pace (median of epochs 2..N) is printed just before the book's final line and
@@ -942,20 +991,23 @@ TEST(CliRun, MaxStepsStopsEarly) {
   EXPECT_FALSE(contains(result.out, "epoch 2/5: ")) << describe(result);
 }
 
-TEST(CliRun, UnwritableSaveModelIsARunTimeError) {
+// Issue 11: the path was first tried after the training, so the weights were lost. It is checked
+// before the first step now: a usage error, and no epoch runs.
+TEST(CliRun, UnwritableSaveModelIsAUsageErrorBeforeTraining) {
   const std::string model = "/nonexistent-dptrain-dir/model.pt";
   const auto result =
       run_dptrain({"train", "--data-dir", tiny_data_dir(), "--devices", "cpu", "--width", "1",
                    "--epochs", "1", "--batch-size", "4", "--threads", "1", "--save-model", model});
   expect_no_crash(result);
-  EXPECT_EQ(result.exit_code, kRunTime) << describe(result);
+  EXPECT_EQ(result.exit_code, kUsage) << describe(result);
+  EXPECT_FALSE(contains(result.out, "epoch 1/1")) << describe(result);
   const auto lines = split_lines(result.err);
   ASSERT_EQ(lines.size(), 1u) << describe(result);
   EXPECT_EQ(lines[0].rfind("error: ", 0), 0u) << describe(result);
   EXPECT_TRUE(contains(lines[0], model)) << describe(result);
 }
 
-// Rank 0 failing to save must not leave rank 1 waiting out the whole collective timeout.
+// A bad --save-model must not leave rank 1 waiting out the whole collective timeout.
 TEST(CliRun, UnwritableSaveModelWithTwoReplicasFailsPromptly) {
   const std::string model = "/nonexistent-dptrain-dir/model.pt";
   const auto start = std::chrono::steady_clock::now();
@@ -966,7 +1018,7 @@ TEST(CliRun, UnwritableSaveModelWithTwoReplicasFailsPromptly) {
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   expect_no_crash(result);
-  EXPECT_EQ(result.exit_code, kRunTime) << describe(result);
+  EXPECT_EQ(result.exit_code, kUsage) << describe(result);
   EXPECT_LT(seconds, 60) << describe(result);
   const auto lines = split_lines(result.err);
   ASSERT_EQ(lines.size(), 1u) << describe(result);
@@ -1383,6 +1435,189 @@ TEST(CliOutput, FullStdoutIsARunTimeError) {
                          "--log-every", "100000", "--checkpoint-dir", dir.path()});
   expect_one_error_line(loud, kRunTime, message + "; stopped early; resume from " + dir.path());
   EXPECT_EQ(checkpoints_in(dir.path()).size(), 1u) << describe(loud);
+}
+
+// ---- Lost work (issue 11) -------------------------------------------------------------------
+
+// A resumed run prints the epochs it runs, then the final line.
+void expect_resumed_run(const CommandResult& result) {
+  expect_no_crash(result);
+  ASSERT_EQ(result.exit_code, 0) << describe(result);
+  EXPECT_TRUE(contains(result.out, "resuming from ")) << describe(result);
+  const auto lines = split_lines(result.out);
+  ASSERT_FALSE(lines.empty()) << describe(result);
+  EXPECT_TRUE(std::regex_match(lines.back(), kFinalLineOneCpu)) << describe(result);
+}
+
+std::vector<std::string> tiny_run(const std::vector<std::string>& more) {
+  std::vector<std::string> args{testing::dptrain_binary(),
+                                "train",
+                                "--data-dir",
+                                tiny_data_dir(),
+                                "--devices",
+                                "cpu",
+                                "--width",
+                                "1",
+                                "--epochs",
+                                "1",
+                                "--batch-size",
+                                "4",
+                                "--threads",
+                                "1"};
+  args.insert(args.end(), more.begin(), more.end());
+  return args;
+}
+
+// Under `ulimit -f` a model or checkpoint write died by SIGXFSZ (exit 153) with no error line and
+// a temporary file left. Now: one error line naming the file and the cause, exit 1, nothing left.
+TEST(CliLostWork, WritesPastTheFileSizeLimitAreOneErrorLineAndLeaveNothing) {
+  testing::ChildSetup small_files;
+  small_files.file_size_limit_bytes = 16 * 1024;  // below a width-1 model or checkpoint
+  TempDir dir;
+  // The training runs (its epoch line is printed); the write after it fails.
+  const auto expect_failed_write = [](const CommandResult& result, const std::string& message) {
+    expect_no_crash(result);
+    EXPECT_EQ(result.exit_code, kRunTime) << describe(result);
+    const auto lines = split_lines(result.err);
+    ASSERT_EQ(lines.size(), 1u) << describe(result);
+    EXPECT_EQ(lines[0].rfind("error: ", 0), 0u) << describe(result);
+    EXPECT_TRUE(contains(lines[0], message)) << describe(result);
+    EXPECT_TRUE(contains(lines[0], std::strerror(EFBIG))) << describe(result);
+  };
+  const std::string model = dir.file("m.pt");
+  expect_failed_write(testing::run_command(tiny_run({"--save-model", model}), {}, 120, small_files),
+                      "--save-model " + model + ": cannot write");
+  const std::string checkpoints = dir.file("ck");
+  expect_failed_write(
+      testing::run_command(tiny_run({"--checkpoint-dir", checkpoints}), {}, 120, small_files),
+      "checkpoint " + checkpoints + "/" + checkpoint_file_name(1, 0) + ": cannot write");
+  EXPECT_FALSE(testing::path_exists(model));
+  EXPECT_EQ(testing::temporary_files_in(dir.path()), std::vector<std::string>{});
+  EXPECT_EQ(testing::temporary_files_in(checkpoints), std::vector<std::string>{});
+  EXPECT_EQ(checkpoints_in(checkpoints), std::vector<std::string>{});
+}
+
+// A FIFO given as a file to read hung for ever (SIGTERM did not end it); as --metrics it would
+// hang the open. Each is refused at once, naming the FIFO.
+TEST(CliLostWork, FifosAreRefusedAtOnce) {
+  TempDir dir;
+  const std::string fifo = dir.file("pipe");
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0644), 0) << std::strerror(errno);
+  const auto start = std::chrono::steady_clock::now();
+  expect_one_error_line(run_dptrain({"eval", "--checkpoint", fifo, "--data-dir", tiny_data_dir()}),
+                        kRunTime, "checkpoint " + fifo + ": not a regular file (a FIFO)");
+  expect_one_error_line(
+      run_dptrain({"eval", "--model", fifo, "--width", "1", "--data-dir", tiny_data_dir()}),
+      kRunTime, "--model " + fifo + ": not a regular file (a FIFO)");
+  const std::string fifo_csv = dir.file("m.csv");
+  ASSERT_EQ(::mkfifo(fifo_csv.c_str(), 0644), 0) << std::strerror(errno);
+  expect_one_error_line(testing::run_command(tiny_run({"--metrics", fifo_csv}), {}, 60), kUsage,
+                        "--metrics " + fifo_csv + ": is a FIFO");
+  // Named like a checkpoint in --checkpoint-dir: --resume reads it as unreadable, without hanging.
+  const std::string checkpoints = dir.file("ck");
+  testing::make_directories(checkpoints);
+  ASSERT_EQ(::mkfifo((checkpoints + "/" + checkpoint_file_name(1, 0)).c_str(), 0644), 0);
+  expect_one_error_line(
+      testing::run_command(tiny_run({"--checkpoint-dir", checkpoints, "--resume"}), {}, 60), kUsage,
+      "no checkpoint in " + checkpoints + " can be read");
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(50));
+}
+
+// A second run in a checkpoint directory that a run is using would overwrite its checkpoints:
+// refused, naming the holder.
+TEST(CliLostWork, SecondRunInTheSameCheckpointDirectoryIsRefusedNamingTheHolder) {
+  TempDir dir;
+  const std::string checkpoints = dir.file("ck");
+  const auto first = testing::spawn_command(long_run_args(checkpoints), {}, dir.file("first"));
+  bool training = false;
+  for (int i = 0; i < 1200 && !training; ++i) {  // up to 60 s for the first step
+    training = contains(read_text(first.err_path), " step ");
+    if (!training) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  auto second_args = long_run_args(checkpoints);
+  second_args.push_back("--resume");
+  const auto second = testing::run_command(second_args, {}, 60);
+  ASSERT_EQ(kill(first.pid, SIGTERM), 0);
+  const auto first_result = testing::wait_command(first, 60);
+  ASSERT_TRUE(training) << describe(first_result);
+  expect_one_error_line(second, kUsage,
+                        "--checkpoint-dir " + checkpoints +
+                            " is in use by another dptrain run (pid " + std::to_string(first.pid) +
+                            " on ");
+  // The first run was not disturbed: it stops on SIGTERM with its checkpoint.
+  EXPECT_EQ(first_result.exit_code, 128 + SIGTERM) << describe(first_result);
+  EXPECT_EQ(checkpoints_in(checkpoints).size(), 1u) << describe(first_result);
+}
+
+// --resume with only unreadable checkpoints started from scratch, overwrote them and exited 0.
+// Now it refuses, naming the file and why; --fresh starts over and says what it removed. A
+// directory holding checkpoints needs one of --resume and --fresh.
+TEST(CliLostWork, UnreadableCheckpointsAreNeverOverwrittenSilently) {
+  TempDir dir;
+  const std::string checkpoints = dir.file("ck");
+  testing::make_directories(checkpoints);
+  const std::string junk = checkpoints + "/" + checkpoint_file_name(1, 0);
+  const std::vector<uint8_t> junk_bytes{'n', 'o', 't', ' ', 'a', ' ', 'c', 'k', 'p'};
+  testing::write_bytes(junk, junk_bytes);
+  expect_one_error_line(
+      testing::run_command(tiny_run({"--checkpoint-dir", checkpoints, "--resume"}), {}, 60), kUsage,
+      "--resume: no checkpoint in " + checkpoints + " can be read (checkpoint " + junk +
+          ": not a dptrain checkpoint");
+  expect_one_error_line(testing::run_command(tiny_run({"--checkpoint-dir", checkpoints}), {}, 60),
+                        kUsage,
+                        "--checkpoint-dir " + checkpoints + " already holds 1 checkpoint(s)");
+  EXPECT_EQ(read_text(junk), "not a ckp");
+
+  const auto fresh =
+      testing::run_command(tiny_run({"--checkpoint-dir", checkpoints, "--fresh"}), {}, 120);
+  expect_successful_run(fresh, 1, kFinalLineOneCpu);
+  EXPECT_TRUE(contains(fresh.err, "dptrain: --fresh: removed " + junk)) << describe(fresh);
+  const auto names = checkpoints_in(checkpoints);
+  ASSERT_EQ(names, std::vector<std::string>{checkpoint_file_name(1, 0)}) << describe(fresh);
+  EXPECT_EQ(read_checkpoint(junk).epochs_done, 1);
+
+  // A readable epoch 1 and an unreadable epoch 2 that a resumed run would later save over.
+  const std::string later = checkpoints + "/" + checkpoint_file_name(2, 0);
+  testing::write_bytes(later, junk_bytes);
+  expect_one_error_line(
+      testing::run_command(tiny_run({"--checkpoint-dir", checkpoints, "--resume", "--epochs", "3"}),
+                           {}, 60),
+      kUsage, "--resume: checkpoint " + later + ": not a dptrain checkpoint");
+  EXPECT_EQ(read_text(later), "not a ckp");
+  // An unreadable file older than the start is skipped, and said so.
+  ::unlink(later.c_str());
+  const std::string older = checkpoints + "/" + checkpoint_file_name(0, 3);
+  testing::write_bytes(older, junk_bytes);
+  const auto resumed = testing::run_command(
+      tiny_run({"--checkpoint-dir", checkpoints, "--resume", "--epochs", "2"}), {}, 120);
+  expect_resumed_run(resumed);
+  EXPECT_TRUE(contains(
+      resumed.err, "dptrain: --resume: skipped checkpoint " + older + ": not a dptrain checkpoint"))
+      << describe(resumed);
+  EXPECT_EQ(read_text(older), "not a ckp");
+}
+
+// Resume compared only the size of the training set: another set of the same size continued the
+// run. The checkpoint holds the set's SHA-256 now.
+TEST(CliLostWork, ResumeOnAnotherTrainingSetOfTheSameSizeIsRefused) {
+  TempDir data, other, dir;
+  write_fake_data(data, 16, 8);
+  write_fake_data(other, 16, 8);
+  std::vector<uint8_t> labels(16);
+  for (uint32_t i = 0; i < 16; ++i) labels[i] = static_cast<uint8_t>((i + 3) % 10);
+  testing::write_bytes(other.file(kTrainLabels), testing::make_idx(0x08, {16}, labels));
+  const std::string checkpoints = dir.file("ck");
+  const auto with = [&](const std::string& data_dir, const std::vector<std::string>& more) {
+    auto args = tiny_run(more);
+    *(std::find(args.begin(), args.end(), "--data-dir") + 1) = data_dir;
+    return testing::run_command(args, {}, 120);
+  };
+  expect_successful_run(with(data.path(), {"--checkpoint-dir", checkpoints}), 1, kFinalLineOneCpu);
+  expect_one_error_line(
+      with(other.path(), {"--checkpoint-dir", checkpoints, "--resume", "--epochs", "2"}), kUsage,
+      "was written with the training set of SHA-256 ");
+  expect_resumed_run(
+      with(data.path(), {"--checkpoint-dir", checkpoints, "--resume", "--epochs", "2"}));
 }
 
 }  // namespace

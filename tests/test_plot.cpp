@@ -259,7 +259,7 @@ TEST(PlotFile, WritesAtomicallyAndReplaces) {
   const std::string svg = render_training_plot(book_like_run(5), PlotOptions{});
   write_plot_atomically(path, svg);
   EXPECT_EQ(read_text(path), svg);
-  EXPECT_FALSE(testing::path_exists(path + ".tmp"));
+  EXPECT_EQ(testing::temporary_files_in(dir.path()), std::vector<std::string>{});
 }
 
 TEST(PlotFile, UnwritablePathIsADataError) {
@@ -267,12 +267,13 @@ TEST(PlotFile, UnwritablePathIsADataError) {
   const std::string path = dir.file("missing/dir/plot.svg");
   testing::expect_data_error([&] { write_plot_atomically(path, "<svg/>"); },
                              {path, "No such file or directory"});
-  // The target is a directory: the rename fails and the temporary file goes.
+  // The target is a directory: refused before anything is written, and it stays.
   testing::make_directories(dir.file("taken.svg"));
   testing::make_directories(dir.file("taken.svg/inside"));
   testing::expect_data_error([&] { write_plot_atomically(dir.file("taken.svg"), "<svg/>"); },
-                             {dir.file("taken.svg"), "rename"});
-  EXPECT_FALSE(testing::path_exists(dir.file("taken.svg.tmp")));
+                             {dir.file("taken.svg"), "is a directory"});
+  EXPECT_TRUE(testing::path_exists(dir.file("taken.svg/inside")));
+  EXPECT_EQ(testing::temporary_files_in(dir.path()), std::vector<std::string>{});
 }
 
 #if defined(DPTRAIN_PLOT_RENDER_TEST)  // tests/CMakeLists.txt: Chromium and libpng

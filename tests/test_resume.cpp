@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "dptrain/checkpoint.h"
+#include "dptrain/checkpoint_directory.h"
 #include "dptrain/errors.h"
 #include "dptrain/train.h"
 #include "test_support.h"
@@ -154,7 +155,7 @@ TEST_P(Resume, AtAnEpochBoundaryEndsBitIdentical) {
   // Epoch 1 comes from the checkpoint's history, epoch 2 was run again: both as straight.
   expect_same_epochs(straight_.epochs, second.epochs, 0);
   expect_same_epochs(straight_.epochs, final_checkpoint.history, 0);
-  EXPECT_EQ(list_directory(dir_.path()),
+  EXPECT_EQ(checkpoint_file_names(dir_.path()),
             (std::vector<std::string>{checkpoint_file_name(1, 0), checkpoint_file_name(2, 0)}));
 }
 
@@ -176,7 +177,7 @@ TEST_P(Resume, StopMidEpochWritesACheckpointAndTheResumeEndsBitIdentical) {
   EXPECT_TRUE(stopping.epochs.empty());
   const std::string middle = dir_.file(checkpoint_file_name(0, kStopAt));
   ASSERT_EQ(stopping.last_checkpoint, middle);
-  EXPECT_EQ(list_directory(dir_.path()),
+  EXPECT_EQ(checkpoint_file_names(dir_.path()),
             std::vector<std::string>{checkpoint_file_name(0, kStopAt)});
 
   const auto saved = read_checkpoint(middle);
@@ -223,7 +224,8 @@ TEST_P(Resume, StopAtTheLastStepOfAnEpochStopsAtTheBoundary) {
   EXPECT_EQ(result.stopped_by, SIGTERM);
   EXPECT_EQ(result.epochs.size(), 1u);
   EXPECT_EQ(result.last_checkpoint, dir_.file(checkpoint_file_name(1, 0)));
-  EXPECT_EQ(list_directory(dir_.path()), std::vector<std::string>{checkpoint_file_name(1, 0)});
+  EXPECT_EQ(checkpoint_file_names(dir_.path()),
+            std::vector<std::string>{checkpoint_file_name(1, 0)});
 }
 
 // The same with checkpoints every other epoch: a stop must still keep the finished epoch.
@@ -240,7 +242,8 @@ TEST_P(Resume, StopAtAnEpochBoundaryWritesACheckpointBetweenScheduledOnes) {
   EXPECT_EQ(result.stopped_by, SIGINT);
   EXPECT_EQ(result.epochs.size(), 1u);
   EXPECT_EQ(result.last_checkpoint, dir_.file(checkpoint_file_name(1, 0)));
-  EXPECT_EQ(list_directory(dir_.path()), std::vector<std::string>{checkpoint_file_name(1, 0)});
+  EXPECT_EQ(checkpoint_file_names(dir_.path()),
+            std::vector<std::string>{checkpoint_file_name(1, 0)});
 }
 
 // ---- evaluate_weights -------------------------------------------------------------------------
@@ -307,7 +310,8 @@ TEST_P(Resume, AnotherModelOrDataOrderIsAUsageError) {
                        {saved, std::to_string(kTrainExamples), std::to_string(kTrainExamples - 1)});
   }
   // Nothing was written by the refused runs.
-  EXPECT_EQ(list_directory(dir_.path()), std::vector<std::string>{checkpoint_file_name(1, 0)});
+  EXPECT_EQ(checkpoint_file_names(dir_.path()),
+            std::vector<std::string>{checkpoint_file_name(1, 0)});
 }
 
 TEST(ResumeOptions, ResumeWithoutADirectoryIsAUsageError) {
@@ -367,7 +371,7 @@ TEST_P(Resume, NonFiniteStopNamesTheStepAndWritesNoCheckpoint) {
       << message;
   EXPECT_NE(message.find("not finite"), std::string::npos) << message;
   EXPECT_NE(message.find("--on-nonfinite skip"), std::string::npos) << message;
-  EXPECT_TRUE(list_directory(dir_.path()).empty());
+  EXPECT_TRUE(checkpoint_file_names(dir_.path()).empty());
 }
 
 TEST_P(Resume, NonFiniteStopAfterAGoodEpochKeepsItsCheckpoint) {
@@ -388,7 +392,8 @@ TEST_P(Resume, NonFiniteStopAfterAGoodEpochKeepsItsCheckpoint) {
   });
   EXPECT_NE(message.find("epoch 2 step " + std::to_string(last_step) + ":"), std::string::npos)
       << message;
-  EXPECT_EQ(list_directory(dir_.path()), std::vector<std::string>{checkpoint_file_name(1, 0)});
+  EXPECT_EQ(checkpoint_file_names(dir_.path()),
+            std::vector<std::string>{checkpoint_file_name(1, 0)});
   expect_same_tensors(good_before, read_checkpoint(good));
 }
 

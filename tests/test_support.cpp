@@ -156,18 +156,7 @@ std::vector<uint8_t> make_idx(uint8_t type, const std::vector<uint32_t>& dims,
 
 void expect_data_error(const std::function<void()>& action,
                        const std::vector<std::string>& phrases) {
-  try {
-    action();
-    ADD_FAILURE() << "expected a DataError, nothing was thrown";
-  } catch (const DataError& error) {
-    const std::string message = error.what();
-    for (const auto& phrase : phrases) {
-      EXPECT_NE(message.find(phrase), std::string::npos)
-          << "the message lacks \"" << phrase << "\"; the message is: " << message;
-    }
-  } catch (const std::exception& error) {
-    ADD_FAILURE() << "expected a DataError, got another exception: " << error.what();
-  }
+  expect_throws<DataError>(action, phrases);
 }
 
 std::optional<std::string> real_data_dir() {
@@ -200,6 +189,17 @@ bool apply_child_setup(const ChildSetup& setup) {
     limit.rlim_cur = static_cast<rlim_t>(setup.stack_limit_bytes);
     if (setrlimit(RLIMIT_STACK, &limit) != 0) {
       std::fprintf(stderr, "child setup: RLIMIT_STACK: %s\n", std::strerror(errno));
+      return false;
+    }
+  }
+  if (setup.file_size_limit_bytes > 0) {
+    // SIGXFSZ at its default (death), as for a user's `ulimit -f`: the program must cope.
+    ::signal(SIGXFSZ, SIG_DFL);
+    rlimit limit{};
+    getrlimit(RLIMIT_FSIZE, &limit);
+    limit.rlim_cur = static_cast<rlim_t>(setup.file_size_limit_bytes);
+    if (setrlimit(RLIMIT_FSIZE, &limit) != 0) {
+      std::fprintf(stderr, "child setup: RLIMIT_FSIZE: %s\n", std::strerror(errno));
       return false;
     }
   }
@@ -400,6 +400,16 @@ std::vector<std::string> list_directory(const std::string& directory) {
   }
   std::sort(names.begin(), names.end());
   return names;
+}
+
+std::vector<std::string> temporary_files_in(const std::string& directory) {
+  std::vector<std::string> temporaries;
+  for (const auto& name : list_directory(directory)) {
+    if (name.size() > 4 && name.compare(name.size() - 4, 4, ".tmp") == 0) {
+      temporaries.push_back(name);
+    }
+  }
+  return temporaries;
 }
 
 FashionMnist synthetic_data(int64_t train, int64_t test) {

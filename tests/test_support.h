@@ -2,6 +2,8 @@
 // and running the dptrain binary (or torchrun) as a child process with a time limit.
 #pragma once
 
+#include <gtest/gtest.h>
+
 #include <chrono>
 #include <cstdint>
 #include <functional>
@@ -51,8 +53,25 @@ std::vector<uint8_t> gzip_then_zeros(const std::vector<uint8_t>& head, size_t ze
 std::vector<uint8_t> make_idx(uint8_t type, const std::vector<uint32_t>& dims,
                               const std::vector<uint8_t>& data);
 
-// Runs `action`, which must throw DataError whose message contains every one of `phrases`;
-// records a test failure otherwise.
+// Runs `action`, which must throw an E whose message contains every one of `phrases`; records a
+// test failure otherwise (nothing thrown, another exception, a phrase missing).
+template <typename E>
+void expect_throws(const std::function<void()>& action, const std::vector<std::string>& phrases) {
+  try {
+    action();
+    ADD_FAILURE() << "expected an exception, nothing was thrown";
+  } catch (const E& error) {
+    const std::string message = error.what();
+    for (const auto& phrase : phrases) {
+      EXPECT_NE(message.find(phrase), std::string::npos)
+          << "the message lacks \"" << phrase << "\"; the message is: " << message;
+    }
+  } catch (const std::exception& error) {
+    ADD_FAILURE() << "expected another exception type, got: " << error.what();
+  }
+}
+
+// expect_throws<DataError>.
 void expect_data_error(const std::function<void()>& action,
                        const std::vector<std::string>& phrases);
 
@@ -60,6 +79,8 @@ void expect_data_error(const std::function<void()>& action,
 std::string read_text(const std::string& path);
 // The names in `directory` but . and .., sorted; empty when it cannot be listed.
 std::vector<std::string> list_directory(const std::string& directory);
+// The names in `directory` that end in ".tmp": what an interrupted or failed write would leave.
+std::vector<std::string> temporary_files_in(const std::string& directory);
 
 // `train` and `test` random images and labels from a fixed seed: enough to compare runs with
 // each other, no files needed.
@@ -79,8 +100,9 @@ struct CommandResult {
 
 // What a child gets besides its arguments and environment, set between fork and exec.
 struct ChildSetup {
-  int64_t stack_limit_bytes = 0;  // RLIMIT_STACK (soft), which sizes the main thread's stack
-  int run_as_uid = -1;            // switch to this user and group (needs root); -1: stay
+  int64_t stack_limit_bytes = 0;      // RLIMIT_STACK (soft), which sizes the main thread's stack
+  int64_t file_size_limit_bytes = 0;  // RLIMIT_FSIZE (soft), as `ulimit -f` sets it
+  int run_as_uid = -1;                // switch to this user and group (needs root); -1: stay
   int run_as_gid = -1;
   std::string stdout_path;  // standard output into this file (e.g. /dev/full), not captured
 };

@@ -1,10 +1,6 @@
 // The checkpoint file format, its atomic writer and its strict reader. See checkpoint.h.
 #include "dptrain/checkpoint.h"
 
-#include <dirent.h>
-#include <fcntl.h>
-#include <sys/stat.h>
-#include <unistd.h>
 #include <zlib.h>
 
 #include <algorithm>
@@ -14,8 +10,8 @@
 #include <map>
 #include <sstream>
 
-#include "dptrain/durable_file.h"
 #include "dptrain/errors.h"
+#include "dptrain/files.h"
 
 namespace dptrain {
 namespace {
@@ -26,6 +22,7 @@ constexpr uint64_t kMaxTensors = 100000;  // far above any model dptrain builds
 constexpr uint64_t kMaxRank = 8;
 constexpr uint64_t kMaxName = 4096;
 constexpr uint64_t kMaxEpochs = 1000000;
+constexpr uint64_t kMaxDigest = 128;  // a hex SHA-256 is 64
 
 // ---- Little-endian encoding --------------------------------------------------------------
 
@@ -172,30 +169,14 @@ EpochStats read_stats(ByteReader& r) {
   return s;
 }
 
-std::string errno_text() { return std::strerror(errno); }
-
-std::vector<uint8_t> read_whole_file(const std::string& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) throw DataError("checkpoint " + path + ": cannot open: " + errno_text());
-  struct stat info {};
-  if (::fstat(fd, &info) != 0 || !S_ISREG(info.st_mode)) {
-    ::close(fd);
-    throw DataError("checkpoint " + path + ": not a regular file");
-  }
-  std::vector<uint8_t> bytes(static_cast<size_t>(info.st_size));
-  size_t done = 0;
-  while (done < bytes.size()) {
-    const ssize_t n = ::read(fd, bytes.data() + done, bytes.size() - done);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) {
-      const std::string reason = n < 0 ? errno_text() : "file shrank while reading";
-      ::close(fd);
-      throw DataError("checkpoint " + path + ": cannot read: " + reason);
-    }
-    done += static_cast<size_t>(n);
-  }
-  ::close(fd);
-  return bytes;
+// The CRC-32 a file's header must carry. Version 1 covered the payload alone, so a flipped bit in
+// the version field read as "format version 257"; from version 2 on it covers the header's magic,
+// version and payload size too, and a header that was damaged reads as corrupt.
+uint32_t file_crc(uint32_t version, const uint8_t* file, size_t payload_size) {
+  const uint8_t* payload = file + kHeaderBytes;
+  uLong crc = ::crc32(0L, Z_NULL, 0);
+  if (version >= 2) crc = ::crc32(crc, file, static_cast<uInt>(kHeaderBytes - 4));
+  return static_cast<uint32_t>(::crc32(crc, payload, static_cast<uInt>(payload_size)));
 }
 
 }  // namespace
@@ -212,6 +193,7 @@ std::vector<uint8_t> serialize_checkpoint(const Checkpoint& c) {
   payload.u64(c.config.seed);
   payload.i64(c.config.train_size);
   payload.i64(c.config.world_size);
+  if (c.format_version >= 2) payload.text(c.config.train_digest);
   payload.i64(c.epochs_done);
   payload.i64(c.step_in_epoch);
   payload.i64(c.global_step);
@@ -231,14 +213,18 @@ std::vector<uint8_t> serialize_checkpoint(const Checkpoint& c) {
     payload.raw(t.data_ptr(), size);
   }
 
+  TORCH_CHECK(c.format_version == 1 || c.format_version == kCheckpointFormatVersion,
+              "checkpoint: cannot write format version ", c.format_version);
   ByteWriter file;
   file.raw(kMagic, sizeof kMagic);
-  file.u32(kCheckpointFormatVersion);
+  file.u32(c.format_version);
   file.u64(payload.bytes().size());
-  file.u32(static_cast<uint32_t>(
-      ::crc32(0L, payload.bytes().data(), static_cast<uInt>(payload.bytes().size()))));
+  file.u32(0);  // the CRC-32, filled in below
   file.raw(payload.bytes().data(), payload.bytes().size());
-  return std::move(file.bytes());
+  auto& bytes = file.bytes();
+  const uint32_t crc = file_crc(c.format_version, bytes.data(), payload.bytes().size());
+  for (int i = 0; i < 4; ++i) bytes[kHeaderBytes - 4 + i] = static_cast<uint8_t>(crc >> (8 * i));
+  return std::move(bytes);
 }
 
 Checkpoint parse_checkpoint(const std::vector<uint8_t>& bytes, const std::string& name) {
@@ -248,10 +234,6 @@ Checkpoint parse_checkpoint(const std::vector<uint8_t>& bytes, const std::string
   ByteReader header(bytes.data(), bytes.size(), name);
   header.raw(sizeof kMagic);
   const uint32_t version = header.u32();
-  if (version != kCheckpointFormatVersion) {
-    throw DataError("checkpoint " + name + ": format version " + std::to_string(version) +
-                    "; this dptrain reads version " + std::to_string(kCheckpointFormatVersion));
-  }
   const uint64_t payload_size = header.u64();
   const uint32_t crc = header.u32();
   if (payload_size != header.remaining()) {
@@ -265,12 +247,20 @@ Checkpoint parse_checkpoint(const std::vector<uint8_t>& bytes, const std::string
     throw DataError("checkpoint " + name + ": payload of " + std::to_string(payload_size) +
                     " bytes is larger than dptrain writes");
   }
-  if (::crc32(0L, payload, static_cast<uInt>(payload_size)) != crc) {
+  // The CRC first: only a header that is intact may claim a version this dptrain does not know.
+  // Later versions keep version 2's CRC, which covers the version field.
+  if (file_crc(version == 1 ? 1 : 2, bytes.data(), payload_size) != crc) {
     throw DataError("checkpoint " + name + ": corrupt: the CRC-32 of the contents does not match");
+  }
+  if (version != 1 && version != kCheckpointFormatVersion) {
+    throw DataError("checkpoint " + name + ": format version " + std::to_string(version) +
+                    ", written by a newer dptrain; this one reads versions 1 to " +
+                    std::to_string(kCheckpointFormatVersion));
   }
 
   ByteReader r(payload, payload_size, name);
   Checkpoint c;
+  c.format_version = version;
   c.config.width = r.i64();
   c.config.num_classes = r.i64();
   c.config.in_channels = r.i64();
@@ -279,6 +269,7 @@ Checkpoint parse_checkpoint(const std::vector<uint8_t>& bytes, const std::string
   c.config.seed = r.u64();
   c.config.train_size = r.i64();
   c.config.world_size = r.i64();
+  if (version >= 2) c.config.train_digest = r.text(kMaxDigest, "training-set digest");
   c.epochs_done = r.i64();
   c.step_in_epoch = r.i64();
   c.global_step = r.i64();
@@ -334,66 +325,8 @@ void write_checkpoint_atomically(const Checkpoint& checkpoint, const std::string
                         " (the previous checkpoints are untouched)");
 }
 
-void prepare_checkpoint_directory(const std::string& directory) {
-  // mkdir -p, one component at a time; EEXIST is fine (another rank may be doing the same).
-  for (size_t slash = directory.find('/', 1);; slash = directory.find('/', slash + 1)) {
-    const std::string prefix = directory.substr(0, slash);
-    if (!prefix.empty() && ::mkdir(prefix.c_str(), 0755) != 0 && errno != EEXIST) {
-      throw DataError("checkpoint directory " + directory + ": cannot create " + prefix + ": " +
-                      errno_text());
-    }
-    if (slash == std::string::npos) break;
-  }
-  struct stat info {};
-  if (::stat(directory.c_str(), &info) != 0 || !S_ISDIR(info.st_mode)) {
-    throw DataError("checkpoint directory " + directory + ": not a directory");
-  }
-  if (::access(directory.c_str(), W_OK | X_OK) != 0) {
-    throw DataError("checkpoint directory " + directory + ": not writable: " + errno_text());
-  }
-}
-
 Checkpoint read_checkpoint(const std::string& path) {
-  return parse_checkpoint(read_whole_file(path), path);
-}
-
-std::string checkpoint_file_name(int64_t epochs_done, int64_t step_in_epoch) {
-  char name[64];
-  std::snprintf(name, sizeof name, "checkpoint-e%04lld-s%06lld.dpt",
-                static_cast<long long>(epochs_done), static_cast<long long>(step_in_epoch));
-  return name;
-}
-
-std::optional<std::pair<std::string, Checkpoint>> newest_valid_checkpoint(
-    const std::string& directory, std::vector<std::string>* skipped) {
-  DIR* dir = ::opendir(directory.c_str());
-  if (dir == nullptr) {
-    if (errno == ENOENT) return std::nullopt;
-    throw DataError("checkpoint directory " + directory + ": cannot list: " + errno_text());
-  }
-  std::vector<std::string> names;
-  while (const dirent* entry = ::readdir(dir)) {
-    const std::string name = entry->d_name;
-    const std::string suffix = ".dpt";
-    if (name.rfind("checkpoint-", 0) == 0 && name.size() > suffix.size() &&
-        name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0) {
-      names.push_back(name);
-    }
-  }
-  ::closedir(dir);
-  // The zero-padded names sort by position; wider numbers (epoch 10000 and up) sort by length.
-  std::sort(names.begin(), names.end(), [](const std::string& a, const std::string& b) {
-    return a.size() != b.size() ? a.size() > b.size() : a > b;
-  });
-  for (const auto& name : names) {
-    const std::string path = directory + "/" + name;
-    try {
-      return std::make_pair(path, read_checkpoint(path));
-    } catch (const DataError& e) {
-      if (skipped) skipped->push_back(e.what());
-    }
-  }
-  return std::nullopt;
+  return parse_checkpoint(read_regular_file(path, "checkpoint"), path);
 }
 
 void check_checkpoint_matches(const CheckpointConfig& saved, const CheckpointConfig& run,

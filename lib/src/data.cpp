@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "dptrain/idx.h"
+#include "dptrain/sha256.h"
 
 namespace dptrain {
 
@@ -168,6 +169,19 @@ FashionMnist load_fashion_mnist(const std::string& dir, int64_t train_limit, int
   data.test = load_split(required_file(dir, kTestImagesFile), required_file(dir, kTestLabelsFile),
                          test_limit);
   return data;
+}
+
+std::string dataset_digest(const Dataset& set) {
+  Sha256 hash;
+  const auto sizes = std::to_string(set.images.defined() ? set.images.numel() : 0) + " " +
+                     std::to_string(set.size()) + "\n";
+  hash.update(sizes);
+  for (const auto& tensor : {set.images, set.labels}) {
+    if (!tensor.defined() || tensor.numel() == 0) continue;
+    const auto bytes = tensor.to(torch::kCPU).contiguous();
+    hash.update(bytes.data_ptr(), static_cast<size_t>(bytes.numel()) * bytes.element_size());
+  }
+  return hash.hex_digest();
 }
 
 torch::Tensor to_model_input(const torch::Tensor& images) {

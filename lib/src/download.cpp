@@ -21,8 +21,8 @@
 #include <thread>
 
 #include "dptrain/data.h"
-#include "dptrain/durable_file.h"
 #include "dptrain/errors.h"
+#include "dptrain/files.h"
 #include "dptrain/sha256.h"
 
 namespace dptrain {
@@ -50,15 +50,7 @@ std::map<std::string, std::string> fashion_mnist_sha256() {
 
 namespace {
 
-// ---- Small POSIX helpers ---------------------------------------------------------------------
-// POSIX rather than std::filesystem: PyPI's libtorch.so exports its own copy of those symbols.
-
-std::string errno_text(int error) { return std::strerror(error); }
-
-bool is_directory(const std::string& path) {
-  struct stat info {};
-  return ::stat(path.c_str(), &info) == 0 && S_ISDIR(info.st_mode);
-}
+// ---- Small POSIX helpers (Note [No std::filesystem] in files.cpp) ---------------------------
 
 bool is_regular_file(const std::string& path) {
   struct stat info {};
@@ -70,28 +62,25 @@ int64_t size_of(const std::string& path) {
   return ::stat(path.c_str(), &info) == 0 ? static_cast<int64_t>(info.st_size) : -1;
 }
 
-// mkdir -p; throws DataError naming `directory` and the cause.
-void make_directories(const std::string& directory) {
-  for (size_t end = 1; end <= directory.size(); ++end) {
-    if (end < directory.size() && directory[end] != '/') continue;
-    const std::string prefix = directory.substr(0, end);
-    if (::mkdir(prefix.c_str(), 0755) != 0 && errno != EEXIST) {
-      throw DataError("cannot create download directory " + directory + ": " + errno_text(errno));
-    }
-  }
-  if (!is_directory(directory)) {
-    throw DataError("cannot create download directory " + directory + ": " + errno_text(ENOTDIR));
-  }
-}
-
 // ---- The ".part" file ------------------------------------------------------------------------
 
 // Owns "<name>.part" while an attempt writes it: deleted on destruction unless moved into place.
 class PartFile {
  public:
+  // Never through a link or into a FIFO or device that stands at that name: O_NOFOLLOW fails
+  // on a link, O_NONBLOCK keeps a FIFO from hanging the open, and only a regular file is kept.
   explicit PartFile(std::string path) : path_(std::move(path)) {
-    fd_ = ::open(path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    fd_ = ::open(path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC,
+                 0644);
     if (fd_ < 0) throw DataError("cannot write " + path_ + ": " + errno_text(errno));
+    struct stat info {};
+    if (::fstat(fd_, &info) != 0 || !S_ISREG(info.st_mode)) {
+      ::close(fd_);
+      fd_ = -1;
+      renamed_ = true;  // not ours: leave it where it is
+      throw DataError("cannot write " + path_ + ": " + file_kind(info.st_mode) +
+                      " stands at that name");
+    }
   }
   ~PartFile() {
     if (fd_ >= 0) ::close(fd_);
@@ -120,6 +109,10 @@ class PartFile {
     const int fd = fd_;
     fd_ = -1;
     if (::close(fd) != 0) return "close " + path_ + ": " + errno_text(errno);
+    struct stat info {};
+    if (::lstat(target.c_str(), &info) == 0 && !S_ISREG(info.st_mode)) {
+      return target + " is " + file_kind(info.st_mode) + "; only a regular file is replaced";
+    }
     if (::rename(path_.c_str(), target.c_str()) != 0) {
       return "rename " + path_ + " to " + target + ": " + errno_text(errno);
     }
@@ -408,7 +401,7 @@ std::vector<DownloadedFile> download_fashion_mnist(const DownloadOptions& option
                                                    const DownloadProgressFn& progress) {
   check_options(options);
   init_curl_once();
-  make_directories(options.directory);
+  make_directories(options.directory, "cannot create download directory " + options.directory);
 
   std::string base = options.base_url;
   while (!base.empty() && base.back() == '/') base.pop_back();

@@ -1,6 +1,5 @@
 // Writing the per-epoch metrics file. See metrics.h.
-// File access is plain POSIX (open, write, fsync): not std::filesystem, whose symbols PyPI's
-// libtorch.so interposes, and not iostreams, which cannot fsync.
+// File access is plain POSIX (open, write, fsync; files.h): not iostreams, which cannot fsync.
 #include "dptrain/metrics.h"
 
 #include <fcntl.h>
@@ -13,8 +12,8 @@
 #include <cstdlib>
 #include <cstring>
 
-#include "dptrain/durable_file.h"
 #include "dptrain/errors.h"
+#include "dptrain/files.h"
 
 namespace dptrain {
 
@@ -37,8 +36,6 @@ bool ends_with(const std::string& text, const std::string& suffix) {
   return text.size() >= suffix.size() &&
          text.compare(text.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
-
-std::string errno_text() { return std::strerror(errno); }
 
 // ============================================================================================
 // Formatting
@@ -167,7 +164,11 @@ std::string format_metrics_record(const EpochRecord& record, MetricsFormat forma
 
 MetricsWriter::MetricsWriter(const std::string& path)
     : path_(path), format_(check_metrics_path(path)) {
-  fd_ = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  // A new name or a regular file only (the driver checks the path before the run, with
+  // check_output_file): O_NONBLOCK keeps a FIFO from hanging the open, O_NOFOLLOW a link from
+  // sending the records elsewhere, and anything else is refused after the open.
+  fd_ = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_NONBLOCK | O_NOFOLLOW | O_CLOEXEC,
+               0644);
   if (fd_ < 0) throw DataError("cannot open metrics file " + path + ": " + errno_text());
   struct stat info {};
   std::string problem;

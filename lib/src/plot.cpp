@@ -3,7 +3,6 @@
 // are estimates and the layout leaves room for them. Files go through POSIX calls (fsync, rename).
 #include "dptrain/plot.h"
 
-
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -11,8 +10,8 @@
 #include <map>
 
 #include "dptrain/devices.h"
-#include "dptrain/durable_file.h"
 #include "dptrain/errors.h"
+#include "dptrain/files.h"
 
 namespace dptrain {
 

@@ -17,18 +17,23 @@
 #include <cstring>
 #include <exception>
 #include <mutex>
+#include <sstream>
 #include <thread>
 
 #include "dptrain/autocast.h"
 #include "dptrain/batch_input.h"
 #include "dptrain/batch_norm.h"
 #include "dptrain/batching.h"
+#include "dptrain/checkpoint.h"
+#include "dptrain/checkpoint_directory.h"
 #include "dptrain/devices.h"
 #include "dptrain/errors.h"
+#include "dptrain/files.h"
 #include "dptrain/memory_budget.h"
 #include "dptrain/model.h"
 #include "dptrain/rendezvous.h"
 #include "dptrain/replicas.h"
+#include "dptrain/run_configuration.h"
 
 namespace dptrain {
 namespace {
@@ -79,6 +84,8 @@ struct RankPlan {
   std::string start_name;             // where `start` came from, for messages
   bool evaluate_only = false;         // evaluate the start's weights instead of training
   LocalReplicas* local = nullptr;     // this process's replicas, when there are several
+  std::string settings;               // settings_text of what every rank must agree on
+  std::string train_digest;           // dataset_digest of the training set, for checkpoints
 };
 
 // The data one rank trains and evaluates on, moved to its device once: 55 MB as bytes, so that
@@ -148,27 +155,20 @@ std::array<double, 3> evaluate(ResNet& model, const DeviceData& data, int64_t ba
 }
 
 void save_model_atomically(ResNet& model, const std::string& path) {
-  // Written next to the target and renamed, so a crash never leaves a half-written file there.
   // A CPU copy is saved: the replica's parameters live in the reducer's buckets and stay put.
-  const std::string temporary = path + ".tmp";
+  // torch::save writes into memory, and the one atomic writer puts the bytes on disk, so a full
+  // disk or a file-size limit is an error line and leaves no temporary file (LibTorch's own
+  // file writer fails inside a destructor, which ends the process).
   ResNet copy(model->options());
   load_model_tensors(*copy, model_tensors(*model), "in memory");
-  try {
-    torch::save(copy, temporary);
-  } catch (const std::exception& e) {
-    std::remove(temporary.c_str());
-    throw DataError("--save-model " + path + ": cannot write: " + e.what());
-  }
-  // std::rename, not std::filesystem: see data.cpp on PyPI's libtorch.so.
-  if (std::rename(temporary.c_str(), path.c_str()) != 0) {
-    const std::string reason = std::strerror(errno);
-    std::remove(temporary.c_str());
-    throw DataError("--save-model " + path + ": cannot write: " + reason);
-  }
+  std::ostringstream bytes;
+  torch::save(copy, bytes);
+  const std::string data = bytes.str();
+  write_file_atomically(path, data.data(), data.size(), "--save-model " + path);
 }
 
-CheckpointConfig checkpoint_config(const TrainOptions& options, int64_t train_size,
-                                   int world_size) {
+CheckpointConfig checkpoint_config(const TrainOptions& options, int64_t train_size, int world_size,
+                                   const std::string& train_digest) {
   CheckpointConfig config;
   config.width = options.width;
   config.num_classes = kNumClasses;
@@ -178,6 +178,7 @@ CheckpointConfig checkpoint_config(const TrainOptions& options, int64_t train_si
   config.seed = options.seed;
   config.train_size = train_size;
   config.world_size = world_size;
+  config.train_digest = train_digest;
   return config;
 }
 
@@ -231,9 +232,10 @@ torch::Tensor gradients_finite(const Reducer& reducer) {
 
 // ---- One rank -----------------------------------------------------------------
 
-// The rendezvous of one rank: every rank present and agreeing on the world, their placements
-// exchanged (into `devices`, every rank's device in rank order) and checked against the
-// backend, then the process group. A world of one without a process group skips all of it.
+// The rendezvous of one rank: every rank present and agreeing on the world, their settings
+// compared (run_configuration.h), their placements exchanged (into `devices`, every rank's
+// device in rank order) and checked against the backend, then the process group. A world of one
+// without a process group skips all of it.
 std::unique_ptr<Communicator> connect_rank(const TrainOptions& options, const RankPlan& plan,
                                            std::vector<std::string>& devices) {
   if (!plan.store) {
@@ -244,12 +246,15 @@ std::unique_ptr<Communicator> connect_rank(const TrainOptions& options, const Ra
   const RankPlacement mine{host_name(), device_name(plan.device), gpu_identity(plan.device)};
   const auto placements =
       gather_placements(*plan.store, plan.rank, plan.world_size, mine, options.timeout);
+  const auto settings = all_gather_strings(*plan.store, "settings", plan.rank, plan.world_size,
+                                           plan.settings, options.timeout);
   try {
+    check_same_settings(settings);
     check_placements(placements, options.backend);
   } catch (const UsageError&) {
     // Every rank finds the same mistake. Rank 0 may serve the store: it leaves only once the
-    // others have read the placements, so that they report it too, not a lost store.
-    const std::string prefix = "dptrain/placements-read/";
+    // others have read what it holds, so that they report the mistake too, not a lost store.
+    const std::string prefix = "dptrain/rendezvous-read/";
     plan.store->set(prefix + std::to_string(plan.rank), std::vector<uint8_t>{'1'});
     if (plan.rank == 0) ranks_missing_after(*plan.store, prefix, plan.world_size, options.timeout);
     throw;
@@ -286,20 +291,6 @@ TrainResult run_rank(const FashionMnist& data, const TrainOptions& options, cons
   } membership{plan.local, communicator.get()};
   if (plan.local) plan.local->add(communicator.get());
 
-  if (plan.world_size > 1 && options.resume && !plan.evaluate_only) {
-    // Processes that found different newest checkpoints (or none) must not mix them.
-    const int64_t position =
-        plan.start ? plan.start->epochs_done * (int64_t{1} << 32) + plan.start->step_in_epoch : -1;
-    auto extremes = torch::tensor({position, -position}, torch::kInt64).to(plan.device);
-    communicator->allreduce_max(extremes, "resume agreement");
-    if (extremes[0].item<int64_t>() != -extremes[1].item<int64_t>()) {
-      throw CollectiveError(
-          "rank " + std::to_string(plan.rank) + " resumes from " +
-          (plan.start ? plan.start_name : std::string("no checkpoint")) +
-          " but another rank found a different newest checkpoint; give every rank the same "
-          "--checkpoint-dir");
-    }
-  }
   // The replica: the same seed on every rank (or the start's weights), and rank 0's state
   // broadcast to make sure.
   ResNet model(ResNetOptions{kNumClasses, /*in_channels=*/1, options.width});
@@ -333,7 +324,7 @@ TrainResult run_rank(const FashionMnist& data, const TrainOptions& options, cons
   BatchAssembler assembler(
       shard_range(std::min(options.batch_size, num_train), plan.world_size, 0).second, plan.device,
       channels_last(options));
-  const auto config = checkpoint_config(options, num_train, plan.world_size);
+  const auto config = checkpoint_config(options, num_train, plan.world_size, plan.train_digest);
 
   // Where to begin: a resumed run carries on at the checkpoint's epoch and step, with the
   // unfinished epoch's sums and seconds so far (held by rank 0 alone, as they are global).
@@ -826,6 +817,102 @@ void check_not_empty(const Dataset& set, const char* which) {
   }
 }
 
+// Note [What a checkpoint directory may hold]
+// A run never writes over a checkpoint it did not read. Without --resume, a directory that already
+// holds checkpoints is refused (they would be overwritten) unless --fresh removes them first.
+// With --resume, every file is read and the latest position stored inside wins, whatever the
+// names say; a file that cannot be read is named with the reason, and is refused when nothing
+// else can be read or when the run would later save under its name. One process writes: the one
+// that holds global rank 0, under the directory's lock (checkpoint_directory.h).
+std::optional<std::pair<std::string, Checkpoint>> choose_start(const TrainOptions& options,
+                                                               bool writer,
+                                                               const TrainCallbacks& callbacks) {
+  if (!options.checkpoint_dir) return std::nullopt;
+  const std::string& directory = *options.checkpoint_dir;
+  const auto notice = [&](const std::string& text) {
+    if (writer && callbacks.on_notice) callbacks.on_notice(text);
+  };
+  const std::string fresh_hint =
+      "move it away, or pass --fresh to start over (which removes the directory's checkpoints)";
+  if (options.fresh) {
+    if (!writer) return std::nullopt;
+    for (const auto& name : checkpoint_file_names(directory)) {
+      const std::string path = directory + "/" + name;
+      if (::unlink(path.c_str()) != 0) {
+        throw DataError("--fresh: cannot remove " + path + ": " + errno_text());
+      }
+      notice("--fresh: removed " + path);
+    }
+    sync_directory(directory);
+    return std::nullopt;
+  }
+  if (!options.resume) {
+    const auto names = checkpoint_file_names(directory);
+    if (!writer || names.empty()) return std::nullopt;
+    throw UsageError("--checkpoint-dir " + directory + " already holds " +
+                     std::to_string(names.size()) + " checkpoint(s) (" + names.back() +
+                     (names.size() > 1 ? " and others" : "") +
+                     ") that this run would overwrite; pass --resume to continue from the "
+                     "newest, or --fresh to start over (which removes them)");
+  }
+  auto scan = scan_checkpoint_directory(directory);
+  // File names sort by position, wider numbers (epoch 10000 and up) last.
+  const auto later_name = [](const std::string& a, const std::string& b) {
+    return a.size() != b.size() ? a.size() > b.size() : a > b;
+  };
+  const std::string start_name = scan.newest
+                                     ? directory + "/" +
+                                           checkpoint_file_name(scan.newest->second.epochs_done,
+                                                                scan.newest->second.step_in_epoch)
+                                     : "";
+  for (const auto& [path, why] : scan.unreadable) {
+    if (!scan.newest) {
+      throw UsageError("--resume: no checkpoint in " + directory + " can be read (" + why +
+                       (scan.unreadable.size() > 1
+                            ? "; and " + std::to_string(scan.unreadable.size() - 1) + " more"
+                            : "") +
+                       "); " + fresh_hint);
+    }
+    if (later_name(path, start_name)) {
+      throw UsageError("--resume: " + why + "; this run resumes from " + scan.newest->first +
+                       " and would later save under that name; " + fresh_hint);
+    }
+    notice("--resume: skipped " + why);
+  }
+  return std::move(scan.newest);
+}
+
+// Whether a resumed run continues the data order and model of `checkpoint`: UsageError if not.
+void check_resumable(const Checkpoint& checkpoint, const std::string& path,
+                     const CheckpointConfig& run, const TrainCallbacks& callbacks) {
+  check_checkpoint_matches(checkpoint.config, run, path);
+  const auto differ = [&](const char* flag, const std::string& was, const std::string& is) {
+    if (was != is) {
+      throw UsageError("--resume: checkpoint " + path + " was written with " + flag + " " + was +
+                       ", this run has " + is + "; the data order would not continue");
+    }
+  };
+  differ("--batch-size", std::to_string(checkpoint.config.batch_size),
+         std::to_string(run.batch_size));
+  differ("--seed", std::to_string(checkpoint.config.seed), std::to_string(run.seed));
+  differ("a training set of", std::to_string(checkpoint.config.train_size),
+         std::to_string(run.train_size));
+  if (checkpoint.config.train_digest.empty()) {
+    if (callbacks.on_notice) {
+      callbacks.on_notice("--resume: " + path +
+                          " is of format version 1, which holds no digest of its training set; "
+                          "only the set's size is compared");
+    }
+    return;
+  }
+  differ("the training set of SHA-256", checkpoint.config.train_digest, run.train_digest);
+}
+
+// "60000 images, SHA-256 ...": a data set as the ranks compare it.
+std::string describe_set(const Dataset& set, const std::string& digest) {
+  return std::to_string(set.size()) + " images, SHA-256 " + digest;
+}
+
 }  // namespace
 
 TrainResult train(const FashionMnist& data, const TrainOptions& options, const WorldPlan& world,
@@ -836,34 +923,43 @@ TrainResult train(const FashionMnist& data, const TrainOptions& options, const W
   if (options.resume && !options.checkpoint_dir) {
     throw UsageError("--resume needs --checkpoint-dir, where the checkpoints are");
   }
-  if (options.checkpoint_dir) prepare_checkpoint_directory(*options.checkpoint_dir);
-  RankPlan base;
-  std::optional<std::pair<std::string, Checkpoint>> start;
-  if (options.resume) {
-    // Each process reads the directory itself (a shared file system under a launcher); the
-    // ranks then check that they all start from the same position.
-    start = newest_valid_checkpoint(*options.checkpoint_dir, nullptr);
-    if (start) {
-      // Named references, not a structured binding: C++17 lambdas cannot capture those (clang).
-      const std::string& path = start->first;
-      const Checkpoint& checkpoint = start->second;
-      check_checkpoint_matches(
-          checkpoint.config, checkpoint_config(options, data.train.size(), world.world_size), path);
-      const auto differ = [&](const char* flag, const std::string& was, const std::string& is) {
-        if (was != is) {
-          throw UsageError("--resume: checkpoint " + path + " was written with " + flag + " " +
-                           was + ", this run has " + is + "; the data order would not continue");
-        }
-      };
-      differ("--batch-size", std::to_string(checkpoint.config.batch_size),
-             std::to_string(options.batch_size));
-      differ("--seed", std::to_string(checkpoint.config.seed), std::to_string(options.seed));
-      differ("a training set of", std::to_string(checkpoint.config.train_size),
-             std::to_string(data.train.size()));
-      base.start = &checkpoint;
-      base.start_name = path;
-    }
+  if (options.fresh && !options.checkpoint_dir) {
+    throw UsageError("--fresh needs --checkpoint-dir, whose checkpoints it removes");
   }
+  if (options.fresh && options.resume) {
+    throw UsageError("--fresh and --resume exclude each other: start over, or continue");
+  }
+  // Global rank 0 writes the files: their paths are checked before the first step, so that a
+  // bad one fails now and not after the training.
+  const bool writer = world.first_rank == 0;
+  if (writer && options.save_model) check_output_file(*options.save_model, "--save-model");
+  std::optional<CheckpointDirectoryLock> lock;
+  if (options.checkpoint_dir) {
+    prepare_checkpoint_directory(*options.checkpoint_dir);
+    if (writer) lock.emplace(*options.checkpoint_dir);
+  }
+  const auto start = choose_start(options, writer, callbacks);
+  const std::string train_digest = dataset_digest(data.train);
+  RankPlan base;
+  base.train_digest = train_digest;
+  if (start) {
+    const auto& [path, checkpoint] = *start;
+    check_resumable(checkpoint, path,
+                    checkpoint_config(options, data.train.size(), world.world_size, train_digest),
+                    callbacks);
+    base.start = &checkpoint;
+    base.start_name = path;
+  }
+  // Each process read the directory itself (a shared file system under a launcher); the ranks
+  // compare the position they found with everything else at the rendezvous.
+  const std::string start_text =
+      start ? "the checkpoint at epoch " + std::to_string(start->second.epochs_done) + " step " +
+                  std::to_string(start->second.step_in_epoch) + " (global step " +
+                  std::to_string(start->second.global_step) + ")"
+            : "the beginning";
+  base.settings =
+      settings_text(run_settings(options, describe_set(data.train, train_digest),
+                                 describe_set(data.test, dataset_digest(data.test)), start_text));
   return run_world(data, options, world, base, callbacks);
 }
 
@@ -885,6 +981,9 @@ EvalResult evaluate_weights(const FashionMnist& data, const TrainOptions& option
   base.start = &start;
   base.start_name = "to evaluate";
   base.evaluate_only = true;
+  base.settings = settings_text(
+      run_settings(options, describe_set(data.train, dataset_digest(data.train)),
+                   describe_set(data.test, dataset_digest(data.test)), "the weights to evaluate"));
   const auto result = run_world(data, options, world, base, TrainCallbacks{});
   EvalResult eval;
   eval.test_loss = result.epochs.front().test_loss;

@@ -6,8 +6,10 @@
 //   8 bytes  magic "DPTRNCKP"
 //   u32      format version (kCheckpointFormatVersion)
 //   u64      payload size in bytes
-//   u32      CRC-32 of the payload (zlib's)
-//   payload: the configuration, the position, the epoch history, then the named tensors
+//   u32      CRC-32 (zlib's) of the magic, version and size, then the payload (version 1: of the
+//            payload alone)
+//   payload: the configuration (with the training set's digest from version 2 on), the
+//            position, the epoch history, then the named tensors
 //            (name, dtype code, rank, dims, raw bytes in row-major order).
 #pragma once
 
@@ -25,7 +27,9 @@
 
 namespace dptrain {
 
-constexpr uint32_t kCheckpointFormatVersion = 1;
+// Version 2 added the training set's digest and a CRC-32 that covers the header; version 1
+// files are still read (and written back as version 1: see Checkpoint::format_version).
+constexpr uint32_t kCheckpointFormatVersion = 2;
 
 // What a checkpoint must agree with before its weights can be used (width, classes, input
 // channels) and what it records of the run that wrote it (the rest).
@@ -38,9 +42,13 @@ struct CheckpointConfig {
   uint64_t seed = 0;
   int64_t train_size = 0;  // training examples per epoch
   int64_t world_size = 0;
+  // SHA-256 of the training images and labels (data.h: dataset_digest), so that a resume on
+  // another training set of the same size is refused. Empty in version 1 files.
+  std::string train_digest;
 };
 
 struct Checkpoint {
+  uint32_t format_version = kCheckpointFormatVersion;  // as read; what serialize_checkpoint writes
   CheckpointConfig config;
   int64_t epochs_done = 0;    // complete epochs
   int64_t step_in_epoch = 0;  // steps already taken in epoch epochs_done + 1 (0: at a boundary)
@@ -63,18 +71,6 @@ Checkpoint parse_checkpoint(const std::vector<uint8_t>& bytes, const std::string
 // checkpoint. Throws DataError with the path and the cause.
 void write_checkpoint_atomically(const Checkpoint& checkpoint, const std::string& path);
 Checkpoint read_checkpoint(const std::string& path);
-
-// Creates `directory` (and its parents) if missing and checks that it can be written, so that a
-// bad --checkpoint-dir fails before training rather than after the first epoch. DataError.
-void prepare_checkpoint_directory(const std::string& directory);
-
-// "checkpoint-e0003-s000000.dpt": sorts by position.
-std::string checkpoint_file_name(int64_t epochs_done, int64_t step_in_epoch);
-
-// The newest checkpoint in `directory` that reads back completely, or nothing. Each newer file
-// that fails to read is listed in `skipped` with the reason.
-std::optional<std::pair<std::string, Checkpoint>> newest_valid_checkpoint(
-    const std::string& directory, std::vector<std::string>* skipped);
 
 // Throws UsageError listing every model setting in which `saved` differs from `run`
 // ("checkpoint F was written for --width 8, this run has --width 16").

@@ -46,6 +46,11 @@ Dataset load_split(const std::string& images_path, const std::string& labels_pat
 FashionMnist load_fashion_mnist(const std::string& dir, int64_t train_limit = 0,
                                 int64_t test_limit = 0);
 
+// SHA-256 (hex) of a split's images and labels, with their sizes: equal for equal data and
+// nothing else, whatever the files' names or compression. Checkpoints record the training set's,
+// and the ranks of a world compare theirs.
+std::string dataset_digest(const Dataset& set);
+
 // images: (N, 28, 28) uint8 on any device -> (N, 1, 28, 28) float32 in [0, 1] on the same device.
 torch::Tensor to_model_input(const torch::Tensor& images);
 

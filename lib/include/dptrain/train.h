@@ -15,7 +15,6 @@
 #include <vector>
 
 #include "dptrain/autocast.h"
-#include "dptrain/checkpoint.h"
 #include "dptrain/data.h"
 #include "dptrain/distributed.h"
 #include "dptrain/epoch_stats.h"
@@ -61,7 +60,15 @@ struct TrainOptions {
   // epochs, after the last epoch, and when a stop is requested.
   std::optional<std::string> checkpoint_dir;
   int64_t checkpoint_every = 1;
-  bool resume = false;  // start from the newest valid checkpoint in checkpoint_dir, if any
+  // Start from the checkpoint at the latest position in checkpoint_dir, if any (an empty or
+  // missing directory starts from the beginning). A checkpoint file that cannot be read is
+  // named and left alone: with no readable one, or with one this run would later write over,
+  // the run is refused (UsageError) unless `fresh`.
+  bool resume = false;
+  // Start from the beginning in a checkpoint_dir that already holds checkpoints, removing them
+  // first. Without it (and without `resume`) such a directory is refused: its checkpoints would
+  // be overwritten.
+  bool fresh = false;
   // Set to a signal number (by a signal handler) to stop: the ranks agree on it at the next
   // step boundary, write a checkpoint, and train() returns with TrainResult::stopped_by set.
   const std::atomic<int>* stop_signal = nullptr;
@@ -90,6 +97,9 @@ struct TrainCallbacks {
   StepCallback on_step;
   ProgressCallback on_progress;
   std::function<void(const std::string& path)> on_checkpoint;  // after each checkpoint written
+  // Something the user should know that is no error: a checkpoint skipped by --resume and why,
+  // the files --fresh removed. Called before the world is up, on the calling thread.
+  std::function<void(const std::string& text)> on_notice;
   // Once the world is up, before the first step: every rank's device, and the epochs already
   // done (from the checkpoint a resumed run starts at, named by `resumed_from`).
   std::function<void(const std::vector<std::string>& devices, const std::vector<EpochStats>& done,

@@ -1,0 +1,61 @@
+// The checkpoint directory of a run: created and checked before training, locked against a second
+// run, its files named by position and searched for the newest one by what they hold.
+// Not here: the file format (checkpoint.h) or when to save (train.cpp).
+#pragma once
+
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "dptrain/checkpoint.h"
+
+namespace dptrain {
+
+// Creates `directory` (and its parents) if missing and checks that it can be written, so that a
+// bad --checkpoint-dir fails before training rather than after the first epoch. DataError.
+void prepare_checkpoint_directory(const std::string& directory);
+
+// "checkpoint-e0003-s000000.dpt": the position a file was written at, for people; the search
+// below goes by the position stored inside, never by the name.
+std::string checkpoint_file_name(int64_t epochs_done, int64_t step_in_epoch);
+
+// The names of the checkpoint files ("checkpoint-*.dpt") in `directory`, without reading them,
+// in the order of the positions they name; none when the directory does not exist. DataError
+// when it cannot be listed.
+std::vector<std::string> checkpoint_file_names(const std::string& directory);
+
+// What a directory of checkpoints holds, every file read.
+struct CheckpointScan {
+  // The checkpoint at the latest position (epochs, step, global step) stored inside, with its
+  // path; a name that claims another position does not count.
+  std::optional<std::pair<std::string, Checkpoint>> newest;
+  // Each file that could not be read, newest name first: its path and why (corrupt, truncated,
+  // not a regular file, a newer format, ...).
+  std::vector<std::pair<std::string, std::string>> unreadable;
+};
+CheckpointScan scan_checkpoint_directory(const std::string& directory);
+
+// scan_checkpoint_directory's newest; `skipped`, when given, receives one line per unreadable
+// file ("checkpoint F: corrupt: ...").
+std::optional<std::pair<std::string, Checkpoint>> newest_valid_checkpoint(
+    const std::string& directory, std::vector<std::string>* skipped);
+
+// Note [One run per checkpoint directory]
+// Two runs writing into one directory would replace each other's checkpoints, and a resume would
+// then mix them. The process that holds global rank 0 (the only writer) takes an exclusive
+// flock(2) on `<directory>/.dptrain.lock` for the whole run; the kernel releases it when the
+// process ends, however it ends, so a crash leaves no stale lock. The file says who holds it.
+class CheckpointDirectoryLock {
+ public:
+  // Throws UsageError naming the holder ("pid 1234 on host h") when another run holds the lock.
+  explicit CheckpointDirectoryLock(const std::string& directory);
+  ~CheckpointDirectoryLock();
+  CheckpointDirectoryLock(const CheckpointDirectoryLock&) = delete;
+  CheckpointDirectoryLock& operator=(const CheckpointDirectoryLock&) = delete;
+
+ private:
+  int fd_ = -1;
+};
+
+}  // namespace dptrain

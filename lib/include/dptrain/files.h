@@ -1,0 +1,54 @@
+// Files, the POSIX way, in one place: whole-file reads that refuse anything but a regular file,
+// mkdir -p, output paths checked before a run, writes that land whole or not at all, and
+// directory syncs. Not std::filesystem: PyPI's libtorch.so exports its own copy of those symbols,
+// which then stand in for ours and have crashed (Note [No std::filesystem] in files.cpp).
+// Not here: what the files hold (checkpoint.h, plot.h, metrics.h, download.h, idx.h).
+#pragma once
+
+#include <cerrno>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace dptrain {
+
+// strerror's text for `error` (errno by default, read when the call is made).
+std::string errno_text(int error = errno);
+
+// The directory part of `path`: "." for a bare name, "/" for a file in the root.
+std::string parent_directory(const std::string& path);
+
+// What a path names, for messages: "a FIFO", "a directory", "a character device", ...
+// `mode` is a stat st_mode.
+std::string file_kind(unsigned mode);
+
+// mkdir -p. Throws DataError "<what>: cannot create P: <reason>", or "<what>: P is not a
+// directory". EEXIST is fine: another rank may be creating the same directory.
+void make_directories(const std::string& directory, const std::string& what);
+
+// The whole of a regular file. Anything else (a FIFO, a device, a directory) is a DataError
+// "<what> PATH: not a regular file (a FIFO)" at once: the file is opened without blocking, so
+// a FIFO with no writer cannot hang the reader.
+std::vector<uint8_t> read_regular_file(const std::string& path, const std::string& what);
+
+// Checks, before a run, that `path` can later be written by write_file_atomically: it is a new
+// name or a regular file (never a device, FIFO, directory or symbolic link), and its directory
+// exists and takes a new file (a trial file is created there and removed). Throws UsageError
+// "<flag> PATH: ..." naming what is wrong.
+void check_output_file(const std::string& path, const std::string& flag);
+
+// fsync of a directory, so that a file created or renamed in it keeps its name after a crash.
+// Best effort: some file systems refuse to open or sync a directory, which is harmless here.
+void sync_directory(const std::string& directory);
+void sync_parent_directory(const std::string& path);  // the directory holding `path`
+
+// Writes `size` bytes to `path` through a temporary file of a name of its own in the same
+// directory (created exclusively, never through a symbolic link): write, fsync, close, rename,
+// then sync the directory. Only a regular file (or nothing) at `path` is replaced. On failure
+// the temporary file is removed, whatever stood at `path` is untouched, and a DataError says
+// "<what>: cannot <step>: <reason><note>".
+void write_file_atomically(const std::string& path, const void* data, size_t size,
+                           const std::string& what, const std::string& note = "");
+
+}  // namespace dptrain

@@ -1,0 +1,216 @@
+// Whole-file reads, mkdir -p, output checks, atomic writes and directory syncs. See files.h.
+//
+// Note [No std::filesystem]
+// PyPI's libtorch.so (2.x) exports its own build of the std::filesystem symbols. Linked into
+// dptrain they stand in for libstdc++'s, and calls compiled against our headers then ran their
+// code on our objects and crashed. So every file operation in dptrain is a POSIX call, here or
+// beside its one user.
+#include "dptrain/files.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstring>
+
+#include "dptrain/errors.h"
+
+namespace dptrain {
+namespace {
+
+// Closes a descriptor on every path out of a function, keeping errno as the failure set it.
+class FileDescriptor {
+ public:
+  explicit FileDescriptor(int fd) : fd_(fd) {}
+  FileDescriptor(const FileDescriptor&) = delete;
+  FileDescriptor& operator=(const FileDescriptor&) = delete;
+  ~FileDescriptor() {
+    if (fd_ >= 0) {
+      const int saved = errno;
+      ::close(fd_);
+      errno = saved;
+    }
+  }
+  int get() const { return fd_; }
+  // Closes now and reports close(2)'s own failure (a deferred write error on some file systems).
+  bool close() {
+    const int fd = fd_;
+    fd_ = -1;
+    return ::close(fd) == 0;
+  }
+
+ private:
+  int fd_;
+};
+
+// Temporary names are unique within the process (a counter) and across processes (the pid),
+// and end in ".tmp" so that nobody takes one for a finished file.
+std::string temporary_name(const std::string& path) {
+  static std::atomic<uint64_t> counter{0};
+  return path + "." + std::to_string(::getpid()) + "-" + std::to_string(counter++) + ".tmp";
+}
+
+// Creates a new temporary file beside `path`: O_EXCL fails on any existing name, a symbolic
+// link included, so nothing that already stands there is ever written through.
+int create_temporary(const std::string& path, std::string& temporary) {
+  for (int attempt = 0; attempt < 100; ++attempt) {
+    temporary = temporary_name(path);
+    const int fd =
+        ::open(temporary.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
+    if (fd >= 0 || errno != EEXIST) return fd;
+  }
+  return -1;  // errno is EEXIST
+}
+
+}  // namespace
+
+std::string errno_text(int error) { return std::strerror(error); }
+
+std::string parent_directory(const std::string& path) {
+  const size_t slash = path.rfind('/');
+  if (slash == std::string::npos) return ".";
+  return slash == 0 ? "/" : path.substr(0, slash);
+}
+
+std::string file_kind(unsigned mode) {
+  switch (mode & S_IFMT) {
+    case S_IFREG:
+      return "a regular file";
+    case S_IFDIR:
+      return "a directory";
+    case S_IFLNK:
+      return "a symbolic link";
+    case S_IFIFO:
+      return "a FIFO";
+    case S_IFSOCK:
+      return "a socket";
+    case S_IFCHR:
+      return "a character device";
+    case S_IFBLK:
+      return "a block device";
+    default:
+      return "not a regular file";
+  }
+}
+
+void make_directories(const std::string& directory, const std::string& what) {
+  // One component at a time, from the root down.
+  for (size_t slash = directory.find('/', 1);; slash = directory.find('/', slash + 1)) {
+    const std::string prefix = directory.substr(0, slash);
+    if (!prefix.empty() && ::mkdir(prefix.c_str(), 0755) != 0 && errno != EEXIST) {
+      throw DataError(what + ": cannot create " + prefix + ": " + errno_text());
+    }
+    if (slash == std::string::npos) break;
+  }
+  struct stat info {};
+  if (::stat(directory.c_str(), &info) != 0 || !S_ISDIR(info.st_mode)) {
+    throw DataError(what + ": " + directory + " is not a directory");
+  }
+}
+
+std::vector<uint8_t> read_regular_file(const std::string& path, const std::string& what) {
+  // O_NONBLOCK: opening a FIFO would otherwise wait for a writer, for ever.
+  FileDescriptor fd(::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_NOCTTY | O_CLOEXEC));
+  if (fd.get() < 0) throw DataError(what + " " + path + ": cannot open: " + errno_text());
+  struct stat info {};
+  if (::fstat(fd.get(), &info) != 0) {
+    throw DataError(what + " " + path + ": cannot stat: " + errno_text());
+  }
+  if (!S_ISREG(info.st_mode)) {
+    throw DataError(what + " " + path + ": not a regular file (" + file_kind(info.st_mode) + ")");
+  }
+  std::vector<uint8_t> bytes(static_cast<size_t>(info.st_size));
+  size_t done = 0;
+  while (done < bytes.size()) {
+    const ssize_t n = ::read(fd.get(), bytes.data() + done, bytes.size() - done);
+    if (n < 0 && (errno == EINTR || errno == EAGAIN)) continue;
+    if (n < 0) throw DataError(what + " " + path + ": cannot read: " + errno_text());
+    if (n == 0) throw DataError(what + " " + path + ": cannot read: the file shrank while read");
+    done += static_cast<size_t>(n);
+  }
+  return bytes;
+}
+
+void check_output_file(const std::string& path, const std::string& flag) {
+  struct stat info {};
+  if (::lstat(path.c_str(), &info) == 0) {
+    if (!S_ISREG(info.st_mode)) {
+      throw UsageError(flag + " " + path + ": is " + file_kind(info.st_mode) +
+                       "; dptrain writes a new file or replaces a regular one, nothing else");
+    }
+  } else if (errno != ENOENT) {
+    throw UsageError(flag + " " + path + ": cannot look at it: " + errno_text());
+  }
+  const std::string directory = parent_directory(path);
+  if (::stat(directory.c_str(), &info) != 0) {
+    throw UsageError(flag + " " + path + ": its directory " + directory +
+                     " cannot be used: " + errno_text());
+  }
+  if (!S_ISDIR(info.st_mode)) {
+    throw UsageError(flag + " " + path + ": " + directory + " is not a directory");
+  }
+  // The write will create a temporary file there and rename it: try exactly that now, so a
+  // read-only place fails before training rather than after it.
+  std::string trial;
+  FileDescriptor fd(create_temporary(path, trial));
+  if (fd.get() < 0) {
+    throw UsageError(flag + " " + path + ": cannot create a file in " + directory + ": " +
+                     errno_text());
+  }
+  ::unlink(trial.c_str());
+}
+
+void sync_directory(const std::string& directory) {
+  FileDescriptor fd(::open(directory.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  if (fd.get() >= 0) ::fsync(fd.get());
+}
+
+void sync_parent_directory(const std::string& path) { sync_directory(parent_directory(path)); }
+
+void write_file_atomically(const std::string& path, const void* data, size_t size,
+                           const std::string& what, const std::string& note) {
+  std::string temporary;
+  // `errno` holds the cause when this is called.
+  const auto fail = [&](const std::string& step) {
+    const std::string reason = errno_text();
+    if (!temporary.empty()) ::unlink(temporary.c_str());
+    throw DataError(what + ": cannot " + step + ": " + reason + note);
+  };
+  // Only a regular file is replaced: a rename over /dev/full, a FIFO or a link would swap a
+  // file in for what the user had there.
+  const auto refuse_non_regular = [&] {
+    struct stat info {};
+    if (::lstat(path.c_str(), &info) == 0 && !S_ISREG(info.st_mode)) {
+      if (!temporary.empty()) ::unlink(temporary.c_str());
+      throw DataError(what + ": " + path + " is " + file_kind(info.st_mode) +
+                      "; only a regular file is replaced" + note);
+    }
+  };
+  refuse_non_regular();
+  FileDescriptor fd(create_temporary(path, temporary));
+  if (fd.get() < 0) {
+    const std::string step = "create a temporary file beside " + path;
+    temporary.clear();  // nothing of ours to remove
+    fail(step);
+  }
+  const auto* bytes = static_cast<const char*>(data);
+  for (size_t done = 0; done < size;) {
+    // With SIGXFSZ ignored (signals.h), a write past RLIMIT_FSIZE fails with EFBIG here.
+    const ssize_t n = ::write(fd.get(), bytes + done, size - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      if (n == 0) errno = ENOSPC;
+      fail("write " + temporary);
+    }
+    done += static_cast<size_t>(n);
+  }
+  // The data must be on disk before the rename gives it the final name.
+  if (::fsync(fd.get()) != 0) fail("flush " + temporary + " to disk");
+  if (!fd.close()) fail("close " + temporary);
+  refuse_non_regular();  // again: something may have appeared there meanwhile
+  if (::rename(temporary.c_str(), path.c_str()) != 0) fail("rename " + temporary + " into place");
+  sync_parent_directory(path);
+}
+
+}  // namespace dptrain

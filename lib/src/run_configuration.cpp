@@ -1,0 +1,99 @@
+// The settings the ranks of a world compare at the rendezvous. See run_configuration.h.
+#include "dptrain/run_configuration.h"
+
+#include <cstdio>
+#include <cstdlib>
+#include <map>
+
+#include "dptrain/errors.h"
+#include "dptrain/train.h"
+
+namespace dptrain {
+namespace {
+
+// The shortest text that reads back as the same double: 0.1 stays "0.1", and any two values
+// that differ in one bit differ in text.
+std::string exact(double value) {
+  char text[40];
+  for (int digits = 6; digits <= 17; ++digits) {
+    std::snprintf(text, sizeof text, "%.*g", digits, value);
+    if (std::strtod(text, nullptr) == value) break;
+  }
+  return text;
+}
+
+std::string on_off(bool value) { return value ? "on" : "off"; }
+
+std::vector<RunSetting> parse_settings(const std::string& text) {
+  std::vector<RunSetting> settings;
+  size_t begin = 0;
+  while (begin < text.size()) {
+    size_t end = text.find('\n', begin);
+    if (end == std::string::npos) end = text.size();
+    const std::string line = text.substr(begin, end - begin);
+    const size_t equals = line.find('=');
+    settings.emplace_back(line.substr(0, equals),
+                          equals == std::string::npos ? "" : line.substr(equals + 1));
+    begin = end + 1;
+  }
+  return settings;
+}
+
+}  // namespace
+
+std::vector<RunSetting> run_settings(const TrainOptions& options, const std::string& train_set,
+                                     const std::string& test_set, const std::string& start) {
+  return {
+      {"--width", std::to_string(options.width)},
+      {"--batch-size", std::to_string(options.batch_size)},
+      {"--lr", exact(options.lr)},
+      {"--seed", std::to_string(options.seed)},
+      {"--epochs", std::to_string(options.epochs)},
+      {"--max-steps", std::to_string(options.max_steps)},
+      {"--sync-bn", on_off(options.sync_bn)},
+      {"--memory-format", memory_format_name(options.memory_format)},
+      {"--amp", options.amp == Amp::kBFloat16 ? "bf16" : "off"},
+      {"--bucket-mb", exact(static_cast<double>(options.bucket_bytes) / (1024 * 1024))},
+      {"--backend", backend_name(options.backend)},
+      {"--on-nonfinite", options.on_nonfinite == NonFinite::kSkip ? "skip" : "stop"},
+      {"--check-replicas", std::to_string(options.check_replicas_every)},
+      {"--checkpoint-dir", options.checkpoint_dir ? "given" : "none"},
+      {"--checkpoint-every", std::to_string(options.checkpoint_every)},
+      {"--resume", on_off(options.resume)},
+      {"--fresh", on_off(options.fresh)},
+      {"the training set", train_set},
+      {"the test set", test_set},
+      {"the start", start},
+  };
+}
+
+std::string settings_text(const std::vector<RunSetting>& settings) {
+  std::string text;
+  for (const auto& [name, value] : settings) text += name + "=" + value + "\n";
+  return text;
+}
+
+void check_same_settings(const std::vector<std::string>& texts) {
+  if (texts.empty()) return;
+  const auto reference = parse_settings(texts[0]);
+  std::map<std::string, std::string> rank0(reference.begin(), reference.end());
+  for (size_t rank = 1; rank < texts.size(); ++rank) {
+    const auto theirs = parse_settings(texts[rank]);
+    for (const auto& [name, value] : theirs) {
+      const auto found = rank0.find(name);
+      const std::string mine = found == rank0.end() ? "(not set: another dptrain?)" : found->second;
+      if (mine == value) continue;
+      throw UsageError("rank " + std::to_string(rank) + " was started with " + name + " " + value +
+                       ", rank 0 with " + name + " " + mine +
+                       "; every rank needs the same flags and data");
+    }
+    if (theirs.size() != reference.size()) {
+      throw UsageError("rank " + std::to_string(rank) + " publishes " +
+                       std::to_string(theirs.size()) + " settings, rank 0 " +
+                       std::to_string(reference.size()) +
+                       ": another version of dptrain? every rank needs the same build");
+    }
+  }
+}
+
+}  // namespace dptrain
