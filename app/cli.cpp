@@ -399,18 +399,90 @@ std::string parse_choice_flag(const std::string& flag, const std::string& text,
   throw UsageError("--" + flag + ": " + quote_argument(text) + " is not one of " + expected);
 }
 
+namespace {
+
+// The train command's own flags, after the common ones.
+void read_train_flags(const cxxopts::ParseResult& result, TrainCommand& train) {
+  const auto text = [&](const char* flag) { return flag_text(result, flag); };
+  read_common_flags(result, train);
+  TrainOptions& o = train.options;
+  o.epochs = parse_integer_flag("epochs", text("epochs"), 1, 1000000);
+  o.lr = parse_positive_float_flag("lr", text("lr"));
+  o.seed = static_cast<uint64_t>(
+      parse_integer_flag("seed", text("seed"), 0, std::numeric_limits<int64_t>::max()));
+  o.bucket_bytes = parse_integer_flag("bucket-mb", text("bucket-mb"), 1, 65536) * 1024 * 1024;
+  o.sync_bn = result["sync-bn"].as<bool>();
+  o.on_nonfinite =
+      parse_choice_flag("on-nonfinite", text("on-nonfinite"), {"stop", "skip"}) == "skip"
+          ? NonFinite::kSkip
+          : NonFinite::kStop;
+  if (result.count("check-replicas")) {
+    o.check_replicas_every = parse_integer_flag("check-replicas", text("check-replicas"), 1, kMax);
+  }
+  if (result.count("max-steps")) {
+    o.max_steps = parse_integer_flag("max-steps", text("max-steps"), 1, kMax);
+  }
+  if (result.count("save-model")) o.save_model = path_text(result, "save-model");
+  if (result.count("train-limit")) {
+    train.train_limit = parse_integer_flag("train-limit", text("train-limit"), 1, kMax);
+  }
+  if (result.count("checkpoint-dir")) o.checkpoint_dir = path_text(result, "checkpoint-dir");
+  o.checkpoint_every = parse_integer_flag("checkpoint-every", text("checkpoint-every"), 1, kMax);
+  o.resume = result["resume"].as<bool>();
+  o.fresh = result["fresh"].as<bool>();
+  if (o.resume && !o.checkpoint_dir) {
+    throw UsageError("--resume needs --checkpoint-dir, where the checkpoints are");
+  }
+  if (o.fresh && !o.checkpoint_dir) {
+    throw UsageError("--fresh needs --checkpoint-dir, whose checkpoints it removes");
+  }
+  if (o.fresh && o.resume) {
+    throw UsageError("--fresh and --resume exclude each other: start over, or continue");
+  }
+  train.quiet = result["quiet"].as<bool>();
+  train.log_every = parse_integer_flag("log-every", text("log-every"), 1, kMax);
+  if (result.count("metrics")) train.metrics = path_text(result, "metrics");
+  if (result.count("plot")) train.plot = path_text(result, "plot");
+}
+
+void read_eval_flags(const cxxopts::ParseResult& result, EvalCommand& eval) {
+  read_common_flags(result, eval.common);
+  if (result.count("checkpoint")) eval.checkpoint = path_text(result, "checkpoint");
+  if (result.count("model")) eval.model = path_text(result, "model");
+  if (eval.checkpoint.has_value() == eval.model.has_value()) {
+    throw UsageError("eval needs exactly one of --checkpoint FILE and --model FILE");
+  }
+  if (eval.checkpoint && result.count("width")) {
+    throw UsageError("--width: a checkpoint records its width; give --width only with --model");
+  }
+}
+
+void read_download_flags(const cxxopts::ParseResult& result, DownloadCommand& download) {
+  if (result.count("data-dir")) {
+    download.directory = path_text(result, "data-dir");
+  } else {
+    const char* from_environment = std::getenv("DPTRAIN_DATA");
+    download.directory =
+        from_environment && *from_environment ? from_environment : "data/fashion-mnist";
+  }
+  if (result.count("url")) download.url = flag_text(result, "url");
+  download.force = result["force"].as<bool>();
+  const auto text = [&](const char* flag) { return flag_text(result, flag); };
+  download.speed_limit = parse_integer_flag("speed-limit", text("speed-limit"), 1, kMax);
+  download.speed_time = parse_integer_flag("speed-time", text("speed-time"), 1, 86400);
+  download.max_time = parse_integer_flag("max-time", text("max-time"), 1, 86400 * 7);
+}
+
+}  // namespace
+
 ParsedCommandLine parse_command_line(int argc, const char* const argv[]) {
   ParsedCommandLine parsed;
-  if (argc < 2) {
-    parsed.help = kProgramHelp;
-    return parsed;
-  }
-  const std::string command = argv[1];
+  const std::string command = argc < 2 ? "help" : argv[1];
   if (command == "-h" || command == "--help" || command == "help") {
     parsed.help = kProgramHelp;
     return parsed;
   }
-
+  // Each command: its flags (the help when asked for), then what they say.
   if (command == "train") {
     auto options = train_options();
     const auto result = parse_flags(options, argc, argv, command);
@@ -418,51 +490,10 @@ ParsedCommandLine parse_command_line(int argc, const char* const argv[]) {
       parsed.help = options.help(kTrainGroups);
       return parsed;
     }
-    const auto text = [&](const char* flag) { return flag_text(*result, flag); };
-    TrainCommand& train = parsed.train;
-    read_common_flags(*result, train);
-    TrainOptions& o = train.options;
-    o.epochs = parse_integer_flag("epochs", text("epochs"), 1, 1000000);
-    o.lr = parse_positive_float_flag("lr", text("lr"));
-    o.seed = static_cast<uint64_t>(
-        parse_integer_flag("seed", text("seed"), 0, std::numeric_limits<int64_t>::max()));
-    o.bucket_bytes = parse_integer_flag("bucket-mb", text("bucket-mb"), 1, 65536) * 1024 * 1024;
-    o.sync_bn = (*result)["sync-bn"].as<bool>();
-    o.on_nonfinite =
-        parse_choice_flag("on-nonfinite", text("on-nonfinite"), {"stop", "skip"}) == "skip"
-            ? NonFinite::kSkip
-            : NonFinite::kStop;
-    if (result->count("check-replicas")) {
-      o.check_replicas_every =
-          parse_integer_flag("check-replicas", text("check-replicas"), 1, kMax);
-    }
-    if (result->count("max-steps"))
-      o.max_steps = parse_integer_flag("max-steps", text("max-steps"), 1, kMax);
-    if (result->count("save-model")) o.save_model = path_text(*result, "save-model");
-    if (result->count("train-limit")) {
-      train.train_limit = parse_integer_flag("train-limit", text("train-limit"), 1, kMax);
-    }
-    if (result->count("checkpoint-dir")) o.checkpoint_dir = path_text(*result, "checkpoint-dir");
-    o.checkpoint_every = parse_integer_flag("checkpoint-every", text("checkpoint-every"), 1, kMax);
-    o.resume = (*result)["resume"].as<bool>();
-    o.fresh = (*result)["fresh"].as<bool>();
-    if (o.resume && !o.checkpoint_dir) {
-      throw UsageError("--resume needs --checkpoint-dir, where the checkpoints are");
-    }
-    if (o.fresh && !o.checkpoint_dir) {
-      throw UsageError("--fresh needs --checkpoint-dir, whose checkpoints it removes");
-    }
-    if (o.fresh && o.resume) {
-      throw UsageError("--fresh and --resume exclude each other: start over, or continue");
-    }
-    train.quiet = (*result)["quiet"].as<bool>();
-    train.log_every = parse_integer_flag("log-every", text("log-every"), 1, kMax);
-    if (result->count("metrics")) train.metrics = path_text(*result, "metrics");
-    if (result->count("plot")) train.plot = path_text(*result, "plot");
+    read_train_flags(*result, parsed.train);
     parsed.action = ParsedCommandLine::Action::kTrain;
     return parsed;
   }
-
   if (command == "eval") {
     auto options = eval_options();
     const auto result = parse_flags(options, argc, argv, command);
@@ -470,20 +501,10 @@ ParsedCommandLine parse_command_line(int argc, const char* const argv[]) {
       parsed.help = options.help(kEvalGroups);
       return parsed;
     }
-    EvalCommand& eval = parsed.eval;
-    read_common_flags(*result, eval.common);
-    if (result->count("checkpoint")) eval.checkpoint = path_text(*result, "checkpoint");
-    if (result->count("model")) eval.model = path_text(*result, "model");
-    if (eval.checkpoint.has_value() == eval.model.has_value()) {
-      throw UsageError("eval needs exactly one of --checkpoint FILE and --model FILE");
-    }
-    if (eval.checkpoint && result->count("width")) {
-      throw UsageError("--width: a checkpoint records its width; give --width only with --model");
-    }
+    read_eval_flags(*result, parsed.eval);
     parsed.action = ParsedCommandLine::Action::kEval;
     return parsed;
   }
-
   if (command == "download") {
     auto options = download_options();
     const auto result = parse_flags(options, argc, argv, command);
@@ -491,24 +512,10 @@ ParsedCommandLine parse_command_line(int argc, const char* const argv[]) {
       parsed.help = options.help({"Download"});
       return parsed;
     }
-    DownloadCommand& download = parsed.download;
-    if (result->count("data-dir")) {
-      download.directory = path_text(*result, "data-dir");
-    } else {
-      const char* from_environment = std::getenv("DPTRAIN_DATA");
-      download.directory =
-          from_environment && *from_environment ? from_environment : "data/fashion-mnist";
-    }
-    if (result->count("url")) download.url = flag_text(*result, "url");
-    download.force = (*result)["force"].as<bool>();
-    const auto text = [&](const char* flag) { return flag_text(*result, flag); };
-    download.speed_limit = parse_integer_flag("speed-limit", text("speed-limit"), 1, kMax);
-    download.speed_time = parse_integer_flag("speed-time", text("speed-time"), 1, 86400);
-    download.max_time = parse_integer_flag("max-time", text("max-time"), 1, 86400 * 7);
+    read_download_flags(*result, parsed.download);
     parsed.action = ParsedCommandLine::Action::kDownload;
     return parsed;
   }
-
   throw UsageError("unknown command '" + command + "'; run 'dptrain --help'");
 }
 

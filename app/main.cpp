@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <cstring>
 #include <exception>
+#include <functional>
 #include <memory>
 #include <sstream>
 #include <string>
@@ -21,7 +22,6 @@
 #include "dptrain/download.h"
 #include "dptrain/errors.h"
 #include "dptrain/files.h"
-#include "dptrain/metrics.h"
 #include "dptrain/model.h"
 #include "dptrain/plot.h"
 #include "dptrain/rendezvous.h"
@@ -30,6 +30,7 @@
 #include "dptrain/world_plan.h"
 #include "progress.h"
 #include "rendezvous_watchdog.h"
+#include "run_records.h"
 #include "signals.h"
 
 namespace {
@@ -73,6 +74,64 @@ class CheckedStdout {
   int error_ = 0;
 };
 
+// Global rank 0 writes the files: their paths are checked before the data is read, so that a
+// bad one fails now, not after the training (train() checks --save-model and the checkpoint
+// directory the same way, for callers of the library).
+void check_train_outputs(const dptrain::TrainCommand& command, bool writer) {
+  if (command.metrics) dptrain::check_metrics_path(*command.metrics);
+  if (command.plot) dptrain::check_plot_path(*command.plot);
+  if (!writer) return;
+  if (command.metrics) dptrain::check_output_file(*command.metrics, "--metrics");
+  if (command.plot) dptrain::check_output_file(*command.plot, "--plot");
+  if (command.options.save_model) {
+    dptrain::check_output_file(*command.options.save_model, "--save-model");
+  }
+}
+
+// Under a launcher the world meets over TCP; the library's timeout bounds every wait it can
+// interrupt, this bounds the one it cannot (rendezvous_watchdog.h), with a margin for the
+// library's own diagnosis to come first.
+std::unique_ptr<dptrain::RendezvousWatchdog> make_watchdog(const dptrain::WorldPlan& world,
+                                                           std::chrono::milliseconds timeout) {
+  if (!world.multi_process) return nullptr;
+  const auto& launch = world.launch;
+  return std::make_unique<dptrain::RendezvousWatchdog>(
+      timeout * 2 + std::chrono::seconds(10),
+      "rank " + std::to_string(launch.rank) + ": rendezvous at " + launch.master_addr + ":" +
+          std::to_string(launch.master_port) + " did not complete within " +
+          std::to_string(2 * timeout.count() / 1000 + 10) +
+          " s: the server there does not answer (is another program using that port?)");
+}
+
+// After train(): the skipped steps, the steady pace and the book's line, and the exit status.
+int report_training(const dptrain::TrainResult& result, bool reporter, bool quiet,
+                    const std::string& prefix, const std::function<void(const std::string&)>& print,
+                    const CheckedStdout& out) {
+  if (result.skipped_steps > 0 && reporter) {
+    print("skipped " + std::to_string(result.skipped_steps) +
+          " step(s) with a non-finite gradient (--on-nonfinite skip)");
+  }
+  const std::string resume =
+      result.last_checkpoint ? "; resume from " + *result.last_checkpoint : "";
+  if (result.stopped_by == 0 && reporter) {
+    // The steady pace first (first-epoch warm-up left out), then the book's line, last.
+    if (const auto steady = dptrain::format_steady_line(result); !steady.empty() && !quiet) {
+      print(steady);
+    }
+    print(dptrain::format_final_line(result));
+  }
+  if (out.error() != 0) {
+    return out.report_failure(
+        prefix, result.stopped_by != 0 ? "stopped early" + resume : "the result line is lost");
+  }
+  if (result.stopped_by == 0) return 0;
+  if (reporter) {
+    std::fprintf(stderr, "%sdptrain: stopped by signal %d%s\n", prefix.c_str(), result.stopped_by,
+                 resume.c_str());
+  }
+  return 128 + result.stopped_by;
+}
+
 int run_train(dptrain::TrainCommand command, CheckedStdout& out) {
   const auto world =
       dptrain::plan_world(command.devices, command.gpus, dptrain::read_launch_environment(),
@@ -84,18 +143,10 @@ int run_train(dptrain::TrainCommand command, CheckedStdout& out) {
   options.process_group_for_one = command.backend.has_value();
   dptrain::check_world(options, world);  // usage mistakes before the data is loaded
   if (world.multi_process) dptrain::check_master_address(world.launch);
-  // Global rank 0 writes the records: their paths are checked before the data is read, so that
-  // a bad one fails now, not after the training (train() checks --save-model and the
-  // checkpoint directory the same way).
   const bool records_writer = world.first_rank == 0;
-  if (command.metrics) dptrain::check_metrics_path(*command.metrics);
-  if (command.plot) dptrain::check_plot_path(*command.plot);
-  if (records_writer && command.metrics) dptrain::check_output_file(*command.metrics, "--metrics");
-  if (records_writer && command.plot) dptrain::check_output_file(*command.plot, "--plot");
-  if (records_writer && options.save_model) {
-    dptrain::check_output_file(*options.save_model, "--save-model");
-  }
+  check_train_outputs(command, records_writer);
   const bool reporter = world.first_rank == 0 || command.verbose;
+  const bool talk = reporter && !command.quiet;
   // With every rank of a launch printing, each line says whose it is.
   const std::string prefix = world.multi_process && command.verbose
                                  ? "[rank " + std::to_string(world.first_rank) + "] "
@@ -105,11 +156,11 @@ int run_train(dptrain::TrainCommand command, CheckedStdout& out) {
   const auto data = dptrain::load_fashion_mnist(data_dir, command.train_limit, command.test_limit);
   dptrain::ProgressPrinter progress(isatty(STDERR_FILENO) == 1, command.quiet || !reporter,
                                     command.log_every, prefix);
-  const auto print = [&](const std::string& line) {
+  const std::function<void(const std::string&)> print = [&](const std::string& line) {
     progress.clear();
     out.line(prefix + line);
   };
-  if (reporter && !command.quiet) {
+  if (talk) {
     char header[512];
     std::snprintf(header, sizeof header,
                   "dptrain: %lld train / %lld test images from %s; width %lld; rank %d of %d",
@@ -121,47 +172,16 @@ int run_train(dptrain::TrainCommand command, CheckedStdout& out) {
 
   options.stop_signal = &dptrain::install_stop_handlers();
   options.progress_every = progress.steps_between_updates();
+  dptrain::RunRecords records(command.metrics, command.plot, options.lr, options.batch_size,
+                              options.epochs);
+  const auto watchdog = make_watchdog(world, options.timeout);
   dptrain::TrainCallbacks callbacks;
-  // The metrics file and the plot are global rank 0's; both are written anew from the epochs a
-  // resumed run starts with, so that they hold each epoch once.
-  std::unique_ptr<dptrain::MetricsWriter> metrics;
-  std::vector<dptrain::EpochRecord> records;
-  std::vector<std::string> devices;
-  const auto record = [&](const dptrain::EpochStats& stats) {
-    records.push_back(dptrain::make_epoch_record(stats, options.lr, devices));
-    std::vector<double> seconds;
-    for (const auto& r : records) seconds.push_back(r.seconds);
-    records.back().steady_seconds = dptrain::steady_epoch_seconds(seconds).value_or(std::nan(""));
-    if (metrics) metrics->write(records.back());
-    if (command.plot) {
-      dptrain::PlotOptions plot;
-      plot.title = dptrain::plot_title(options.lr, options.batch_size, devices);
-      plot.epochs = options.epochs;
-      dptrain::write_plot_atomically(*command.plot, dptrain::render_training_plot(records, plot));
-    }
-  };
-  // Under a launcher the world meets over TCP; the library's timeout bounds every wait it can
-  // interrupt, this bounds the one it cannot (rendezvous_watchdog.h), with a margin for the
-  // library's own diagnosis to come first.
-  std::unique_ptr<dptrain::RendezvousWatchdog> watchdog;
-  if (world.multi_process) {
-    const auto& launch = world.launch;
-    watchdog = std::make_unique<dptrain::RendezvousWatchdog>(
-        options.timeout * 2 + std::chrono::seconds(10),
-        "rank " + std::to_string(launch.rank) + ": rendezvous at " + launch.master_addr + ":" +
-            std::to_string(launch.master_port) + " did not complete within " +
-            std::to_string(2 * options.timeout.count() / 1000 + 10) +
-            " s: the server there does not answer (is another program using that port?)");
-  }
-  callbacks.on_start = [&](const std::vector<std::string>& all_devices,
+  callbacks.on_start = [&](const std::vector<std::string>& devices,
                            const std::vector<dptrain::EpochStats>& done,
                            const std::optional<std::string>& resumed_from) {
     if (watchdog) watchdog->cancel();
-    devices = all_devices;
-    if (resumed_from && reporter && !command.quiet) print("resuming from " + *resumed_from);
-    if (!records_writer) return;
-    if (command.metrics) metrics = std::make_unique<dptrain::MetricsWriter>(*command.metrics);
-    for (const auto& stats : done) record(stats);
+    if (resumed_from && talk) print("resuming from " + *resumed_from);
+    if (records_writer) records.start(devices, done);
   };
   callbacks.on_notice = [&](const std::string& text) {
     progress.clear();
@@ -169,40 +189,15 @@ int run_train(dptrain::TrainCommand command, CheckedStdout& out) {
   };
   callbacks.on_progress = [&](const dptrain::ProgressStats& stats) { progress.show(stats); };
   callbacks.on_epoch = [&](const dptrain::EpochStats& stats) {
-    if (reporter && !command.quiet) print(dptrain::format_epoch_line(stats));
-    if (records_writer) record(stats);
+    if (talk) print(dptrain::format_epoch_line(stats));
+    if (records_writer) records.add(stats);
   };
   callbacks.on_checkpoint = [&](const std::string& path) {
-    if (reporter && !command.quiet) print("checkpoint: " + path);
+    if (talk) print("checkpoint: " + path);
   };
   const auto result = dptrain::train(data, options, world, callbacks);
   progress.clear();
-  if (result.skipped_steps > 0 && reporter) {
-    print("skipped " + std::to_string(result.skipped_steps) +
-          " step(s) with a non-finite gradient (--on-nonfinite skip)");
-  }
-  const std::string resume =
-      result.last_checkpoint ? "; resume from " + *result.last_checkpoint : "";
-  if (result.stopped_by == 0 && reporter) {
-    // The steady pace first (first-epoch warm-up left out), then the book's line, last.
-    if (const auto steady = dptrain::format_steady_line(result);
-        !steady.empty() && !command.quiet) {
-      print(steady);
-    }
-    print(dptrain::format_final_line(result));
-  }
-  if (out.error() != 0) {
-    return out.report_failure(
-        prefix, result.stopped_by != 0 ? "stopped early" + resume : "the result line is lost");
-  }
-  if (result.stopped_by != 0) {
-    if (reporter) {
-      std::fprintf(stderr, "%sdptrain: stopped by signal %d%s\n", prefix.c_str(), result.stopped_by,
-                   resume.c_str());
-    }
-    return 128 + result.stopped_by;
-  }
-  return 0;
+  return report_training(result, reporter, command.quiet, prefix, print, out);
 }
 
 // The weights to evaluate, from a checkpoint (which knows its width) or a --save-model file.

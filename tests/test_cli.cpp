@@ -49,17 +49,8 @@ ParsedCommandLine parse(const std::vector<std::string>& args) {
 
 // Runs `body`, expecting a UsageError whose message is one line holding `substring`.
 void expect_usage_error(const std::function<void()>& body, const std::string& substring) {
-  try {
-    body();
-    ADD_FAILURE() << "no UsageError; expected one mentioning '" << substring << "'";
-  } catch (const UsageError& e) {
-    const std::string message = e.what();
-    EXPECT_NE(message.find(substring), std::string::npos)
-        << "message: " << message << "\nexpected to contain: " << substring;
-    EXPECT_EQ(message.find('\n'), std::string::npos) << "not one line: " << message;
-  } catch (const std::exception& e) {
-    ADD_FAILURE() << "threw something other than UsageError: " << e.what();
-  }
+  const std::string message = testing::expect_throws<UsageError>(body, {substring});
+  EXPECT_EQ(message.find('\n'), std::string::npos) << "not one line: " << message;
 }
 
 void expect_parse_error(const std::vector<std::string>& args, const std::string& substring) {

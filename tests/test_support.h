@@ -34,8 +34,7 @@ class TempDir {
 
 void write_bytes(const std::string& path, const std::vector<uint8_t>& bytes);
 
-// Small file-system helpers on POSIX calls. Not std::filesystem: PyPI's libtorch.so exports its
-// own copy of those symbols, which stand in for the standard library's and have crashed.
+// Small file-system helpers on POSIX calls (Note [No std::filesystem] in lib/src/files.cpp).
 bool path_exists(const std::string& path);
 bool is_regular_file(const std::string& path);
 int64_t file_size(const std::string& path);  // -1 when missing
@@ -54,9 +53,11 @@ std::vector<uint8_t> make_idx(uint8_t type, const std::vector<uint32_t>& dims,
                               const std::vector<uint8_t>& data);
 
 // Runs `action`, which must throw an E whose message contains every one of `phrases`; records a
-// test failure otherwise (nothing thrown, another exception, a phrase missing).
+// test failure otherwise (nothing thrown, another exception, a phrase missing). Returns the
+// message, for further checks ("" when no E was thrown).
 template <typename E>
-void expect_throws(const std::function<void()>& action, const std::vector<std::string>& phrases) {
+std::string expect_throws(const std::function<void()>& action,
+                          const std::vector<std::string>& phrases) {
   try {
     action();
     ADD_FAILURE() << "expected an exception, nothing was thrown";
@@ -66,9 +67,11 @@ void expect_throws(const std::function<void()>& action, const std::vector<std::s
       EXPECT_NE(message.find(phrase), std::string::npos)
           << "the message lacks \"" << phrase << "\"; the message is: " << message;
     }
+    return message;
   } catch (const std::exception& error) {
     ADD_FAILURE() << "expected another exception type, got: " << error.what();
   }
+  return "";
 }
 
 // expect_throws<DataError>.

@@ -169,6 +169,38 @@ EpochStats read_stats(ByteReader& r) {
   return s;
 }
 
+// One named tensor: name, dtype code, rank, dimensions, byte count, raw bytes. Every size is
+// checked against what the file still holds before anything is allocated.
+std::pair<std::string, torch::Tensor> read_tensor(ByteReader& r) {
+  auto name = r.text(kMaxName, "tensor name");
+  const auto dtype = dtype_of_code(r.u32());
+  if (!dtype) r.fail("unknown dtype code in tensor " + name);
+  const uint64_t rank = r.u64();
+  if (rank > kMaxRank) r.fail("tensor " + name + " of rank " + std::to_string(rank));
+  std::vector<int64_t> dims;
+  uint64_t numel = 1;
+  for (uint64_t d = 0; d < rank; ++d) {
+    const int64_t size = r.i64();
+    if (size < 0 ||
+        (size > 0 && numel > std::numeric_limits<uint64_t>::max() / static_cast<uint64_t>(size))) {
+      r.fail("tensor " + name + " with bad dimension " + std::to_string(size));
+    }
+    numel *= static_cast<uint64_t>(size);
+    dims.push_back(size);
+  }
+  const uint64_t element = c10::elementSize(*dtype);
+  const uint64_t stored = r.u64();
+  if (numel > r.remaining() / element || stored != numel * element) {
+    r.fail("tensor " + name + " holds " + std::to_string(stored) + " bytes, its shape " +
+           std::to_string(numel) + " elements");
+  }
+  const uint8_t* data = r.raw(stored);
+  auto tensor = torch::empty(dims, torch::TensorOptions().dtype(*dtype));
+  // An empty tensor has no storage to copy into (data_ptr() is null; memcpy forbids that).
+  if (stored > 0) std::memcpy(tensor.data_ptr(), data, stored);
+  return {std::move(name), std::move(tensor)};
+}
+
 // The CRC-32 a file's header must carry. Version 1 covered the payload alone, so a flipped bit in
 // the version field read as "format version 257"; from version 2 on it covers the header's magic,
 // version and payload size too, and a header that was damaged reads as corrupt.
@@ -197,7 +229,9 @@ std::vector<uint8_t> serialize_checkpoint(const Checkpoint& c) {
   payload.i64(c.epochs_done);
   payload.i64(c.step_in_epoch);
   payload.i64(c.global_step);
-  for (double v : c.partial_sums) payload.f64(v);
+  payload.f64(c.partial_sums.loss_sum);
+  payload.f64(c.partial_sums.correct);
+  payload.f64(c.partial_sums.count);
   payload.f64(c.partial_seconds);
   payload.u64(c.history.size());
   for (const auto& s : c.history) write_stats(payload, s);
@@ -273,7 +307,9 @@ Checkpoint parse_checkpoint(const std::vector<uint8_t>& bytes, const std::string
   c.epochs_done = r.i64();
   c.step_in_epoch = r.i64();
   c.global_step = r.i64();
-  for (double& v : c.partial_sums) v = r.f64();
+  c.partial_sums.loss_sum = r.f64();
+  c.partial_sums.correct = r.f64();
+  c.partial_sums.count = r.f64();
   c.partial_seconds = r.f64();
   if (c.config.width <= 0 || c.config.num_classes <= 0 || c.config.in_channels <= 0 ||
       c.epochs_done < 0 || c.step_in_epoch < 0 || c.global_step < 0) {
@@ -284,35 +320,7 @@ Checkpoint parse_checkpoint(const std::vector<uint8_t>& bytes, const std::string
   for (uint64_t i = 0; i < epochs; ++i) c.history.push_back(read_stats(r));
   const uint64_t count = r.u64();
   if (count > kMaxTensors) r.fail(std::to_string(count) + " tensors");
-  for (uint64_t i = 0; i < count; ++i) {
-    auto tensor_name = r.text(kMaxName, "tensor name");
-    const auto dtype = dtype_of_code(r.u32());
-    if (!dtype) r.fail("unknown dtype code in tensor " + tensor_name);
-    const uint64_t rank = r.u64();
-    if (rank > kMaxRank) r.fail("tensor " + tensor_name + " of rank " + std::to_string(rank));
-    std::vector<int64_t> dims;
-    uint64_t numel = 1;
-    for (uint64_t d = 0; d < rank; ++d) {
-      const int64_t size = r.i64();
-      if (size < 0 || (size > 0 && numel > std::numeric_limits<uint64_t>::max() /
-                                               static_cast<uint64_t>(size))) {
-        r.fail("tensor " + tensor_name + " with bad dimension " + std::to_string(size));
-      }
-      numel *= static_cast<uint64_t>(size);
-      dims.push_back(size);
-    }
-    const uint64_t element = c10::elementSize(*dtype);
-    const uint64_t stored = r.u64();
-    if (numel > r.remaining() / element || stored != numel * element) {
-      r.fail("tensor " + tensor_name + " holds " + std::to_string(stored) + " bytes, its shape " +
-             std::to_string(numel) + " elements");
-    }
-    const uint8_t* data = r.raw(stored);
-    auto tensor = torch::empty(dims, torch::TensorOptions().dtype(*dtype));
-    // An empty tensor has no storage to copy into (data_ptr() is null; memcpy forbids that).
-    if (stored > 0) std::memcpy(tensor.data_ptr(), data, stored);
-    c.tensors.emplace_back(std::move(tensor_name), std::move(tensor));
-  }
+  for (uint64_t i = 0; i < count; ++i) c.tensors.push_back(read_tensor(r));
   if (r.remaining() != 0) r.fail(std::to_string(r.remaining()) + " stray bytes after the tensors");
   return c;
 }

@@ -42,8 +42,7 @@ std::string cannot_look_at(const std::string& path, int error) {
 
 // The published name, or the same without ".gz" (a user may have unpacked the files). A file
 // that is not there is nullopt; one that cannot be looked at (permission denied on the way) is
-// a DataError saying so. POSIX stat rather than std::filesystem: PyPI's libtorch.so exports its
-// own copy of the std::filesystem symbols, which then stand in for ours and have crashed.
+// a DataError saying so. POSIX stat (Note [No std::filesystem] in files.cpp).
 std::optional<std::string> find_file(const std::string& dir, const std::string& gz_name) {
   const std::string gz = dir + "/" + gz_name;
   for (const std::string& path : {gz, gz.substr(0, gz.size() - 3)}) {

@@ -1,10 +1,11 @@
 // Whole-file reads, mkdir -p, output checks, atomic writes and directory syncs. See files.h.
 //
 // Note [No std::filesystem]
-// PyPI's libtorch.so (2.x) exports its own build of the std::filesystem symbols. Linked into
-// dptrain they stand in for libstdc++'s, and calls compiled against our headers then ran their
-// code on our objects and crashed. So every file operation in dptrain is a POSIX call, here or
-// beside its one user.
+// PyPI's libtorch_cpu.so (2.x) exports the std::filesystem symbols of the libstdc++ it was
+// statically linked with (pytorch/pytorch#133437, "PyTorch 2.5.0 exposes statically linked
+// libstdc++ CXX11 ABI symbols"). Linked into dptrain they stand in for the system libstdc++'s,
+// and calls compiled against our headers then ran their code on our objects and crashed. So
+// every file operation in dptrain is a POSIX call, here or beside its one user.
 #include "dptrain/files.h"
 
 #include <fcntl.h>
@@ -110,23 +111,22 @@ void make_directories(const std::string& directory, const std::string& what) {
 }
 
 std::vector<uint8_t> read_regular_file(const std::string& path, const std::string& what) {
+  const std::string name = what.empty() ? path : what + " " + path;
   // O_NONBLOCK: opening a FIFO would otherwise wait for a writer, for ever.
   FileDescriptor fd(::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_NOCTTY | O_CLOEXEC));
-  if (fd.get() < 0) throw DataError(what + " " + path + ": cannot open: " + errno_text());
+  if (fd.get() < 0) throw DataError(name + ": cannot open: " + errno_text());
   struct stat info {};
-  if (::fstat(fd.get(), &info) != 0) {
-    throw DataError(what + " " + path + ": cannot stat: " + errno_text());
-  }
+  if (::fstat(fd.get(), &info) != 0) throw DataError(name + ": cannot stat: " + errno_text());
   if (!S_ISREG(info.st_mode)) {
-    throw DataError(what + " " + path + ": not a regular file (" + file_kind(info.st_mode) + ")");
+    throw DataError(name + ": not a regular file (" + file_kind(info.st_mode) + ")");
   }
   std::vector<uint8_t> bytes(static_cast<size_t>(info.st_size));
   size_t done = 0;
   while (done < bytes.size()) {
     const ssize_t n = ::read(fd.get(), bytes.data() + done, bytes.size() - done);
     if (n < 0 && (errno == EINTR || errno == EAGAIN)) continue;
-    if (n < 0) throw DataError(what + " " + path + ": cannot read: " + errno_text());
-    if (n == 0) throw DataError(what + " " + path + ": cannot read: the file shrank while read");
+    if (n < 0) throw DataError(name + ": read error: " + errno_text());
+    if (n == 0) throw DataError(name + ": read error: the file shrank while it was read");
     done += static_cast<size_t>(n);
   }
   return bytes;

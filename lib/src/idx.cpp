@@ -7,10 +7,10 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
-#include <fstream>
-#include <iterator>
 #include <limits>
 #include <sstream>
+
+#include "dptrain/files.h"
 
 namespace dptrain {
 namespace {
@@ -37,20 +37,6 @@ std::string describe_type(uint8_t type) {
       out << "0x" << std::hex << static_cast<int>(type) << " (unknown)";
       return out.str();
     }
-  }
-}
-
-std::vector<uint8_t> read_file_bytes(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw DataError(path + ": cannot open: " + std::strerror(errno));
-  try {
-    std::vector<uint8_t> bytes((std::istreambuf_iterator<char>(in)),
-                               std::istreambuf_iterator<char>());
-    if (in.bad()) throw DataError(path + ": read error");
-    return bytes;
-  } catch (const std::ios_base::failure& e) {
-    // libstdc++ reports a failed read(2) (a directory, an I/O error) by throwing.
-    throw DataError(path + ": read error: " + e.what());
   }
 }
 
@@ -247,7 +233,7 @@ IdxArray parse_idx(const std::vector<uint8_t>& bytes, const std::string& name) {
 
 IdxArray read_idx_file(const std::string& path) {
   check_file_size(path);
-  auto bytes = read_file_bytes(path);
+  auto bytes = read_regular_file(path, "");
   if (is_gzip(bytes)) bytes = gunzip_idx(bytes, path);
   return parse_idx(bytes, path);
 }

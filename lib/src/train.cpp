@@ -80,22 +80,25 @@ struct RankPlan {
   c10::intrusive_ptr<c10d::Store> store;  // null for a world of one
   bool loopback = true;
   bool first_local = true;            // the first replica of this process: it calls the callbacks
-  const Checkpoint* start = nullptr;  // weights and position to start from, if any
+  const Checkpoint* start = nullptr;  // the checkpoint a resumed training starts from
   std::string start_name;             // where `start` came from, for messages
-  bool evaluate_only = false;         // evaluate the start's weights instead of training
-  LocalReplicas* local = nullptr;     // this process's replicas, when there are several
-  std::string settings;               // settings_text of what every rank must agree on
-  std::string train_digest;           // dataset_digest of the training set, for checkpoints
+  // The weights to begin with instead of the seed's (a checkpoint's, or those to evaluate).
+  const std::vector<std::pair<std::string, torch::Tensor>>* weights = nullptr;
+  LocalReplicas* local = nullptr;  // this process's replicas, when there are several
+  std::string settings;            // settings_text of what every rank must agree on
+  std::string train_digest;        // dataset_digest of the training set, for checkpoints
 };
 
-// The data one rank trains and evaluates on, moved to its device once: 55 MB as bytes, so that
+// A split of the data moved to a rank's device once, as bytes (55 MB for both splits), so that
 // no step copies from the host.
-struct DeviceData {
-  torch::Tensor train_images;  // (N_train, 28, 28) uint8
-  torch::Tensor train_labels;  // (N_train) int64
-  torch::Tensor test_images;   // (N_test, 28, 28) uint8
-  torch::Tensor test_labels;   // (N_test) int64
+struct DeviceSplit {
+  torch::Tensor images;  // (N, 28, 28) uint8
+  torch::Tensor labels;  // (N) int64
 };
+
+DeviceSplit to_device(const Dataset& set, const torch::Device& device) {
+  return {set.images.to(device), set.labels.to(device)};
+}
 
 // Sums of a pass over data: cross-entropy, correct predictions, examples. Kept on the device as
 // float64 and read once at the end, so the loop never waits for the host.
@@ -112,37 +115,36 @@ struct Tally {
     sums[2] += static_cast<double>(labels.size(0));
   }
   // The sums as they stand, read on the host (which waits for the device).
-  std::array<double, 3> read() const {
+  Totals read() const {
     const auto host = sums.to(torch::kCPU);
     return {host[0].item<double>(), host[1].item<double>(), host[2].item<double>()};
   }
-  // {mean loss, accuracy, count} of sums {loss sum, correct, count}.
-  static std::array<double, 3> means(const std::array<double, 3>& sums) {
-    const double count = std::max(sums[2], 1.0);
-    return {sums[0] / count, sums[1] / count, sums[2]};
+  void set(const Totals& totals) {
+    sums.copy_(torch::tensor({totals.loss_sum, totals.correct, totals.count}, torch::kFloat64));
   }
-  // Sums over all ranks, in place; returns their means.
-  std::array<double, 3> reduce(Communicator& communicator, const std::string& what) {
+  // Sums over all ranks, in place; returns them.
+  Totals reduce(Communicator& communicator, const std::string& what) {
     communicator.allreduce_sum(sums, what);
     communicator.wait_host(what);
-    return means(read());
+    return read();
   }
 };
 
-// The evaluation after each epoch: every rank takes a contiguous shard of the test set.
-std::array<double, 3> evaluate(ResNet& model, const DeviceData& data, int64_t batch_size,
-                               const TrainOptions& options, Communicator& communicator) {
+// The evaluation after each epoch: every rank takes a contiguous shard of the test set. Returns
+// the sums over all ranks.
+Totals evaluate(ResNet& model, const DeviceSplit& test, int64_t batch_size,
+                const TrainOptions& options, Communicator& communicator) {
   torch::NoGradGuard no_grad;
   model->eval();
   const auto [begin, end] =
-      shard_range(data.test_labels.size(0), communicator.world_size(), communicator.rank());
-  Tally tally(data.test_labels.device());
+      shard_range(test.labels.size(0), communicator.world_size(), communicator.rank());
+  Tally tally(test.labels.device());
   for (int64_t i = begin; i < end; i += batch_size) {
     const int64_t n = std::min(batch_size, end - i);
-    auto x = to_model_input(data.test_images.narrow(0, i, n));  // (n, 1, 28, 28)
+    auto x = to_model_input(test.images.narrow(0, i, n));  // (n, 1, 28, 28)
     if (channels_last(options)) x = x.contiguous(at::MemoryFormat::ChannelsLast);
-    auto y = data.test_labels.narrow(0, i, n);  // (n)
-    torch::Tensor logits;                       // (n, 10)
+    auto y = test.labels.narrow(0, i, n);  // (n)
+    torch::Tensor logits;                  // (n, 10)
     {
       const AutocastGuard autocast(x.device(), options.amp);
       logits = model->forward(x);
@@ -182,29 +184,6 @@ CheckpointConfig checkpoint_config(const TrainOptions& options, int64_t train_si
   return config;
 }
 
-// Every rank learns whether rank 0 managed to write; a failed write is an error everywhere,
-// instead of rank 0 leaving while the others wait for it in the next collective.
-std::string save_checkpoint_on_rank0(const Checkpoint& checkpoint, const std::string& directory,
-                                     Communicator& communicator, const torch::Device& device) {
-  const std::string path =
-      directory + "/" + checkpoint_file_name(checkpoint.epochs_done, checkpoint.step_in_epoch);
-  std::string error;
-  if (communicator.rank() == 0) {
-    try {
-      write_checkpoint_atomically(checkpoint, path);
-    } catch (const DataError& e) {
-      error = e.what();
-    }
-  }
-  auto failed = torch::full({1}, error.empty() ? 0 : 1, torch::dtype(torch::kInt64).device(device));
-  communicator.allreduce_max(failed, "checkpoint agreement");
-  if (!error.empty()) throw DataError(error);
-  if (failed.item<int64_t>() != 0) {
-    throw DataError("rank 0 could not write checkpoint " + path + " (see rank 0's error)");
-  }
-  return path;
-}
-
 // The largest signal number any rank was asked to stop with, or 0: every rank gets the same
 // answer at the same step, so all of them stop together.
 int agreed_stop_signal(const std::atomic<int>* stop_signal, Communicator& communicator,
@@ -216,21 +195,7 @@ int agreed_stop_signal(const std::atomic<int>* stop_signal, Communicator& commun
   return static_cast<int>(flag.item<int64_t>());
 }
 
-// Note [Non-finite steps]
-// The decision is taken on the all-reduced gradient, which is the same on every rank, so the
-// ranks agree without a collective of their own. kSkip must know before the update and reads
-// the flag every step; kStop only records the first bad step on the device and reads it at the
-// host check points, so a GPU epoch never waits for it.
-torch::Tensor gradients_finite(const Reducer& reducer) {
-  torch::Tensor finite;
-  for (size_t i = 0; i < reducer.num_buckets(); ++i) {
-    auto bucket_finite = torch::isfinite(reducer.bucket(i)).all();
-    finite = finite.defined() ? finite.logical_and(bucket_finite) : bucket_finite;
-  }
-  return finite;  // () bool
-}
-
-// ---- One rank -----------------------------------------------------------------
+// ---- Joining the world and making the replica -------------------------------------------------
 
 // The rendezvous of one rank: every rank present and agreeing on the world, their settings
 // compared (run_configuration.h), their placements exchanged (into `devices`, every rank's
@@ -268,306 +233,475 @@ std::unique_ptr<Communicator> connect_rank(const TrainOptions& options, const Ra
   return std::make_unique<Communicator>(plan.store, plan.rank, plan.world_size, world_options);
 }
 
-TrainResult run_rank(const FashionMnist& data, const TrainOptions& options, const RankPlan& plan,
-                     const TrainCallbacks& callbacks) {
-  at::set_num_threads(plan.threads);  // intra-op threads are per calling thread under OpenMP
-  // This thread's current device: new tensors, NCCL and cuDNN handles go where the replica is.
-  const c10::DeviceGuard device_guard(plan.device);
-  // The callbacks run on one rank per process, the first of this process's replicas; whether
-  // anything is printed is the caller's choice. Files are written by global rank 0 only.
-  const bool reporter = plan.first_local;
+// One rank's place in the world: its communicator, every rank's device, and its membership of
+// this process's replicas (so that a failing sibling can abort its process group).
+class JoinedWorld {
+ public:
+  JoinedWorld(const TrainOptions& options, const RankPlan& plan)
+      : communicator_(connect_rank(options, plan, devices_)), local_(plan.local) {
+    if (local_) local_->add(communicator_.get());
+  }
+  ~JoinedWorld() {
+    if (local_) local_->remove(communicator_.get());
+  }
+  JoinedWorld(const JoinedWorld&) = delete;
+  JoinedWorld& operator=(const JoinedWorld&) = delete;
 
-  // Rendezvous: every rank present, agreeing on the world, then the process group.
-  TrainResult result;
-  result.world_size = plan.world_size;
-  auto communicator = connect_rank(options, plan, result.devices);
-  // Aborting this process's other replicas is run_world's job; membership is ours.
-  struct Membership {
-    LocalReplicas* local;
-    Communicator* communicator;
-    ~Membership() {
-      if (local) local->remove(communicator);
-    }
-  } membership{plan.local, communicator.get()};
-  if (plan.local) plan.local->add(communicator.get());
+  Communicator& communicator() { return *communicator_; }
+  const std::vector<std::string>& devices() const { return devices_; }
+  // No rank leaves while others may still talk to it; then the process group is shut down.
+  void leave() {
+    communicator_->barrier("final barrier");
+    communicator_->shutdown();
+  }
 
-  // The replica: the same seed on every rank (or the start's weights), and rank 0's state
-  // broadcast to make sure.
+ private:
+  std::vector<std::string> devices_;
+  std::unique_ptr<Communicator> communicator_;
+  LocalReplicas* local_;
+};
+
+// The replica: the same seed on every rank (or the start's weights), laid out for its device,
+// and rank 0's state broadcast to make sure.
+ResNet make_replica(const TrainOptions& options, const RankPlan& plan, Communicator& communicator) {
   ResNet model(ResNetOptions{kNumClasses, /*in_channels=*/1, options.width});
   init_reference_weights(*model, options.seed);
-  const Checkpoint* start = plan.evaluate_only ? nullptr : plan.start;
-  if (plan.start) load_model_tensors(*model, plan.start->tensors, plan.start_name);
+  if (plan.weights) load_model_tensors(*model, *plan.weights, plan.start_name);
   model->to(plan.device);
   if (channels_last(options)) convert_to_channels_last(*model);
-  if (options.sync_bn) set_batch_norm_sync(*model, communicator.get());
-  broadcast_from_rank0(*model, *communicator);
-  result.parameter_count = count_parameters(*model);
+  if (options.sync_bn) set_batch_norm_sync(*model, &communicator);
+  broadcast_from_rank0(*model, communicator);
+  return model;
+}
 
-  const DeviceData device_data{data.train.images.to(plan.device), data.train.labels.to(plan.device),
-                               data.test.images.to(plan.device), data.test.labels.to(plan.device)};
-  if (plan.evaluate_only) {
-    const auto totals = evaluate(model, device_data, options.batch_size, options, *communicator);
-    EpochStats stats;
-    stats.test_loss = totals[0];
-    stats.test_acc = totals[1];
-    stats.steps = static_cast<int64_t>(totals[2]);
-    result.epochs.push_back(stats);
-    communicator->barrier("final barrier");
-    communicator->shutdown();
-    return result;
-  }
+// ---- Checkpoints and the non-finite guard ------------------------------------------------------
 
-  // The reducer also takes over the parameters' storage, for its one-update-per-bucket SGD.
-  Reducer reducer(model->parameters(), *communicator, options.bucket_bytes);
-  const int64_t num_train = data.train.size();
-  const int64_t batches_per_epoch = num_batches(num_train, options.batch_size);
-  BatchAssembler assembler(
-      shard_range(std::min(options.batch_size, num_train), plan.world_size, 0).second, plan.device,
-      channels_last(options));
-  const auto config = checkpoint_config(options, num_train, plan.world_size, plan.train_digest);
+// Every checkpoint of a rank's run is saved through here (rank 0 writes; every rank learns
+// whether the write worked, so that a failure is an error everywhere instead of rank 0 leaving
+// while the others wait for it in the next collective).
+class Checkpointer {
+ public:
+  Checkpointer(const TrainOptions& options, const CheckpointConfig& config, ResNet& model,
+               Communicator& communicator, const torch::Device& device)
+      : directory_(options.checkpoint_dir),
+        config_(config),
+        model_(model),
+        communicator_(communicator),
+        device_(device) {}
 
-  // Where to begin: a resumed run carries on at the checkpoint's epoch and step, with the
-  // unfinished epoch's sums and seconds so far (held by rank 0 alone, as they are global).
-  int64_t first_epoch = 0;
-  int64_t first_step = 0;
-  int64_t global_step = 0;
-  if (start) {
-    first_epoch = start->epochs_done;
-    first_step = start->step_in_epoch;
-    global_step = start->global_step;
-    result.epochs = start->history;
-    result.resumed_from = plan.start_name;
-  }
-  if (reporter && callbacks.on_start) {
-    callbacks.on_start(result.devices, result.epochs, result.resumed_from);
-  }
+  bool enabled() const { return directory_.has_value(); }
 
-  // Host check points: where the ranks agree on a stop request and kStop reads the non-finite
-  // record. Every step on the CPU, where reading costs nothing; sparser on a GPU.
-  const int64_t check_every = plan.device.is_cpu() ? 1 : 25;
-  auto first_bad_step =
-      torch::full({}, -1, torch::dtype(torch::kInt64).device(plan.device));  // () global step
-  const auto throw_if_nonfinite = [&] {
-    const int64_t bad = first_bad_step.item<int64_t>();
-    if (bad < 0) return;
-    throw std::runtime_error("epoch " + std::to_string((bad - 1) / batches_per_epoch + 1) +
-                             " step " + std::to_string((bad - 1) % batches_per_epoch + 1) +
-                             ": the gradient is not finite (NaN or infinity); training stopped" +
-                             (result.last_checkpoint
-                                  ? "; the last good checkpoint is " + *result.last_checkpoint
-                                  : std::string()) +
-                             ". Lower --lr, or pass --on-nonfinite skip");
-  };
-  // kSkip restores the BatchNorm statistics that the skipped step's forward pass moved.
-  std::vector<torch::Tensor> buffers, saved_buffers;
-  if (options.on_nonfinite == NonFinite::kSkip) {
-    for (auto& b : model->buffers()) {
-      buffers.push_back(b);
-      saved_buffers.push_back(b.detach().clone());
-    }
-  }
-  const auto make_checkpoint = [&](int64_t epochs_done, int64_t step_in_epoch,
-                                   std::array<double, 3> partial_sums, double partial_seconds) {
-    communicator->wait_host("the checkpoint's copy of the weights");
+  // The run after `epochs_done` epochs and `step_in_epoch` steps of the next, with that epoch's
+  // sums and seconds so far; `history` holds the finished epochs. Returns the path written.
+  std::string save(int64_t epochs_done, int64_t step_in_epoch, int64_t global_step,
+                   const Totals& partial_sums, double partial_seconds,
+                   const std::vector<EpochStats>& history) {
+    communicator_.wait_host("the checkpoint's copy of the weights");
     Checkpoint checkpoint;
-    checkpoint.config = config;
+    checkpoint.config = config_;
     checkpoint.epochs_done = epochs_done;
     checkpoint.step_in_epoch = step_in_epoch;
     checkpoint.global_step = global_step;
     checkpoint.partial_sums = partial_sums;
     checkpoint.partial_seconds = partial_seconds;
-    checkpoint.history = result.epochs;
-    checkpoint.tensors = model_tensors(*model);
-    return checkpoint;
-  };
-  const auto save = [&](const Checkpoint& checkpoint) {
-    const auto path =
-        save_checkpoint_on_rank0(checkpoint, *options.checkpoint_dir, *communicator, plan.device);
-    result.last_checkpoint = path;
-    if (reporter && callbacks.on_checkpoint) callbacks.on_checkpoint(path);
-  };
+    checkpoint.history = history;
+    checkpoint.tensors = model_tensors(*model_);
+    const std::string path = *directory_ + "/" + checkpoint_file_name(epochs_done, step_in_epoch);
+    std::string error;
+    if (communicator_.rank() == 0) {
+      try {
+        write_checkpoint_atomically(checkpoint, path);
+      } catch (const DataError& e) {
+        error = e.what();
+      }
+    }
+    auto failed =
+        torch::full({1}, error.empty() ? 0 : 1, torch::dtype(torch::kInt64).device(device_));
+    communicator_.allreduce_max(failed, "checkpoint agreement");
+    if (!error.empty()) throw DataError(error);
+    if (failed.item<int64_t>() != 0) {
+      throw DataError("rank 0 could not write checkpoint " + path + " (see rank 0's error)");
+    }
+    return path;
+  }
 
-  for (int64_t epoch = first_epoch; epoch < options.epochs; ++epoch) {
-    if (options.max_steps > 0 && global_step >= options.max_steps) break;
-    const auto order_host = epoch_order(num_train, options.seed, epoch);
-    const auto order = torch::tensor(order_host, torch::kInt64).to(plan.device);  // (N_train)
-    model->train();
+ private:
+  std::optional<std::string> directory_;
+  CheckpointConfig config_;
+  ResNet& model_;
+  Communicator& communicator_;
+  torch::Device device_;
+};
+
+// Note [Non-finite steps]
+// The decision is taken on the all-reduced gradient, which is the same on every rank, so the
+// ranks agree without a collective of their own. kSkip must know before the update and reads
+// the flag every step, restoring the BatchNorm statistics that the skipped step's forward pass
+// moved; kStop only records the first bad step on the device and reads it at the host check
+// points, so a GPU epoch never waits for it.
+class NonFiniteGuard {
+ public:
+  NonFiniteGuard(const TrainOptions& options, ResNet& model, const torch::Device& device,
+                 int64_t batches_per_epoch)
+      : skip_(options.on_nonfinite == NonFinite::kSkip),
+        batches_per_epoch_(batches_per_epoch),
+        first_bad_step_(torch::full({}, -1, torch::dtype(torch::kInt64).device(device))) {
+    if (!skip_) return;
+    for (auto& b : model->buffers()) {
+      buffers_.push_back(b);
+      saved_buffers_.push_back(b.detach().clone());
+    }
+  }
+
+  // Whether the step whose all-reduced gradients `reducer` holds may update the weights. kStop
+  // always says yes and remembers a bad step for throw_if_bad_step; kSkip waits for the answer.
+  bool allow_update(const Reducer& reducer, int64_t global_step, Communicator& communicator) {
+    const auto finite = gradients_finite(reducer);  // the same on every rank
+    if (!skip_) {
+      first_bad_step_.masked_fill_(first_bad_step_.lt(0).logical_and(finite.logical_not()),
+                                   global_step);
+      return true;
+    }
+    torch::NoGradGuard no_grad;
+    communicator.wait_host("the non-finite check");
+    if (!finite.item<bool>()) {
+      for (size_t i = 0; i < buffers_.size(); ++i) buffers_[i].copy_(saved_buffers_[i]);
+      ++skipped_;
+      return false;
+    }
+    return true;
+  }
+  // After an update under kSkip: the statistics to restore should the next step be skipped.
+  void keep_buffers() {
+    torch::NoGradGuard no_grad;
+    for (size_t i = 0; i < buffers_.size(); ++i) saved_buffers_[i].copy_(buffers_[i]);
+  }
+  // kStop: throws, naming the first bad step, if there was one (reads the device).
+  void throw_if_bad_step(const std::optional<std::string>& last_checkpoint) const {
+    if (skip_) return;
+    const int64_t bad = first_bad_step_.item<int64_t>();
+    if (bad < 0) return;
+    throw std::runtime_error(
+        "epoch " + std::to_string((bad - 1) / batches_per_epoch_ + 1) + " step " +
+        std::to_string((bad - 1) % batches_per_epoch_ + 1) +
+        ": the gradient is not finite (NaN or infinity); training stopped" +
+        (last_checkpoint ? "; the last good checkpoint is " + *last_checkpoint : std::string()) +
+        ". Lower --lr, or pass --on-nonfinite skip");
+  }
+  int64_t skipped() const { return skipped_; }
+
+ private:
+  static torch::Tensor gradients_finite(const Reducer& reducer) {
+    torch::Tensor finite;
+    for (size_t i = 0; i < reducer.num_buckets(); ++i) {
+      auto bucket_finite = torch::isfinite(reducer.bucket(i)).all();
+      finite = finite.defined() ? finite.logical_and(bucket_finite) : bucket_finite;
+    }
+    return finite;  // () bool
+  }
+
+  bool skip_;
+  int64_t batches_per_epoch_;
+  torch::Tensor first_bad_step_;  // () int64, the first bad global step or -1
+  std::vector<torch::Tensor> buffers_, saved_buffers_;
+  int64_t skipped_ = 0;
+};
+
+// ---- The step and the epoch
+// ----------------------------------------------------------------------
+
+// What one rank trains with, for the step and the epoch.
+struct Replica {
+  const TrainOptions& options;
+  const RankPlan& plan;
+  Communicator& communicator;
+  ResNet& model;
+  Reducer& reducer;
+  BatchAssembler& assembler;
+  const DeviceSplit& train;
+  const DeviceSplit& test;
+  int64_t batches_per_epoch;
+};
+
+// The book's step on this rank's shard x (n, 1, 28, 28), y (n) of a global batch of
+// `global_batch` examples: zero grad -> forward -> loss -> backward (buckets all-reduce as they
+// fill) -> wait. Returns the shard's summed loss () and logits (n, 10); the SGD step is the
+// caller's, once the gradient is known to be finite.
+std::pair<torch::Tensor, torch::Tensor> train_step(Replica& r, const torch::Tensor& x,
+                                                   const torch::Tensor& y, int64_t global_batch) {
+  r.reducer.zero_grad();
+  torch::Tensor loss_sum, logits;
+  if (x.size(0) > 0 || r.options.sync_bn) {
+    {
+      const AutocastGuard autocast(r.plan.device, r.options.amp);
+      logits = r.model->forward(x);  // (n, 10)
+    }
+    logits = logits.to(torch::kFloat32);  // the loss in float32 whatever the forward's type
+    loss_sum = F::cross_entropy(logits, y, F::CrossEntropyFuncOptions().reduction(torch::kSum));
+  } else {
+    // A replica with no examples (a global batch smaller than the world) still joins every
+    // gradient all-reduce, with zeros. (With sync-bn it runs the empty forward instead, to join
+    // the statistics all-reduces too.)
+    loss_sum = torch::zeros({}, torch::dtype(torch::kFloat32).device(r.plan.device));
+    for (const auto& p : r.model->parameters()) loss_sum = loss_sum + p.sum() * 0.0;
+    logits = torch::zeros({0, kNumClasses}, loss_sum.options());
+  }
+  // Each replica divides its summed loss by the GLOBAL batch size, so the all-reduced sum of
+  // gradients is exactly the gradient of the mean loss over the global batch, however unevenly
+  // the batch splits over the replicas.
+  const auto loss = loss_sum / static_cast<double>(global_batch);
+  r.reducer.prepare_for_backward();
+  loss.backward();
+  r.reducer.finalize_backward();
+  return {loss_sum, logits};
+}
+
+// Where a rank is in its run.
+struct Position {
+  int64_t epoch = 0;        // 0-based, the epoch being trained
+  int64_t step = 0;         // steps done in it
+  int64_t global_step = 0;  // steps done in all
+  int64_t images = 0;       // training images of this epoch so far, over all ranks
+};
+
+// How an epoch's steps ended.
+struct EpochSteps {
+  int stop = 0;        // the agreed stop signal, when one ended it early
+  double seconds = 0;  // training seconds of the epoch, those before a resume included
+};
+
+// The steps of one epoch from `at.step` on, adding to `tally`, until the epoch ends, --max-steps
+// is reached or the ranks agree on a stop. Side concerns are one block each.
+EpochSteps train_epoch(Replica& r, Position& at, Tally& tally, double seconds_before,
+                       NonFiniteGuard& guard, const TrainCallbacks& callbacks,
+                       const std::optional<std::string>& last_checkpoint) {
+  const auto& options = r.options;
+  const int64_t num_train = r.train.labels.size(0);
+  const auto order_host = epoch_order(num_train, options.seed, at.epoch);
+  const auto order = torch::tensor(order_host, torch::kInt64).to(r.plan.device);  // (N_train)
+  // Host check points: where the ranks agree on a stop request and kStop reads the non-finite
+  // record. Every step on the CPU, where reading costs nothing; sparser on a GPU.
+  const int64_t check_every = r.plan.device.is_cpu() ? 1 : 25;
+  const bool reporter = r.plan.first_local;
+  r.model->train();
+  synchronize(r.plan.device);
+  const auto start_time = std::chrono::steady_clock::now();
+  const auto elapsed = [&] {
+    return seconds_before +
+           std::chrono::duration<double>(std::chrono::steady_clock::now() - start_time).count();
+  };
+  EpochSteps result;
+  while (at.step < r.batches_per_epoch) {
+    if (options.max_steps > 0 && at.global_step >= options.max_steps) break;
+    const auto [begin, end] = batch_range(num_train, options.batch_size, at.step);
+    const int64_t global_batch = end - begin;
+    const auto [shard_begin, shard_end] = shard_range(global_batch, r.plan.world_size, r.plan.rank);
+    const auto index = order.narrow(0, begin + shard_begin, shard_end - shard_begin);  // (n)
+    // x: (n, 1, 28, 28), y: (n), in buffers reused by every step.
+    const auto [x, y] = r.assembler.gather(r.train.images, r.train.labels, index);
+    const auto [loss_sum, logits] = train_step(r, x, y, global_batch);
+    ++at.global_step;
+    if (guard.allow_update(r.reducer, at.global_step, r.communicator)) {
+      r.reducer.sgd_step(options.lr);
+      tally.add(loss_sum, logits, y);
+      guard.keep_buffers();
+    }
+    ++at.step;
+    at.images += global_batch;
+
+    // Each side concern, one block: the step callback, the progress report, the replica check,
+    // and the host check point (a stop request, a non-finite step).
+    if (reporter && callbacks.on_step) {
+      r.communicator.wait_host("the step callback");
+      callbacks.on_step(StepStats{at.epoch + 1, at.step, r.batches_per_epoch,
+                                  loss_sum.item<double>() / std::max<int64_t>(index.size(0), 1)});
+    }
+    if (reporter && callbacks.on_progress && options.progress_every > 0 &&
+        (at.step % options.progress_every == 0 || at.step == r.batches_per_epoch)) {
+      r.communicator.wait_host("the progress report");
+      const auto running = means_of(tally.read());
+      callbacks.on_progress(ProgressStats{at.epoch + 1, options.epochs, at.step,
+                                          r.batches_per_epoch, at.images, elapsed(), running.loss,
+                                          running.accuracy});
+    }
+    if (options.check_replicas_every > 0 && at.global_step % options.check_replicas_every == 0) {
+      check_replicas_identical(*r.model, r.communicator, at.global_step);
+    }
+    if (at.global_step % check_every == 0 && at.step < r.batches_per_epoch) {
+      r.communicator.wait_host("the step's host check");
+      guard.throw_if_bad_step(last_checkpoint);
+      result.stop = agreed_stop_signal(options.stop_signal, r.communicator, r.plan.device);
+      if (result.stop != 0) break;
+    }
+  }
+  r.communicator.wait_host("the end of the epoch");
+  synchronize(r.plan.device);
+  result.seconds = elapsed();
+  guard.throw_if_bad_step(last_checkpoint);
+  return result;
+}
+
+// The end of a whole (or a --max-steps-cut) epoch: its sums reduced over the ranks, the
+// replicas' BatchNorm statistics averaged so that every rank evaluates the same model, the
+// evaluation, and the epoch's figures.
+EpochStats finish_epoch(Replica& r, const Position& at, Tally& tally, double seconds) {
+  EpochStats stats;
+  stats.epoch = at.epoch + 1;
+  stats.epochs = r.options.epochs;
+  stats.steps = at.step;
+  stats.seconds = seconds;
+  const auto train = means_of(tally.reduce(r.communicator, "training loss and accuracy"));
+  stats.train_loss = train.loss;
+  stats.train_acc = train.accuracy;
+  stats.images_per_second = seconds > 0 ? train.count / seconds : 0;
+  if (!std::isfinite(stats.train_loss)) {
+    throw std::runtime_error(
+        "epoch " + std::to_string(at.epoch + 1) + ": the training loss is not finite (" +
+        std::to_string(stats.train_loss) + "); the learning rate may be too high");
+  }
+  average_buffers(*r.model, r.communicator);
+  const auto test =
+      means_of(evaluate(r.model, r.test, r.options.batch_size, r.options, r.communicator));
+  stats.test_loss = test.loss;
+  stats.test_acc = test.accuracy;
+  return stats;
+}
+
+// ---- One rank ----------------------------------------------------------------------------
+
+// Epoch after epoch from `at` until the last, --max-steps or an agreed stop, adding each to
+// `result`; each kind of checkpoint is saved in one place.
+void train_epochs(Replica& r, Position& at, Checkpointer& checkpointer, NonFiniteGuard& guard,
+                  const TrainCallbacks& callbacks, TrainResult& result) {
+  const auto& options = r.options;
+  const auto& plan = r.plan;
+  const auto save = [&](int64_t epochs_done, int64_t step, const Totals& sums, double seconds) {
+    result.last_checkpoint =
+        checkpointer.save(epochs_done, step, at.global_step, sums, seconds, result.epochs);
+    if (plan.first_local && callbacks.on_checkpoint) {
+      callbacks.on_checkpoint(*result.last_checkpoint);
+    }
+  };
+  for (; at.epoch < options.epochs; ++at.epoch, at.step = 0) {
+    if (options.max_steps > 0 && at.global_step >= options.max_steps) break;
+    // A resumed epoch carries on with its sums and seconds so far (rank 0 holds the sums, as
+    // they are global).
     Tally tally(plan.device);
-    const int64_t resume_step = epoch == first_epoch ? first_step : 0;
-    double seconds_before = 0;  // of this epoch, before a resume
-    if (resume_step > 0 && start) {
-      seconds_before = start->partial_seconds;
-      if (plan.rank == 0) {
-        tally.sums.copy_(
-            torch::tensor({start->partial_sums[0], start->partial_sums[1], start->partial_sums[2]},
-                          torch::kFloat64));
-      }
+    double seconds_before = 0;
+    at.images = at.step * options.batch_size;
+    if (at.step > 0 && plan.start) {
+      seconds_before = plan.start->partial_seconds;
+      if (plan.rank == 0) tally.set(plan.start->partial_sums);
     }
-
-    synchronize(plan.device);
-    const auto start_time = std::chrono::steady_clock::now();
-    const auto elapsed = [&] {
-      return std::chrono::duration<double>(std::chrono::steady_clock::now() - start_time).count();
-    };
-    int64_t steps = resume_step;
-    int64_t images = resume_step * options.batch_size;
-    int stop = 0;
-    for (int64_t b = resume_step; b < batches_per_epoch; ++b) {
-      if (options.max_steps > 0 && global_step >= options.max_steps) break;
-      const auto [begin, end] = batch_range(num_train, options.batch_size, b);
-      const int64_t global_batch = end - begin;
-      const auto [shard_begin, shard_end] = shard_range(global_batch, plan.world_size, plan.rank);
-      const auto index = order.narrow(0, begin + shard_begin, shard_end - shard_begin);  // (n)
-      // x: (n, 1, 28, 28), y: (n), in buffers reused by every step.
-      const auto [x, y] =
-          assembler.gather(device_data.train_images, device_data.train_labels, index);
-
-      // zero grad -> forward -> loss -> backward (buckets all-reduce as they fill) -> wait -> step
-      reducer.zero_grad();
-      torch::Tensor loss_sum, logits;
-      if (index.size(0) > 0 || options.sync_bn) {
-        {
-          const AutocastGuard autocast(plan.device, options.amp);
-          logits = model->forward(x);  // (n, 10)
-        }
-        logits = logits.to(torch::kFloat32);  // the loss in float32 whatever the forward's type
-        loss_sum = F::cross_entropy(logits, y, F::CrossEntropyFuncOptions().reduction(torch::kSum));
-      } else {
-        // A replica with no examples (a global batch smaller than the world) still joins every
-        // gradient all-reduce, with zeros. (With sync-bn it runs the empty forward instead, to
-        // join the statistics all-reduces too.)
-        loss_sum = torch::zeros({}, torch::dtype(torch::kFloat32).device(plan.device));
-        for (const auto& p : model->parameters()) loss_sum = loss_sum + p.sum() * 0.0;
-        logits = torch::zeros({0, kNumClasses}, loss_sum.options());
-      }
-      // Each replica divides its summed loss by the GLOBAL batch size, so the all-reduced sum
-      // of gradients is exactly the gradient of the mean loss over the global batch, however
-      // unevenly the batch splits over the replicas.
-      const auto loss = loss_sum / static_cast<double>(global_batch);
-      reducer.prepare_for_backward();
-      loss.backward();
-      reducer.finalize_backward();
-      ++global_step;
-      const auto finite = gradients_finite(reducer);  // the same on every rank
-      if (options.on_nonfinite == NonFinite::kSkip) {
-        torch::NoGradGuard no_grad;
-        communicator->wait_host("the non-finite check");
-        if (!finite.item<bool>()) {
-          for (size_t i = 0; i < buffers.size(); ++i) buffers[i].copy_(saved_buffers[i]);
-          ++result.skipped_steps;
-        } else {
-          reducer.sgd_step(options.lr);
-          tally.add(loss_sum, logits, y);
-          for (size_t i = 0; i < buffers.size(); ++i) saved_buffers[i].copy_(buffers[i]);
-        }
-      } else {
-        first_bad_step.masked_fill_(first_bad_step.lt(0).logical_and(finite.logical_not()),
-                                    global_step);
-        reducer.sgd_step(options.lr);
-        tally.add(loss_sum, logits, y);
-      }
-      ++steps;
-      images += global_batch;
-      if (reporter && callbacks.on_step) {
-        communicator->wait_host("the step callback");
-        callbacks.on_step(StepStats{epoch + 1, steps, batches_per_epoch,
-                                    loss_sum.item<double>() / std::max<int64_t>(index.size(0), 1)});
-      }
-      if (reporter && callbacks.on_progress && options.progress_every > 0 &&
-          (steps % options.progress_every == 0 || steps == batches_per_epoch)) {
-        communicator->wait_host("the progress report");
-        const auto running = Tally::means(tally.read());
-        callbacks.on_progress(ProgressStats{epoch + 1, options.epochs, steps, batches_per_epoch,
-                                            images, seconds_before + elapsed(), running[0],
-                                            running[1]});
-      }
-      if (options.check_replicas_every > 0 && global_step % options.check_replicas_every == 0) {
-        check_replicas_identical(*model, *communicator, global_step);
-      }
-      if (global_step % check_every == 0 && b + 1 < batches_per_epoch) {
-        communicator->wait_host("the step's host check");
-        if (options.on_nonfinite == NonFinite::kStop) throw_if_nonfinite();
-        stop = agreed_stop_signal(options.stop_signal, *communicator, plan.device);
-        if (stop != 0) break;
-      }
-    }
-    communicator->wait_host("the end of the epoch");
-    synchronize(plan.device);
-    const double seconds = seconds_before + elapsed();
-    if (options.on_nonfinite == NonFinite::kStop) throw_if_nonfinite();
-
-    if (stop != 0) {
+    const auto steps =
+        train_epoch(r, at, tally, seconds_before, guard, callbacks, result.last_checkpoint);
+    if (steps.stop != 0) {
       // Stopped inside the epoch: keep its sums so far, summed over the ranks, for the resume.
-      result.stopped_by = stop;
-      if (options.checkpoint_dir) {
-        // The checkpoint holds one set of BatchNorm statistics, but mid-epoch each replica's
-        // have followed its own shard: save their mean. The momentum update is linear, so the
-        // mean after the epoch's end is the same (to rounding) as without the stop; rank 0's
-        // alone would move it by (1 - momentum)^k times the replicas' spread.
-        average_buffers(*model, *communicator);
-        communicator->allreduce_sum(tally.sums, "partial epoch sums");
-        communicator->wait_host("partial epoch sums");
-        save(make_checkpoint(epoch, steps, tally.read(), seconds));
+      // The checkpoint holds one set of BatchNorm statistics, but mid-epoch each replica's have
+      // followed its own shard: save their mean. The momentum update is linear, so the mean
+      // after the epoch's end is the same (to rounding) as without the stop; rank 0's alone
+      // would move it by (1 - momentum)^k times the replicas' spread.
+      result.stopped_by = steps.stop;
+      if (checkpointer.enabled()) {
+        average_buffers(*r.model, r.communicator);
+        save(at.epoch, at.step, tally.reduce(r.communicator, "partial epoch sums"), steps.seconds);
       }
-      break;
+      return;
     }
-
-    EpochStats stats;
-    stats.epoch = epoch + 1;
-    stats.epochs = options.epochs;
-    stats.steps = steps;
-    stats.seconds = seconds;
-    const auto train_totals = tally.reduce(*communicator, "training loss and accuracy");
-    stats.train_loss = train_totals[0];
-    stats.train_acc = train_totals[1];
-    stats.images_per_second = seconds > 0 ? train_totals[2] / seconds : 0;
-    if (!std::isfinite(stats.train_loss)) {
-      throw std::runtime_error(
-          "epoch " + std::to_string(epoch + 1) + ": the training loss is not finite (" +
-          std::to_string(stats.train_loss) + "); the learning rate may be too high");
-    }
-    // Every rank must evaluate the same model: average the per-replica running statistics.
-    average_buffers(*model, *communicator);
-    const auto test_totals =
-        evaluate(model, device_data, options.batch_size, options, *communicator);
-    stats.test_loss = test_totals[0];
-    stats.test_acc = test_totals[1];
+    const EpochStats stats = finish_epoch(r, at, tally, steps.seconds);
     result.epochs.push_back(stats);
-    if (reporter && callbacks.on_epoch) callbacks.on_epoch(stats);
-
-    if (steps < batches_per_epoch) {
+    if (plan.first_local && callbacks.on_epoch) callbacks.on_epoch(stats);
+    if (at.step < r.batches_per_epoch) {
       // --max-steps cut this epoch short: its checkpoint records the position inside it (and
-      // the sums so far, all-reduced by tally.reduce), so that a resume finishes the epoch.
-      if (options.checkpoint_dir) {
-        result.epochs.pop_back();  // the checkpoint's history holds finished epochs only
-        save(make_checkpoint(epoch, steps, tally.read(), seconds));
+      // the sums so far, all-reduced by finish_epoch), so that a resume finishes the epoch. Its
+      // history holds finished epochs only.
+      if (checkpointer.enabled()) {
+        result.epochs.pop_back();
+        save(at.epoch, at.step, tally.read(), steps.seconds);
         result.epochs.push_back(stats);
       }
-      break;
+      return;
     }
-    const bool last = epoch + 1 == options.epochs;
-    const bool scheduled = (epoch + 1) % options.checkpoint_every == 0 || last;
-    if (options.checkpoint_dir && scheduled) save(make_checkpoint(epoch + 1, 0, {0, 0, 0}, 0));
+    const bool last = at.epoch + 1 == options.epochs;
+    const bool scheduled = (at.epoch + 1) % options.checkpoint_every == 0 || last;
+    if (checkpointer.enabled() && scheduled) save(at.epoch + 1, 0, Totals{}, 0);
     // A stop requested during the epoch's last step, the evaluation or the checkpoint ends the
     // run here, keeping the finished epoch even between scheduled checkpoints.
-    if (!last) {
-      stop = agreed_stop_signal(options.stop_signal, *communicator, plan.device);
-      if (stop != 0) {
-        result.stopped_by = stop;
-        if (options.checkpoint_dir && !scheduled) save(make_checkpoint(epoch + 1, 0, {0, 0, 0}, 0));
-        break;
-      }
+    if (last) continue;
+    result.stopped_by = agreed_stop_signal(options.stop_signal, r.communicator, plan.device);
+    if (result.stopped_by != 0) {
+      if (checkpointer.enabled() && !scheduled) save(at.epoch + 1, 0, Totals{}, 0);
+      return;
     }
   }
-  if (options.check_replicas_every > 0)
-    check_replicas_identical(*model, *communicator, global_step);
+}
+
+// One rank's whole training: join the world, make the replica and what trains it, pick up where
+// a checkpoint left off, train the epochs, then save the model and leave together.
+TrainResult run_rank(const FashionMnist& data, const TrainOptions& options, const RankPlan& plan,
+                     const TrainCallbacks& callbacks) {
+  at::set_num_threads(plan.threads);  // intra-op threads are per calling thread under OpenMP
+  // This thread's current device: new tensors, NCCL and cuDNN handles go where the replica is.
+  const c10::DeviceGuard device_guard(plan.device);
+  TrainResult result;
+  result.world_size = plan.world_size;
+  JoinedWorld world(options, plan);
+  result.devices = world.devices();
+  auto& communicator = world.communicator();
+  ResNet model = make_replica(options, plan, communicator);
+  result.parameter_count = count_parameters(*model);
+  const DeviceSplit train = to_device(data.train, plan.device);
+  const DeviceSplit test = to_device(data.test, plan.device);
+  // The reducer also takes over the parameters' storage, for its one-update-per-bucket SGD.
+  Reducer reducer(model->parameters(), communicator, options.bucket_bytes);
+  const int64_t num_train = data.train.size();
+  BatchAssembler assembler(
+      shard_range(std::min(options.batch_size, num_train), plan.world_size, 0).second, plan.device,
+      channels_last(options));
+  Replica replica{options, plan,    communicator,
+                  model,   reducer, assembler,
+                  train,   test,    num_batches(num_train, options.batch_size)};
+  Checkpointer checkpointer(
+      options, checkpoint_config(options, num_train, plan.world_size, plan.train_digest), model,
+      communicator, plan.device);
+
+  Position at;  // a resumed run carries on at the checkpoint's epoch and step
+  if (plan.start) {
+    at = Position{plan.start->epochs_done, plan.start->step_in_epoch, plan.start->global_step, 0};
+    result.epochs = plan.start->history;
+    result.resumed_from = plan.start_name;
+  }
+  if (plan.first_local && callbacks.on_start) {
+    callbacks.on_start(result.devices, result.epochs, result.resumed_from);
+  }
+  NonFiniteGuard guard(options, model, plan.device, replica.batches_per_epoch);
+  train_epochs(replica, at, checkpointer, guard, callbacks, result);
+
+  if (options.check_replicas_every > 0) {
+    check_replicas_identical(*model, communicator, at.global_step);
+  }
   if (plan.rank == 0 && options.save_model && result.stopped_by == 0) {
-    communicator->wait_host("the saved model's copy of the weights");
+    communicator.wait_host("the saved model's copy of the weights");
     save_model_atomically(model, *options.save_model);
   }
-  // No rank leaves while others may still talk to it.
-  communicator->barrier("final barrier");
-  communicator->shutdown();
+  result.skipped_steps = guard.skipped();
+  world.leave();
+  return result;
+}
+
+// One rank's evaluation of the start's weights: the same world and replica as training, then
+// the evaluation after an epoch.
+EvalResult evaluate_rank(const FashionMnist& data, const TrainOptions& options,
+                         const RankPlan& plan) {
+  at::set_num_threads(plan.threads);
+  const c10::DeviceGuard device_guard(plan.device);
+  JoinedWorld world(options, plan);
+  ResNet model = make_replica(options, plan, world.communicator());
+  const auto totals = evaluate(model, to_device(data.test, plan.device), options.batch_size,
+                               options, world.communicator());
+  const auto test = means_of(totals);
+  EvalResult result{test.loss, test.accuracy, static_cast<int64_t>(totals.count), world.devices()};
+  world.leave();
   return result;
 }
 
@@ -678,11 +812,16 @@ void check_world(const TrainOptions& options, const WorldPlan& world) {
 
 namespace {
 
-// run_rank, with an allocator's failure turned into one line that says what to change.
-TrainResult run_rank_reporting_memory(const FashionMnist& data, const TrainOptions& options,
-                                      const RankPlan& plan, const TrainCallbacks& callbacks) {
+// What one rank does, training or evaluating: run_rank or evaluate_rank with their inputs bound.
+template <typename Result>
+using RankJob = std::function<Result(const TrainOptions& options, const RankPlan& plan)>;
+
+// A rank's job, with an allocator's failure turned into one line that says what to change.
+template <typename Result>
+Result run_reporting_memory(const RankJob<Result>& job, const TrainOptions& options,
+                            const RankPlan& plan) {
   try {
-    return run_rank(data, options, plan, callbacks);
+    return job(options, plan);
   } catch (const c10::Error& e) {
     const std::string what = e.what_without_backtrace();
     if (what.find("out of memory") == std::string::npos &&
@@ -697,10 +836,61 @@ TrainResult run_rank_reporting_memory(const FashionMnist& data, const TrainOptio
   }
 }
 
-// Runs one rank per local device (a thread each when there are several) and returns the first
-// local replica's result.
-TrainResult run_world(const FashionMnist& data, const TrainOptions& options, const WorldPlan& world,
-                      RankPlan base, const TrainCallbacks& callbacks) {
+// The failure to report among this process's replicas: a rank's own failure over a collective
+// error that merely reports a missing peer, and among collective errors the first to happen
+// (`order[i]`: when rank i failed, 1 for the first).
+void rethrow_first_failure(const std::vector<std::exception_ptr>& errors,
+                           const std::vector<int>& order) {
+  std::exception_ptr first_collective;
+  int first_order = 0;
+  for (size_t i = 0; i < errors.size(); ++i) {
+    if (!errors[i]) continue;
+    try {
+      std::rethrow_exception(errors[i]);
+    } catch (const CollectiveError&) {
+      if (!first_collective || order[i] < first_order) {
+        first_collective = errors[i];
+        first_order = order[i];
+      }
+    } catch (...) {
+      throw;
+    }
+  }
+  if (first_collective) std::rethrow_exception(first_collective);
+}
+
+// Runs `run_one(i)` for the `local` replicas of this process, a thread each, and returns the
+// first's result. The first failure aborts the others' process groups (so that they end at once)
+// and is reported; the others follow from it (their peer left) and would only hide the cause.
+template <typename Result>
+Result run_local_ranks(int local, LocalReplicas& replicas,
+                       const std::function<Result(int)>& run_one) {
+  std::vector<Result> results(static_cast<size_t>(local));
+  std::vector<std::exception_ptr> errors(static_cast<size_t>(local));
+  std::vector<int> failure_order(static_cast<size_t>(local), 0);
+  std::atomic<int> failures{0};
+  std::vector<std::thread> threads;
+  for (int i = 0; i < local; ++i) {
+    threads.emplace_back([&, i] {
+      try {
+        results[static_cast<size_t>(i)] = run_one(i);
+      } catch (...) {
+        failure_order[static_cast<size_t>(i)] = ++failures;
+        errors[static_cast<size_t>(i)] = std::current_exception();
+        replicas.abort_all();
+      }
+    });
+  }
+  for (auto& thread : threads) thread.join();
+  rethrow_first_failure(errors, failure_order);
+  return results.front();
+}
+
+// Runs `job` as one rank per local device (a thread each when there are several) and returns the
+// first local replica's result.
+template <typename Result>
+Result run_world(const FashionMnist& data, const TrainOptions& options, const WorldPlan& world,
+                 RankPlan base, const RankJob<Result>& job) {
   check_world(options, world);
   // LibTorch cannot run a convolution on an empty channels-last batch, which a replica meets
   // with sync-bn when the last batch has fewer examples than there are replicas (it must still
@@ -711,7 +901,7 @@ TrainResult run_world(const FashionMnist& data, const TrainOptions& options, con
       last_batch < world.world_size) {
     TrainOptions contiguous = options;
     contiguous.memory_format = MemoryFormat::kContiguous;
-    return run_world(data, contiguous, world, base, callbacks);
+    return run_world(data, contiguous, world, base, job);
   }
   // Each rank lays out its replica for its own device (memory_format.h).
   const auto cpu = detect_cpu_kernels();
@@ -753,55 +943,19 @@ TrainResult run_world(const FashionMnist& data, const TrainOptions& options, con
     RankPlan plan = base;
     plan.rank = world.first_rank;
     plan.device = world.local_devices[0];
-    return run_rank_reporting_memory(data, options_for(plan.device), plan, callbacks);
+    return run_reporting_memory(job, options_for(plan.device), plan);
   }
 
-  // Replicas in this process: a thread each. The first failure aborts the others' process
-  // groups and is reported; the others follow from it (their peer left) and would only hide
-  // the cause.
+  // Replicas in this process: a thread each.
   LocalReplicas replicas;
   base.local = &replicas;
-  std::vector<TrainResult> results(static_cast<size_t>(local));
-  std::vector<std::exception_ptr> errors(static_cast<size_t>(local));
-  std::vector<int> failure_order(static_cast<size_t>(local), 0);
-  std::atomic<int> failures{0};
-  std::vector<std::thread> threads;
-  for (int i = 0; i < local; ++i) {
-    threads.emplace_back([&, i] {
-      RankPlan plan = base;
-      plan.rank = world.first_rank + i;
-      plan.first_local = i == 0;
-      plan.device = world.local_devices[static_cast<size_t>(i)];
-      try {
-        results[static_cast<size_t>(i)] =
-            run_rank_reporting_memory(data, options_for(plan.device), plan, callbacks);
-      } catch (...) {
-        failure_order[static_cast<size_t>(i)] = ++failures;
-        errors[static_cast<size_t>(i)] = std::current_exception();
-        replicas.abort_all();
-      }
-    });
-  }
-  for (auto& thread : threads) thread.join();
-  // Prefer a rank's own failure over a collective error that merely reports a missing peer,
-  // and among collective errors the first to happen.
-  std::exception_ptr first_collective;
-  int first_order = 0;
-  for (size_t i = 0; i < errors.size(); ++i) {
-    if (!errors[i]) continue;
-    try {
-      std::rethrow_exception(errors[i]);
-    } catch (const CollectiveError&) {
-      if (!first_collective || failure_order[i] < first_order) {
-        first_collective = errors[i];
-        first_order = failure_order[i];
-      }
-    } catch (...) {
-      throw;
-    }
-  }
-  if (first_collective) std::rethrow_exception(first_collective);
-  return results.front();
+  return run_local_ranks<Result>(local, replicas, [&](int i) {
+    RankPlan plan = base;
+    plan.rank = world.first_rank + i;
+    plan.first_local = i == 0;
+    plan.device = world.local_devices[static_cast<size_t>(i)];
+    return run_reporting_memory(job, options_for(plan.device), plan);
+  });
 }
 
 }  // namespace
@@ -948,6 +1102,7 @@ TrainResult train(const FashionMnist& data, const TrainOptions& options, const W
                     checkpoint_config(options, data.train.size(), world.world_size, train_digest),
                     callbacks);
     base.start = &checkpoint;
+    base.weights = &checkpoint.tensors;
     base.start_name = path;
   }
   // Each process read the directory itself (a shared file system under a launcher); the ranks
@@ -960,7 +1115,10 @@ TrainResult train(const FashionMnist& data, const TrainOptions& options, const W
   base.settings =
       settings_text(run_settings(options, describe_set(data.train, train_digest),
                                  describe_set(data.test, dataset_digest(data.test)), start_text));
-  return run_world(data, options, world, base, callbacks);
+  const RankJob<TrainResult> job = [&](const TrainOptions& rank_options, const RankPlan& plan) {
+    return run_rank(data, rank_options, plan, callbacks);
+  };
+  return run_world(data, options, world, base, job);
 }
 
 TrainResult train(const FashionMnist& data, const TrainOptions& options, const WorldPlan& world,
@@ -975,22 +1133,16 @@ EvalResult evaluate_weights(const FashionMnist& data, const TrainOptions& option
                             const WorldPlan& world,
                             const std::vector<std::pair<std::string, torch::Tensor>>& weights) {
   check_not_empty(data.test, "test");
-  Checkpoint start;
-  start.tensors = weights;
   RankPlan base;
-  base.start = &start;
+  base.weights = &weights;
   base.start_name = "to evaluate";
-  base.evaluate_only = true;
   base.settings = settings_text(
       run_settings(options, describe_set(data.train, dataset_digest(data.train)),
                    describe_set(data.test, dataset_digest(data.test)), "the weights to evaluate"));
-  const auto result = run_world(data, options, world, base, TrainCallbacks{});
-  EvalResult eval;
-  eval.test_loss = result.epochs.front().test_loss;
-  eval.test_acc = result.epochs.front().test_acc;
-  eval.examples = result.epochs.front().steps;
-  eval.devices = result.devices;
-  return eval;
+  const RankJob<EvalResult> job = [&](const TrainOptions& rank_options, const RankPlan& plan) {
+    return evaluate_rank(data, rank_options, plan);
+  };
+  return run_world(data, options, world, base, job);
 }
 
 }  // namespace dptrain

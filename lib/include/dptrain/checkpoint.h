@@ -16,7 +16,6 @@
 #include <torch/nn/module.h>
 #include <torch/types.h>
 
-#include <array>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -55,7 +54,7 @@ struct Checkpoint {
   int64_t global_step = 0;
   // The unfinished epoch's sums over all ranks (loss sum, correct, count) and training seconds,
   // so that a resumed epoch reports the same figures as an uninterrupted one.
-  std::array<double, 3> partial_sums{0, 0, 0};
+  Totals partial_sums;
   double partial_seconds = 0;
   std::vector<EpochStats> history;  // the finished epochs' figures
   // Parameters and buffers by their model names, on the CPU, contiguous.

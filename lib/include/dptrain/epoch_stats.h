@@ -10,6 +10,25 @@
 
 namespace dptrain {
 
+// Sums over a pass of data, over all ranks: cross-entropy, correct predictions, examples.
+struct Totals {
+  double loss_sum = 0;
+  double correct = 0;
+  double count = 0;
+};
+
+// What the sums mean: the mean loss and the accuracy (over at least one example), and the count.
+struct Means {
+  double loss = 0;
+  double accuracy = 0;
+  double count = 0;
+};
+
+inline Means means_of(const Totals& totals) {
+  const double count = totals.count > 1.0 ? totals.count : 1.0;
+  return {totals.loss_sum / count, totals.correct / count, totals.count};
+}
+
 struct EpochStats {
   int64_t epoch = 0;  // 1-based
   int64_t epochs = 0;

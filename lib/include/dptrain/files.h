@@ -28,8 +28,8 @@ std::string file_kind(unsigned mode);
 void make_directories(const std::string& directory, const std::string& what);
 
 // The whole of a regular file. Anything else (a FIFO, a device, a directory) is a DataError
-// "<what> PATH: not a regular file (a FIFO)" at once: the file is opened without blocking, so
-// a FIFO with no writer cannot hang the reader.
+// "<what> PATH: not a regular file (a FIFO)" at once (without `what`: "PATH: ..."): the file
+// is opened without blocking, so a FIFO with no writer cannot hang the reader.
 std::vector<uint8_t> read_regular_file(const std::string& path, const std::string& what);
 
 // Checks, before a run, that `path` can later be written by write_file_atomically: it is a new

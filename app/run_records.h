@@ -1,0 +1,40 @@
+// The files a training run leaves beside its output: the metrics file (--metrics) and the plot
+// (--plot), both written by global rank 0, anew from the epochs a resumed run starts with and
+// then after every epoch, so that each holds every epoch once.
+// Not here: their formats (metrics.h, plot.h), checkpoints (train.h).
+#pragma once
+
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "dptrain/epoch_stats.h"
+#include "dptrain/metrics.h"
+
+namespace dptrain {
+
+class RunRecords {
+ public:
+  // `metrics`, `plot`: the paths, or none; lr, batch size and epochs for the records and title.
+  RunRecords(std::optional<std::string> metrics, std::optional<std::string> plot, double lr,
+             int64_t batch_size, int64_t epochs);
+
+  // Once the world is up: every rank's device, and the epochs a resumed run already has. Opens
+  // (truncates) the metrics file and writes those epochs.
+  void start(const std::vector<std::string>& devices, const std::vector<EpochStats>& done);
+  // After each epoch: appends it to the metrics file and redraws the plot.
+  void add(const EpochStats& stats);
+
+ private:
+  std::optional<std::string> metrics_path_;
+  std::optional<std::string> plot_path_;
+  double lr_;
+  int64_t batch_size_;
+  int64_t epochs_;
+  std::vector<std::string> devices_;
+  std::unique_ptr<MetricsWriter> metrics_;
+  std::vector<EpochRecord> records_;
+};
+
+}  // namespace dptrain
