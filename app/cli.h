@@ -6,7 +6,7 @@
 #include <string>
 #include <vector>
 
-#include "dptrain/train.h"
+#include "dptrain/train/train.h"
 
 namespace dptrain {
 

@@ -4,7 +4,7 @@
 #include <cstdio>
 #include <utility>
 
-#include "dptrain/report.h"
+#include "dptrain/io/report.h"
 
 namespace dptrain {
 namespace {

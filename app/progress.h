@@ -6,7 +6,7 @@
 #include <cstdint>
 #include <string>
 
-#include "dptrain/train.h"
+#include "dptrain/train/train.h"
 
 namespace dptrain {
 

@@ -4,8 +4,8 @@
 #include <cmath>
 #include <utility>
 
-#include "dptrain/plot.h"
-#include "dptrain/report.h"
+#include "dptrain/io/plot.h"
+#include "dptrain/io/report.h"
 
 namespace dptrain {
 

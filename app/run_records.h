@@ -9,8 +9,8 @@
 #include <string>
 #include <vector>
 
-#include "dptrain/epoch_stats.h"
-#include "dptrain/metrics.h"
+#include "dptrain/train/epoch_stats.h"
+#include "dptrain/io/metrics.h"
 
 namespace dptrain {
 

@@ -9,7 +9,7 @@
 #include <cstdlib>
 #include <vector>
 
-#include "dptrain/checkpoint.h"
+#include "dptrain/train/checkpoint.h"
 #include "dptrain/errors.h"
 
 namespace {

@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "dptrain/errors.h"
-#include "dptrain/idx.h"
+#include "dptrain/data/idx.h"
 
 namespace {
 

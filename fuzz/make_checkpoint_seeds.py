@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Writes the small seed checkpoints of fuzz/corpus/fuzz_checkpoint/ in dptrain's format
-(lib/include/dptrain/checkpoint.h): valid files with a few tiny tensors, and damaged copies.
+(lib/include/dptrain/train/checkpoint.h): valid files with a few tiny tensors, and damaged copies.
 The real checkpoints of even a width-1 model are 20 KB, above the fuzzer's input limit."""
 import os
 import struct

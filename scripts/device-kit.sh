@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Stages into .device-kit/ (git-ignored) what bench/gpu_check.sh needs on the GPU machine and its
 # image may lack: Fashion-MNIST, and the outside pieces of the build (cxxopts, GoogleTest's
-# sources, Gloo's headers, zlib's headers and static library). Run here, on a machine with
+# sources, Gloo's headers, zlib's and OpenSSL's libcrypto's headers and static libraries). Run here, on a machine with
 # scripts/install-deps.sh's packages; carry .device-kit with the device call. Prints what it
 # took from where and the size of tree + kit, which must stay under the tool's 64 MiB.
 # Not here: libcurl (the device build leaves `dptrain download` out, see DPTRAIN_DOWNLOAD) and
@@ -25,6 +25,9 @@ need /usr/src/googletest/googletest/CMakeLists.txt "googletest, the sources behi
 need /usr/include/gloo/algorithm.h "libgloo-dev"
 need /usr/include/zlib.h "zlib1g-dev"
 need /usr/lib/x86_64-linux-gnu/libz.a "zlib1g-dev"
+need /usr/include/openssl/evp.h "libssl-dev"
+need /usr/include/x86_64-linux-gnu/openssl/configuration.h "libssl-dev"
+need /usr/lib/x86_64-linux-gnu/libcrypto.a "libssl-dev"
 
 rm -rf "$kit"
 mkdir -p "$kit/data/fashion-mnist" "$kit/prefix/include" "$kit/prefix/lib/cmake" "$kit/src"
@@ -44,10 +47,16 @@ cp -r /usr/include/gloo "$kit/prefix/include/"
 # zlib: headers and the static library, so that nothing depends on the image's libz.so name.
 cp /usr/include/zlib.h /usr/include/zconf.h "$kit/prefix/include/"
 cp /usr/lib/x86_64-linux-gnu/libz.a "$kit/prefix/lib/"
+# OpenSSL's libcrypto (SHA-256 of downloads and of the training set in checkpoints): headers,
+# the two that Debian keeps per architecture among them, and the static library; CMake's
+# FindOpenSSL adds the threads and libdl that a static libcrypto needs.
+cp -r /usr/include/openssl "$kit/prefix/include/"
+cp /usr/include/x86_64-linux-gnu/openssl/*.h "$kit/prefix/include/openssl/"
+cp /usr/lib/x86_64-linux-gnu/libcrypto.a "$kit/prefix/lib/"
 
 {
   echo "# dptrain device kit, made $(date -u +%Y-%m-%dT%H:%M:%SZ) on $(hostname) by scripts/device-kit.sh"
-  for package in dataset-fashion-mnist libcxxopts-dev googletest libgloo-dev zlib1g-dev; do
+  for package in dataset-fashion-mnist libcxxopts-dev googletest libgloo-dev zlib1g-dev libssl-dev; do
     echo "# $package $(dpkg-query -W -f='${Version}' "$package" 2>/dev/null || echo '(version unknown)')"
   done
   (cd "$kit" && find . -type f ! -name MANIFEST -print0 | sort -z | xargs -0 sha256sum)

@@ -7,7 +7,7 @@ history and a PyTorch state_dict, with the CRC-32 checked as dptrain checks it.
     python3 scripts/read_checkpoint.py F --tensor-digests                         # name dtype shape sha256
     python3 scripts/read_checkpoint.py F --save-state-dict model.pt               # torch.save(state_dict)
 
-The format is lib/include/dptrain/checkpoint.h's: little-endian, a 24-byte header (magic
+The format is lib/include/dptrain/train/checkpoint.h's: little-endian, a 24-byte header (magic
 "DPTRNCKP", format version, payload size, CRC-32), then the payload. Versions 1 and 2 are read.
 In Python: `from read_checkpoint import read_checkpoint; c = read_checkpoint(path)`, then
 `model.load_state_dict(c["state_dict"])` on the book's ResNet-18 (tests/pytorch_resnet.py).

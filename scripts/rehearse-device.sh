@@ -32,7 +32,8 @@ fi
 hidden=(usr/include/cxxopts.hpp usr/include/gtest usr/include/gloo usr/include/curl
   usr/include/zlib.h usr/lib/x86_64-linux-gnu/libz.so usr/lib/x86_64-linux-gnu/libz.a
   usr/lib/x86_64-linux-gnu/libcurl.so usr/src/googletest usr/lib/cmake/cxxopts
-  usr/share/datasets/fashion-mnist usr/lib/x86_64-linux-gnu/cmake/Torch)
+  usr/share/datasets/fashion-mnist usr/lib/x86_64-linux-gnu/cmake/Torch usr/include/openssl
+  usr/lib/x86_64-linux-gnu/libcrypto.so usr/lib/x86_64-linux-gnu/libcrypto.a)
 for path in "${hidden[@]}"; do
   if [ -e "$root/$path" ]; then
     echo "rehearse-device: $root/$path exists: the root is not clean; remove it" >&2

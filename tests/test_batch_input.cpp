@@ -2,8 +2,8 @@
 // afresh, in both layouts, for full and short batches, reusing its buffers.
 #include <gtest/gtest.h>
 
-#include "dptrain/batch_input.h"
-#include "dptrain/data.h"
+#include "dptrain/data/batch_input.h"
+#include "dptrain/data/data.h"
 
 namespace dptrain {
 namespace {

@@ -5,8 +5,8 @@
 
 #include <mutex>
 
-#include "dptrain/batch_norm.h"
-#include "dptrain/batching.h"
+#include "dptrain/model/batch_norm.h"
+#include "dptrain/data/batching.h"
 #include "test_support.h"
 
 namespace {

@@ -11,8 +11,8 @@
 #include <utility>
 #include <vector>
 
-#include "dptrain/batching.h"
-#include "dptrain/random.h"
+#include "dptrain/data/batching.h"
+#include "dptrain/data/random.h"
 
 namespace {
 

@@ -26,13 +26,13 @@
 #include <utility>
 #include <vector>
 
-#include "dptrain/checkpoint.h"
-#include "dptrain/checkpoint_directory.h"
-#include "dptrain/data.h"
+#include "dptrain/train/checkpoint.h"
+#include "dptrain/train/checkpoint_directory.h"
+#include "dptrain/data/data.h"
 #include "dptrain/errors.h"
-#include "dptrain/files.h"
-#include "dptrain/model.h"
-#include "dptrain/sha256.h"
+#include "dptrain/io/files.h"
+#include "dptrain/model/model.h"
+#include "dptrain/io/sha256.h"
 #include "test_support.h"
 
 namespace {

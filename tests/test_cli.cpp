@@ -23,10 +23,10 @@
 #include <vector>
 
 #include "cli.h"
-#include "dptrain/checkpoint.h"
-#include "dptrain/checkpoint_directory.h"
-#include "dptrain/data.h"
-#include "dptrain/devices.h"
+#include "dptrain/train/checkpoint.h"
+#include "dptrain/train/checkpoint_directory.h"
+#include "dptrain/data/data.h"
+#include "dptrain/parallel/devices.h"
 #include "dptrain/errors.h"
 #include "test_support.h"
 

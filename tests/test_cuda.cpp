@@ -20,11 +20,11 @@
 #include <thread>
 #include <vector>
 
-#include "dptrain/devices.h"
-#include "dptrain/distributed.h"
-#include "dptrain/model.h"
-#include "dptrain/rendezvous.h"
-#include "dptrain/train.h"
+#include "dptrain/parallel/devices.h"
+#include "dptrain/parallel/distributed.h"
+#include "dptrain/model/model.h"
+#include "dptrain/parallel/rendezvous.h"
+#include "dptrain/train/train.h"
 #include "test_support.h"
 
 #if defined(DPTRAIN_WITH_CUDA)

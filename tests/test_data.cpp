@@ -15,7 +15,7 @@
 #include <utility>
 #include <vector>
 
-#include "dptrain/data.h"
+#include "dptrain/data/data.h"
 #include "dptrain/errors.h"
 #include "test_support.h"
 

@@ -9,9 +9,9 @@
 #include <utility>
 
 #include "dptrain/errors.h"
-#include "dptrain/model.h"
-#include "dptrain/rendezvous.h"
-#include "dptrain/replicas.h"
+#include "dptrain/model/model.h"
+#include "dptrain/parallel/rendezvous.h"
+#include "dptrain/parallel/replicas.h"
 #include "test_support.h"
 
 namespace {

@@ -22,10 +22,10 @@
 #include <thread>
 #include <vector>
 
-#include "dptrain/data.h"
-#include "dptrain/download.h"
+#include "dptrain/data/data.h"
+#include "dptrain/io/download.h"
 #include "dptrain/errors.h"
-#include "dptrain/sha256.h"
+#include "dptrain/io/sha256.h"
 #include "test_support.h"
 
 namespace dptrain {

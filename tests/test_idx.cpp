@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "dptrain/errors.h"
-#include "dptrain/idx.h"
+#include "dptrain/data/idx.h"
 #include "test_support.h"
 
 namespace {

@@ -5,7 +5,7 @@
 #include <string>
 
 #include "dptrain/errors.h"
-#include "dptrain/memory_budget.h"
+#include "dptrain/train/memory_budget.h"
 #include "test_support.h"
 
 namespace dptrain {

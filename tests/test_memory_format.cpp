@@ -7,7 +7,7 @@
 #include <string>
 
 #include "dptrain/errors.h"
-#include "dptrain/memory_format.h"
+#include "dptrain/model/memory_format.h"
 
 namespace {
 

@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "dptrain/errors.h"
-#include "dptrain/metrics.h"
+#include "dptrain/io/metrics.h"
 #include "test_support.h"
 
 namespace dptrain {

@@ -4,7 +4,7 @@
 
 #include <set>
 
-#include "dptrain/model.h"
+#include "dptrain/model/model.h"
 
 namespace {
 

@@ -15,7 +15,7 @@
 #include <vector>
 
 #include "dptrain/errors.h"
-#include "dptrain/plot.h"
+#include "dptrain/io/plot.h"
 #if defined(DPTRAIN_PLOT_RENDER_TEST)
 #include "png_check.h"
 #endif

@@ -17,8 +17,8 @@
 #include <string>
 #include <vector>
 
-#include "dptrain/batch_norm.h"
-#include "dptrain/model.h"
+#include "dptrain/model/batch_norm.h"
+#include "dptrain/model/model.h"
 
 namespace {
 

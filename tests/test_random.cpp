@@ -12,7 +12,7 @@
 #include <set>
 #include <vector>
 
-#include "dptrain/random.h"
+#include "dptrain/data/random.h"
 
 namespace {
 

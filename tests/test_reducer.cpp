@@ -11,9 +11,9 @@
 
 #include <mutex>
 
-#include "dptrain/batching.h"
-#include "dptrain/model.h"
-#include "dptrain/reducer.h"
+#include "dptrain/data/batching.h"
+#include "dptrain/model/model.h"
+#include "dptrain/parallel/reducer.h"
 #include "test_support.h"
 
 namespace {

@@ -2,7 +2,7 @@
 // lines, and no control characters in anything meant for logs.
 #include <gtest/gtest.h>
 
-#include "dptrain/report.h"
+#include "dptrain/io/report.h"
 
 namespace dptrain {
 namespace {

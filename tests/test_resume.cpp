@@ -15,10 +15,10 @@
 #include <string>
 #include <vector>
 
-#include "dptrain/checkpoint.h"
-#include "dptrain/checkpoint_directory.h"
+#include "dptrain/train/checkpoint.h"
+#include "dptrain/train/checkpoint_directory.h"
 #include "dptrain/errors.h"
-#include "dptrain/train.h"
+#include "dptrain/train/train.h"
 #include "test_support.h"
 
 namespace {

@@ -7,8 +7,8 @@
 #include <vector>
 
 #include "dptrain/errors.h"
-#include "dptrain/run_configuration.h"
-#include "dptrain/train.h"
+#include "dptrain/parallel/run_configuration.h"
+#include "dptrain/train/train.h"
 #include "test_support.h"
 
 namespace dptrain {

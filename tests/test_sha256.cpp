@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "dptrain/errors.h"
-#include "dptrain/sha256.h"
+#include "dptrain/io/sha256.h"
 #include "test_support.h"
 
 namespace dptrain {

@@ -27,9 +27,9 @@
 #include <stdexcept>
 #include <thread>
 
-#include "dptrain/data.h"
+#include "dptrain/data/data.h"
 #include "dptrain/errors.h"
-#include "dptrain/rendezvous.h"
+#include "dptrain/parallel/rendezvous.h"
 
 namespace dptrain::testing {
 

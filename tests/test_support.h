@@ -12,9 +12,9 @@
 #include <string>
 #include <vector>
 
-#include "dptrain/data.h"
-#include "dptrain/distributed.h"
-#include "dptrain/train.h"
+#include "dptrain/data/data.h"
+#include "dptrain/parallel/distributed.h"
+#include "dptrain/train/train.h"
 
 namespace dptrain::testing {
 

@@ -16,12 +16,12 @@
 #include <sstream>
 #include <thread>
 
-#include "dptrain/checkpoint.h"
-#include "dptrain/checkpoint_directory.h"
-#include "dptrain/devices.h"
+#include "dptrain/train/checkpoint.h"
+#include "dptrain/train/checkpoint_directory.h"
+#include "dptrain/parallel/devices.h"
 #include "dptrain/errors.h"
-#include "dptrain/model.h"
-#include "dptrain/train.h"
+#include "dptrain/model/model.h"
+#include "dptrain/train/train.h"
 #include "test_support.h"
 
 namespace {

@@ -9,10 +9,10 @@
 #include <string>
 #include <vector>
 
-#include "dptrain/devices.h"
+#include "dptrain/parallel/devices.h"
 #include "dptrain/errors.h"
-#include "dptrain/rendezvous.h"
-#include "dptrain/world_plan.h"
+#include "dptrain/parallel/rendezvous.h"
+#include "dptrain/parallel/world_plan.h"
 
 namespace dptrain {
 namespace {

@@ -1,5 +1,5 @@
 // Autocast on and off for one device type. See autocast.h.
-#include "dptrain/autocast.h"
+#include "dptrain/model/autocast.h"
 
 #include <ATen/autocast_mode.h>
 #include <torch/version.h>

@@ -1,9 +1,9 @@
 // The step's input gathered into reused buffers. See batch_input.h.
-#include "dptrain/batch_input.h"
+#include "dptrain/data/batch_input.h"
 
 #include <ATen/ATen.h>
 
-#include "dptrain/data.h"
+#include "dptrain/data/data.h"
 
 namespace dptrain {
 

@@ -1,10 +1,10 @@
 // BatchNorm2d, per replica or synchronised over replicas. See batch_norm.h.
-#include "dptrain/batch_norm.h"
+#include "dptrain/model/batch_norm.h"
 
 #include <torch/autograd.h>
 #include <torch/nn/init.h>
 
-#include "dptrain/distributed.h"
+#include "dptrain/parallel/distributed.h"
 
 namespace dptrain {
 namespace {

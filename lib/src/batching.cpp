@@ -1,10 +1,10 @@
 // Epoch orders, global batches and replica shards; see batching.h.
-#include "dptrain/batching.h"
+#include "dptrain/data/batching.h"
 
 #include <algorithm>
 #include <stdexcept>
 
-#include "dptrain/random.h"
+#include "dptrain/data/random.h"
 
 namespace dptrain {
 

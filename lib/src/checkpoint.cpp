@@ -1,5 +1,5 @@
 // The checkpoint file format, its atomic writer and its strict reader. See checkpoint.h.
-#include "dptrain/checkpoint.h"
+#include "dptrain/train/checkpoint.h"
 
 #include <zlib.h>
 
@@ -11,7 +11,7 @@
 #include <sstream>
 
 #include "dptrain/errors.h"
-#include "dptrain/files.h"
+#include "dptrain/io/files.h"
 
 namespace dptrain {
 namespace {

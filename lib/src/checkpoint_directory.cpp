@@ -1,5 +1,5 @@
 // Preparing, locking and searching a checkpoint directory. See checkpoint_directory.h.
-#include "dptrain/checkpoint_directory.h"
+#include "dptrain/train/checkpoint_directory.h"
 
 #include <dirent.h>
 #include <fcntl.h>
@@ -12,9 +12,9 @@
 #include <ctime>
 #include <tuple>
 
-#include "dptrain/devices.h"
+#include "dptrain/parallel/devices.h"
 #include "dptrain/errors.h"
-#include "dptrain/files.h"
+#include "dptrain/io/files.h"
 
 namespace dptrain {
 namespace {

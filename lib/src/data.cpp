@@ -1,5 +1,5 @@
 // Fashion-MNIST: locating, loading and validating the four IDX files. See data.h.
-#include "dptrain/data.h"
+#include "dptrain/data/data.h"
 
 #include <sys/stat.h>
 #include <unistd.h>
@@ -9,8 +9,8 @@
 #include <cstring>
 #include <vector>
 
-#include "dptrain/idx.h"
-#include "dptrain/sha256.h"
+#include "dptrain/data/idx.h"
+#include "dptrain/io/sha256.h"
 
 namespace dptrain {
 

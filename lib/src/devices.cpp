@@ -1,5 +1,5 @@
 // Device lists for --devices and --gpus. See devices.h.
-#include "dptrain/devices.h"
+#include "dptrain/parallel/devices.h"
 
 #include <sched.h>
 #include <torch/cuda.h>

@@ -1,7 +1,7 @@
 // The Communicator: c10d process groups behind dptrain's few collectives, with timeouts and
 // errors that name the rank. LibTorch 1.13 derives its process groups from c10d::ProcessGroup,
 // 2.x from c10d::Backend; the difference stays inside this file.
-#include "dptrain/distributed.h"
+#include "dptrain/parallel/distributed.h"
 
 #include <torch/version.h>
 
@@ -13,7 +13,7 @@
 #include <torch/csrc/distributed/c10d/Work.hpp>
 #include <utility>
 
-#include "dptrain/rendezvous.h"
+#include "dptrain/parallel/rendezvous.h"
 
 // DPTRAIN_WITH_GLOO: third_party/dependencies.cmake found Gloo headers that compile against this
 // LibTorch's ProcessGroupGloo.hpp (option DPTRAIN_GLOO).
@@ -47,6 +47,7 @@ struct Communicator::ProcessGroup {
 std::string backend_name(Backend backend) { return backend == Backend::kNccl ? "nccl" : "gloo"; }
 
 bool backend_available(Backend backend) {
+  (void)backend;  // a build with neither backend compiled in looks at nothing
 #if defined(DPTRAIN_HAVE_NCCL)
   if (backend == Backend::kNccl) return true;
 #endif

@@ -1,7 +1,7 @@
 // Fetching Fashion-MNIST with libcurl: one file at a time, to "<name>.part", verified by its
 // SHA-256 (OpenSSL's), then renamed into place. See download.h. Not here: decompressing or
 // parsing the files (idx.h, data.h) and any output to the terminal.
-#include "dptrain/download.h"
+#include "dptrain/io/download.h"
 
 #if defined(DPTRAIN_WITH_CURL)
 #include <curl/curl.h>
@@ -20,10 +20,10 @@
 #include <optional>
 #include <thread>
 
-#include "dptrain/data.h"
+#include "dptrain/data/data.h"
 #include "dptrain/errors.h"
-#include "dptrain/files.h"
-#include "dptrain/sha256.h"
+#include "dptrain/io/files.h"
+#include "dptrain/io/sha256.h"
 
 namespace dptrain {
 
@@ -128,6 +128,15 @@ class PartFile {
   bool renamed_ = false;
 };
 
+using Clock = std::chrono::steady_clock;
+
+// Throws DownloadStopped when a stop was requested.
+void check_stop_request(const DownloadOptions& options) {
+  if (options.stop_signal && options.stop_signal->load() != 0) {
+    throw DownloadStopped(options.stop_signal->load());
+  }
+}
+
 #if defined(DPTRAIN_WITH_CURL)
 // ---- One attempt with libcurl ----------------------------------------------------------------
 
@@ -203,15 +212,6 @@ size_t write_body(char* data, size_t size, size_t count, void* user) {
 // curl's own retry rule (curl --retry): only these HTTP statuses can be transient.
 bool is_transient_http_status(long status) {
   return status == 408 || status == 429 || status >= 500;
-}
-
-using Clock = std::chrono::steady_clock;
-
-// Throws DownloadStopped when a stop was requested.
-void check_stop_request(const DownloadOptions& options) {
-  if (options.stop_signal && options.stop_signal->load() != 0) {
-    throw DownloadStopped(options.stop_signal->load());
-  }
 }
 
 std::string deadline_text(const DownloadOptions& options) {

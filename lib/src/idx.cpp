@@ -1,5 +1,5 @@
 // IDX reading and validation; see idx.h for the format.
-#include "dptrain/idx.h"
+#include "dptrain/data/idx.h"
 
 #include <sys/stat.h>
 #include <zlib.h>
@@ -10,7 +10,7 @@
 #include <limits>
 #include <sstream>
 
-#include "dptrain/files.h"
+#include "dptrain/io/files.h"
 
 namespace dptrain {
 namespace {

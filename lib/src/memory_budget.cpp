@@ -1,5 +1,5 @@
 // The memory estimate and the host-memory check. See memory_budget.h.
-#include "dptrain/memory_budget.h"
+#include "dptrain/train/memory_budget.h"
 
 #include <cstdio>
 #include <fstream>

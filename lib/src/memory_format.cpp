@@ -1,5 +1,5 @@
 // Choosing the memory layout per device. See memory_format.h.
-#include "dptrain/memory_format.h"
+#include "dptrain/model/memory_format.h"
 
 #include <algorithm>
 #include <cctype>

@@ -1,6 +1,6 @@
 // Writing the per-epoch metrics file. See metrics.h.
 // File access is plain POSIX (open, write, fsync; files.h): not iostreams, which cannot fsync.
-#include "dptrain/metrics.h"
+#include "dptrain/io/metrics.h"
 
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -13,7 +13,7 @@
 #include <cstring>
 
 #include "dptrain/errors.h"
-#include "dptrain/files.h"
+#include "dptrain/io/files.h"
 
 namespace dptrain {
 

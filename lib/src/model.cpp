@@ -1,5 +1,5 @@
 // The book's ResNet-18 and its reference initialisation.
-#include "dptrain/model.h"
+#include "dptrain/model/model.h"
 
 #include <torch/nn/functional/activation.h>
 #include <torch/nn/functional/pooling.h>
@@ -8,7 +8,7 @@
 #include <cmath>
 #include <string>
 
-#include "dptrain/random.h"
+#include "dptrain/data/random.h"
 
 namespace dptrain {
 namespace {

@@ -1,5 +1,5 @@
 // The bucketed, overlapping gradient all-reduce. See reducer.h.
-#include "dptrain/reducer.h"
+#include "dptrain/parallel/reducer.h"
 
 #include <torch/csrc/autograd/function.h>
 #include <torch/csrc/autograd/utils/lambda_post_hook.h>

@@ -1,5 +1,5 @@
 // Launcher environments, stores and the bounded store barrier. See rendezvous.h.
-#include "dptrain/rendezvous.h"
+#include "dptrain/parallel/rendezvous.h"
 
 #include <netdb.h>
 #include <sys/socket.h>

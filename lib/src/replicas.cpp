@@ -1,5 +1,5 @@
 // Replica consistency: broadcast, buffer averaging, checksums. See replicas.h.
-#include "dptrain/replicas.h"
+#include "dptrain/parallel/replicas.h"
 
 #include <cstring>
 #include <string>

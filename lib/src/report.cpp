@@ -1,10 +1,10 @@
 // Formatting of the per-epoch and final lines. See report.h.
-#include "dptrain/report.h"
+#include "dptrain/io/report.h"
 
 #include <algorithm>
 #include <cstdio>
 
-#include "dptrain/devices.h"
+#include "dptrain/parallel/devices.h"
 
 namespace dptrain {
 

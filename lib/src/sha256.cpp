@@ -1,5 +1,5 @@
 // SHA-256 through OpenSSL's EVP digest interface. See sha256.h.
-#include "dptrain/sha256.h"
+#include "dptrain/io/sha256.h"
 
 #include <fcntl.h>
 #include <openssl/err.h>

@@ -1,7 +1,7 @@
 // Planning this process's replicas and backend. See world_plan.h.
-#include "dptrain/world_plan.h"
+#include "dptrain/parallel/world_plan.h"
 
-#include "dptrain/devices.h"
+#include "dptrain/parallel/devices.h"
 #include "dptrain/errors.h"
 
 namespace dptrain {

@@ -8,7 +8,7 @@
 #include <utility>
 #include <vector>
 
-#include "dptrain/checkpoint.h"
+#include "dptrain/train/checkpoint.h"
 
 namespace dptrain {
 

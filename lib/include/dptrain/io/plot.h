@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "dptrain/metrics.h"
+#include "dptrain/io/metrics.h"
 
 namespace dptrain {
 

@@ -14,14 +14,14 @@
 #include <string>
 #include <vector>
 
-#include "dptrain/autocast.h"
-#include "dptrain/data.h"
-#include "dptrain/distributed.h"
-#include "dptrain/epoch_stats.h"
-#include "dptrain/memory_format.h"
-#include "dptrain/reducer.h"
-#include "dptrain/rendezvous.h"
-#include "dptrain/world_plan.h"
+#include "dptrain/model/autocast.h"
+#include "dptrain/data/data.h"
+#include "dptrain/parallel/distributed.h"
+#include "dptrain/train/epoch_stats.h"
+#include "dptrain/model/memory_format.h"
+#include "dptrain/parallel/reducer.h"
+#include "dptrain/parallel/rendezvous.h"
+#include "dptrain/parallel/world_plan.h"
 
 namespace dptrain {
 

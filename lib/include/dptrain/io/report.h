@@ -6,7 +6,7 @@
 #include <string>
 #include <vector>
 
-#include "dptrain/epoch_stats.h"
+#include "dptrain/train/epoch_stats.h"
 
 namespace dptrain {
 

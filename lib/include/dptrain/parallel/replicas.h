@@ -7,7 +7,7 @@
 
 #include <cstdint>
 
-#include "dptrain/distributed.h"
+#include "dptrain/parallel/distributed.h"
 
 namespace dptrain {
 

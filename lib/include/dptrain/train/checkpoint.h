@@ -22,7 +22,7 @@
 #include <utility>
 #include <vector>
 
-#include "dptrain/epoch_stats.h"
+#include "dptrain/train/epoch_stats.h"
 
 namespace dptrain {
 

@@ -12,7 +12,7 @@
 #include <cstdint>
 #include <memory>
 
-#include "dptrain/batch_norm.h"
+#include "dptrain/model/batch_norm.h"
 
 namespace dptrain {
 

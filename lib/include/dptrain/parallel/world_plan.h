@@ -10,8 +10,8 @@
 #include <string>
 #include <vector>
 
-#include "dptrain/distributed.h"
-#include "dptrain/rendezvous.h"
+#include "dptrain/parallel/distributed.h"
+#include "dptrain/parallel/rendezvous.h"
 
 namespace dptrain {
 

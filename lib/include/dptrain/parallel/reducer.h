@@ -13,7 +13,7 @@
 #include <mutex>
 #include <vector>
 
-#include "dptrain/distributed.h"
+#include "dptrain/parallel/distributed.h"
 
 namespace torch::autograd {
 struct Node;

@@ -1,0 +1,81 @@
+// One rank of a world: its plan (where it runs, how it meets the others, where it starts) and
+// its two jobs, training and evaluating saved weights. train.cpp starts the ranks, a thread each
+// where a process has several, and they meet through the plan's store.
+// Not here: how the world is planned and checked (train.cpp, world_plan.h). Internal to lib/.
+#pragma once
+
+#include <c10/util/intrusive_ptr.h>
+#include <torch/types.h>
+
+#include <algorithm>
+#include <mutex>
+#include <string>
+#include <torch/csrc/distributed/c10d/Store.hpp>
+#include <utility>
+#include <vector>
+
+#include "dptrain/data/data.h"
+#include "dptrain/parallel/distributed.h"
+#include "dptrain/train/checkpoint.h"
+#include "dptrain/train/train.h"
+
+namespace dptrain {
+
+// The replicas of this process, each a thread with its own communicator. When one fails, the
+// others' process groups are aborted, so that their collectives with it end at once instead of
+// at the timeout (Communicator::abort; a no-op for Gloo, whose peers see the closed connection).
+class LocalReplicas {
+ public:
+  void add(Communicator* communicator) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (failed_) communicator->abort();
+    members_.push_back(communicator);
+  }
+  void remove(Communicator* communicator) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    members_.erase(std::remove(members_.begin(), members_.end(), communicator), members_.end());
+  }
+  void abort_all() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    failed_ = true;
+    for (auto* communicator : members_) communicator->abort();
+  }
+
+ private:
+  std::mutex mutex_;
+  std::vector<Communicator*> members_;
+  bool failed_ = false;
+};
+
+// Everything one rank needs to know to run.
+struct RankPlan {
+  int rank = 0;
+  int world_size = 1;
+  torch::Device device{torch::kCPU};
+  int threads = 1;
+  c10::intrusive_ptr<c10d::Store> store;  // null for a world of one
+  bool loopback = true;
+  bool first_local = true;            // the first replica of this process: it calls the callbacks
+  const Checkpoint* start = nullptr;  // the checkpoint a resumed training starts from
+  std::string start_name;             // where `start` came from, for messages
+  // The weights to begin with instead of the seed's (a checkpoint's, or those to evaluate).
+  const std::vector<std::pair<std::string, torch::Tensor>>* weights = nullptr;
+  LocalReplicas* local = nullptr;  // this process's replicas, when there are several
+  std::string settings;            // settings_text of what every rank must agree on
+  std::string train_digest;        // dataset_digest of the training set, for checkpoints
+};
+
+// What a checkpoint of this run records of it (checkpoint.h), `train_digest` the training set's.
+CheckpointConfig checkpoint_config(const TrainOptions& options, int64_t train_size,
+                                   int world_size, const std::string& train_digest);
+
+// The training of one rank (rank.cpp); every rank's figures are the same, as they are
+// all-reduced.
+TrainResult run_rank(const FashionMnist& data, const TrainOptions& options, const RankPlan& plan,
+                     const TrainCallbacks& callbacks);
+
+// One rank's evaluation of `plan.weights` on its shard of the test set.
+EvalResult evaluate_rank(const FashionMnist& data, const TrainOptions& options,
+                         const RankPlan& plan);
+
+}  // namespace dptrain
