@@ -8,6 +8,7 @@
 #include <c10/core/DeviceGuard.h>
 #include <torch/nn/functional/loss.h>
 #include <torch/serialize.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <array>
