@@ -430,15 +430,7 @@ void read_train_flags(const cxxopts::ParseResult& result, TrainCommand& train) {
   o.checkpoint_every = parse_integer_flag("checkpoint-every", text("checkpoint-every"), 1, kMax);
   o.resume = result["resume"].as<bool>();
   o.fresh = result["fresh"].as<bool>();
-  if (o.resume && !o.checkpoint_dir) {
-    throw UsageError("--resume needs --checkpoint-dir, where the checkpoints are");
-  }
-  if (o.fresh && !o.checkpoint_dir) {
-    throw UsageError("--fresh needs --checkpoint-dir, whose checkpoints it removes");
-  }
-  if (o.fresh && o.resume) {
-    throw UsageError("--fresh and --resume exclude each other: start over, or continue");
-  }
+  check_checkpoint_options(o);  // at parse time, so that a mistake costs no data load
   train.quiet = result["quiet"].as<bool>();
   train.log_every = parse_integer_flag("log-every", text("log-every"), 1, kMax);
   if (result.count("metrics")) train.metrics = path_text(result, "metrics");

@@ -9,8 +9,8 @@
 #include <string>
 #include <vector>
 
-#include "dptrain/train/epoch_stats.h"
 #include "dptrain/io/metrics.h"
+#include "dptrain/train/epoch_stats.h"
 
 namespace dptrain {
 

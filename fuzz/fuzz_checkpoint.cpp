@@ -9,8 +9,8 @@
 #include <cstdlib>
 #include <vector>
 
-#include "dptrain/train/checkpoint.h"
 #include "dptrain/errors.h"
+#include "dptrain/train/checkpoint.h"
 
 namespace {
 

@@ -12,8 +12,8 @@
 #include <string>
 #include <vector>
 
-#include "dptrain/errors.h"
 #include "dptrain/data/idx.h"
+#include "dptrain/errors.h"
 
 namespace {
 

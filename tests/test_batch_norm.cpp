@@ -5,8 +5,8 @@
 
 #include <mutex>
 
-#include "dptrain/model/batch_norm.h"
 #include "dptrain/data/batching.h"
+#include "dptrain/model/batch_norm.h"
 #include "test_support.h"
 
 namespace {

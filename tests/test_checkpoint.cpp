@@ -26,13 +26,13 @@
 #include <utility>
 #include <vector>
 
-#include "dptrain/train/checkpoint.h"
-#include "dptrain/train/checkpoint_directory.h"
 #include "dptrain/data/data.h"
 #include "dptrain/errors.h"
 #include "dptrain/io/files.h"
-#include "dptrain/model/model.h"
 #include "dptrain/io/sha256.h"
+#include "dptrain/model/model.h"
+#include "dptrain/train/checkpoint.h"
+#include "dptrain/train/checkpoint_directory.h"
 #include "test_support.h"
 
 namespace {

@@ -23,11 +23,11 @@
 #include <vector>
 
 #include "cli.h"
+#include "dptrain/data/data.h"
+#include "dptrain/errors.h"
+#include "dptrain/parallel/devices.h"
 #include "dptrain/train/checkpoint.h"
 #include "dptrain/train/checkpoint_directory.h"
-#include "dptrain/data/data.h"
-#include "dptrain/parallel/devices.h"
-#include "dptrain/errors.h"
 #include "test_support.h"
 
 namespace dptrain {

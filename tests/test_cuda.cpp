@@ -20,9 +20,9 @@
 #include <thread>
 #include <vector>
 
+#include "dptrain/model/model.h"
 #include "dptrain/parallel/devices.h"
 #include "dptrain/parallel/distributed.h"
-#include "dptrain/model/model.h"
 #include "dptrain/parallel/rendezvous.h"
 #include "dptrain/train/train.h"
 #include "test_support.h"

@@ -11,8 +11,8 @@
 #include <string>
 #include <vector>
 
-#include "dptrain/errors.h"
 #include "dptrain/data/idx.h"
+#include "dptrain/errors.h"
 #include "test_support.h"
 
 namespace {

@@ -15,9 +15,9 @@
 #include <string>
 #include <vector>
 
+#include "dptrain/errors.h"
 #include "dptrain/train/checkpoint.h"
 #include "dptrain/train/checkpoint_directory.h"
-#include "dptrain/errors.h"
 #include "dptrain/train/train.h"
 #include "test_support.h"
 

@@ -16,11 +16,11 @@
 #include <sstream>
 #include <thread>
 
-#include "dptrain/train/checkpoint.h"
-#include "dptrain/train/checkpoint_directory.h"
-#include "dptrain/parallel/devices.h"
 #include "dptrain/errors.h"
 #include "dptrain/model/model.h"
+#include "dptrain/parallel/devices.h"
+#include "dptrain/train/checkpoint.h"
+#include "dptrain/train/checkpoint_directory.h"
 #include "dptrain/train/train.h"
 #include "test_support.h"
 

@@ -9,8 +9,8 @@
 #include <string>
 #include <vector>
 
-#include "dptrain/parallel/devices.h"
 #include "dptrain/errors.h"
+#include "dptrain/parallel/devices.h"
 #include "dptrain/parallel/rendezvous.h"
 #include "dptrain/parallel/world_plan.h"
 

@@ -12,9 +12,9 @@
 #include <ctime>
 #include <tuple>
 
-#include "dptrain/parallel/devices.h"
 #include "dptrain/errors.h"
 #include "dptrain/io/files.h"
+#include "dptrain/parallel/devices.h"
 
 namespace dptrain {
 namespace {

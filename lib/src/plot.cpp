@@ -9,9 +9,9 @@
 #include <cstring>
 #include <map>
 
-#include "dptrain/parallel/devices.h"
 #include "dptrain/errors.h"
 #include "dptrain/io/files.h"
+#include "dptrain/parallel/devices.h"
 
 namespace dptrain {
 

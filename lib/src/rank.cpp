@@ -117,7 +117,6 @@ void save_model_atomically(ResNet& model, const std::string& path) {
   write_file_atomically(path, data.data(), data.size(), "--save-model " + path);
 }
 
-
 // The largest signal number any rank was asked to stop with, or 0: every rank gets the same
 // answer at the same step, so all of them stop together.
 int agreed_stop_signal(const std::atomic<int>* stop_signal, Communicator& communicator,

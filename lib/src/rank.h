@@ -66,8 +66,8 @@ struct RankPlan {
 };
 
 // What a checkpoint of this run records of it (checkpoint.h), `train_digest` the training set's.
-CheckpointConfig checkpoint_config(const TrainOptions& options, int64_t train_size,
-                                   int world_size, const std::string& train_digest);
+CheckpointConfig checkpoint_config(const TrainOptions& options, int64_t train_size, int world_size,
+                                   const std::string& train_digest);
 
 // The training of one rank (rank.cpp); every rank's figures are the same, as they are
 // all-reduced.

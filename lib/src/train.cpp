@@ -408,15 +408,7 @@ TrainResult train(const FashionMnist& data, const TrainOptions& options, const W
   check_world(options, world);
   check_not_empty(data.train, "training");
   check_not_empty(data.test, "test");
-  if (options.resume && !options.checkpoint_dir) {
-    throw UsageError("--resume needs --checkpoint-dir, where the checkpoints are");
-  }
-  if (options.fresh && !options.checkpoint_dir) {
-    throw UsageError("--fresh needs --checkpoint-dir, whose checkpoints it removes");
-  }
-  if (options.fresh && options.resume) {
-    throw UsageError("--fresh and --resume exclude each other: start over, or continue");
-  }
+  check_checkpoint_options(options);
   // Global rank 0 writes the files: their paths are checked before the first step, so that a
   // bad one fails now and not after the training.
   const bool writer = world.first_rank == 0;

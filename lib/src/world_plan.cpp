@@ -1,8 +1,8 @@
 // Planning this process's replicas and backend. See world_plan.h.
 #include "dptrain/parallel/world_plan.h"
 
-#include "dptrain/parallel/devices.h"
 #include "dptrain/errors.h"
+#include "dptrain/parallel/devices.h"
 
 namespace dptrain {
 

@@ -14,14 +14,15 @@
 #include <string>
 #include <vector>
 
-#include "dptrain/model/autocast.h"
 #include "dptrain/data/data.h"
-#include "dptrain/parallel/distributed.h"
-#include "dptrain/train/epoch_stats.h"
+#include "dptrain/errors.h"
+#include "dptrain/model/autocast.h"
 #include "dptrain/model/memory_format.h"
+#include "dptrain/parallel/distributed.h"
 #include "dptrain/parallel/reducer.h"
 #include "dptrain/parallel/rendezvous.h"
 #include "dptrain/parallel/world_plan.h"
+#include "dptrain/train/epoch_stats.h"
 
 namespace dptrain {
 
@@ -110,6 +111,21 @@ struct TrainCallbacks {
 // Checks that `options` can run on `world` (batch size, backend against devices) without
 // touching data or devices; throws UsageError. train() checks the same.
 void check_world(const TrainOptions& options, const WorldPlan& world);
+
+// Checks that --resume and --fresh come with a checkpoint directory and not together;
+// throws UsageError. train() checks the same. Inline: the command-line parser calls it too, and
+// is built (and fuzzed) without the training code.
+inline void check_checkpoint_options(const TrainOptions& options) {
+  if (options.resume && !options.checkpoint_dir) {
+    throw UsageError("--resume needs --checkpoint-dir, where the checkpoints are");
+  }
+  if (options.fresh && !options.checkpoint_dir) {
+    throw UsageError("--fresh needs --checkpoint-dir, whose checkpoints it removes");
+  }
+  if (options.fresh && options.resume) {
+    throw UsageError("--fresh and --resume exclude each other: start over, or continue");
+  }
+}
 
 // Checks the placements every rank learns at the rendezvous (gather_placements) against the
 // backend: NCCL refuses two ranks on one GPU ("Duplicate GPU detected" deep inside its first
