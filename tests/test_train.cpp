@@ -591,6 +591,19 @@ TEST_F(MultiProcess, PortAlreadyInUseFailsBothRanksNamingThePort) {
   EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(40));
 }
 
+// Starts rank 0 and rank 1 of a launch on one free port, each with its own arguments and the
+// world size it is told, and waits for both (a minute each at most).
+std::pair<CommandResult, CommandResult> run_two_ranks(const TempDir& dir,
+                                                      const std::vector<std::string>& args0,
+                                                      int world0,
+                                                      const std::vector<std::string>& args1,
+                                                      int world1) {
+  const int port = free_port();
+  auto rank0 = spawn_command(args0, rank_env(0, world0, port), dir.file("rank0"));
+  auto rank1 = spawn_command(args1, rank_env(1, world1, port), dir.file("rank1"));
+  return {wait_command(rank0, 60), wait_command(rank1, 60)};
+}
+
 // One rank started with another WORLD_SIZE: the ranks that meet say which rank and which size;
 // none waits past the timeout.
 TEST_F(MultiProcess, WrongWorldSizeOnOneRankIsNamed) {
@@ -599,12 +612,8 @@ TEST_F(MultiProcess, WrongWorldSizeOnOneRankIsNamed) {
   for (auto& a : args) {
     if (a == "20") a = "3";  // --timeout 3
   }
-  const int port = free_port();
   const auto start = std::chrono::steady_clock::now();
-  auto rank0 = spawn_command(args, rank_env(0, 2, port), dir.file("rank0"));
-  auto rank1 = spawn_command(args, rank_env(1, 3, port), dir.file("rank1"));
-  const auto result0 = wait_command(rank0, 60);
-  const auto result1 = wait_command(rank1, 60);
+  const auto [result0, result1] = run_two_ranks(dir, args, 2, args, 3);
   EXPECT_EQ(result0.exit_code, 1) << result0.err;
   EXPECT_EQ(result1.exit_code, 1) << result1.err;
   EXPECT_NE(result0.err.find("rank 1 was started with world size 3, this rank with 2"),
@@ -636,12 +645,8 @@ TEST_P(MultiProcessSettings, DifferentFlagsAreNamedByEveryRank) {
   auto args = train_args(dir.file("m.pt"));
   auto other = args;
   other.insert(other.end(), c.rank1_flags.begin(), c.rank1_flags.end());
-  const int port = free_port();
   const auto start = std::chrono::steady_clock::now();
-  auto rank0 = spawn_command(args, rank_env(0, 2, port), dir.file("rank0"));
-  auto rank1 = spawn_command(other, rank_env(1, 2, port), dir.file("rank1"));
-  const auto result0 = wait_command(rank0, 60);
-  const auto result1 = wait_command(rank1, 60);
+  const auto [result0, result1] = run_two_ranks(dir, args, 2, other, 2);
   for (const auto* result : {&result0, &result1}) {
     EXPECT_EQ(result->exit_code, 2) << result->err;
     EXPECT_NE(result->err.find(std::string("error: ") + c.message), std::string::npos)

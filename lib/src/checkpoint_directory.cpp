@@ -49,6 +49,11 @@ std::string checkpoint_file_name(int64_t epochs_done, int64_t step_in_epoch) {
   return name;
 }
 
+bool named_before(const std::string& a, const std::string& b) {
+  // The zero-padded names sort by position; wider numbers (epoch 10000 and up) sort by length.
+  return a.size() != b.size() ? a.size() < b.size() : a < b;
+}
+
 std::vector<std::string> checkpoint_file_names(const std::string& directory) {
   DIR* dir = ::opendir(directory.c_str());
   if (dir == nullptr) {
@@ -60,10 +65,7 @@ std::vector<std::string> checkpoint_file_names(const std::string& directory) {
     if (is_checkpoint_file_name(entry->d_name)) names.emplace_back(entry->d_name);
   }
   ::closedir(dir);
-  // The zero-padded names sort by position; wider numbers (epoch 10000 and up) sort by length.
-  std::sort(names.begin(), names.end(), [](const std::string& a, const std::string& b) {
-    return a.size() != b.size() ? a.size() < b.size() : a < b;
-  });
+  std::sort(names.begin(), names.end(), named_before);
   return names;
 }
 

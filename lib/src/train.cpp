@@ -344,10 +344,6 @@ std::optional<std::pair<std::string, Checkpoint>> choose_start(const TrainOption
                      "newest, or --fresh to start over (which removes them)");
   }
   auto scan = scan_checkpoint_directory(directory);
-  // File names sort by position, wider numbers (epoch 10000 and up) last.
-  const auto later_name = [](const std::string& a, const std::string& b) {
-    return a.size() != b.size() ? a.size() > b.size() : a > b;
-  };
   const std::string start_name = scan.newest
                                      ? directory + "/" +
                                            checkpoint_file_name(scan.newest->second.epochs_done,
@@ -361,7 +357,7 @@ std::optional<std::pair<std::string, Checkpoint>> choose_start(const TrainOption
                             : "") +
                        "); " + fresh_hint);
     }
-    if (later_name(path, start_name)) {
+    if (named_before(start_name, path)) {
       throw UsageError("--resume: " + why + "; this run resumes from " + scan.newest->first +
                        " and would later save under that name; " + fresh_hint);
     }

@@ -20,6 +20,10 @@ void prepare_checkpoint_directory(const std::string& directory);
 // below goes by the position stored inside, never by the name.
 std::string checkpoint_file_name(int64_t epochs_done, int64_t step_in_epoch);
 
+// Whether checkpoint file name `a` names an earlier position than `b` (or paths to them in one
+// directory): the order of checkpoint_file_name's names, wider numbers last.
+bool named_before(const std::string& a, const std::string& b);
+
 // The names of the checkpoint files ("checkpoint-*.dpt") in `directory`, without reading them,
 // in the order of the positions they name; none when the directory does not exist. DataError
 // when it cannot be listed.
