@@ -72,6 +72,9 @@ void add_training_flags(cxxopts::Options& options) {
        cxxopts::value<std::string>(), "DIR")
       ("checkpoint-every", "epochs between checkpoints",
        cxxopts::value<std::string>()->default_value("1"), "N")
+      ("checkpoint-every-steps", "also write a checkpoint inside an epoch after every N steps "
+                                 "(counted over the whole run)",
+       cxxopts::value<std::string>(), "N")
       ("resume", "continue from the checkpoint in --checkpoint-dir at the latest position "
                  "(an empty directory starts from the beginning)",
        cxxopts::value<bool>()->default_value("false")->implicit_value("true"))
@@ -428,6 +431,10 @@ void read_train_flags(const cxxopts::ParseResult& result, TrainCommand& train) {
   }
   if (result.count("checkpoint-dir")) o.checkpoint_dir = path_text(result, "checkpoint-dir");
   o.checkpoint_every = parse_integer_flag("checkpoint-every", text("checkpoint-every"), 1, kMax);
+  if (result.count("checkpoint-every-steps")) {
+    o.checkpoint_every_steps =
+        parse_integer_flag("checkpoint-every-steps", text("checkpoint-every-steps"), 1, kMax);
+  }
   o.resume = result["resume"].as<bool>();
   o.fresh = result["fresh"].as<bool>();
   check_checkpoint_options(o);  // at parse time, so that a mistake costs no data load

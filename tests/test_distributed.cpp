@@ -67,6 +67,13 @@ TEST(Communicator, MissingPeerTimesOutWithRankInMessage) {
   EXPECT_LT(std::chrono::steady_clock::now() - start, 30s);
 }
 
+TEST(Communicator, DiagnosisBudgetIsAFifthOfTheTimeoutAtMostThreeSeconds) {
+  EXPECT_EQ(diagnosis_budget(std::chrono::milliseconds(1000)), std::chrono::milliseconds(200));
+  EXPECT_EQ(diagnosis_budget(std::chrono::seconds(10)), std::chrono::seconds(2));
+  EXPECT_EQ(diagnosis_budget(std::chrono::seconds(15)), std::chrono::seconds(3));
+  EXPECT_EQ(diagnosis_budget(std::chrono::minutes(5)), std::chrono::seconds(3));
+}
+
 // allreduce_max, broadcast and barrier report a collective that cannot start as every other
 // failure: one CollectiveError naming the rank and the collective (a c10 error escaped before).
 TEST(Communicator, CollectivesThatCannotStartAreCollectiveErrorsNamingTheRank) {

@@ -5,7 +5,10 @@
 
 #include <torch/version.h>
 
+#include <algorithm>
 #include <cstdlib>
+#include <future>
+#include <memory>
 #include <sstream>
 #include <thread>
 #include <torch/csrc/distributed/c10d/Store.hpp>
@@ -141,7 +144,9 @@ Communicator::Communicator(c10::intrusive_ptr<c10d::Store> store, int rank, int 
       store_(store),
       rank_(rank),
       world_size_(world_size),
-      timeout_(options.timeout) {
+      timeout_(options.timeout),
+      collective_timeout_(options.timeout - diagnosis_budget(options.timeout)),
+      rank_hosts_(options.rank_hosts) {
   TORCH_CHECK(world_size >= 1 && rank >= 0 && rank < world_size, "rank ", rank,
               " is outside a world of ", world_size);
   if (!backend_available(options.backend)) {
@@ -155,7 +160,7 @@ Communicator::Communicator(c10::intrusive_ptr<c10d::Store> store, int rank, int 
       prepare_nccl_environment();  // a no-op once main() has done it
       auto nccl_options = c10d::ProcessGroupNCCL::Options::create();
       // The watchdog's bound on every collective (Note [NCCL failures end in our error line]).
-      nccl_options->timeout = options.timeout;
+      nccl_options->timeout = collective_timeout_;
       group_->group =
           c10::make_intrusive<c10d::ProcessGroupNCCL>(store, rank, world_size, nccl_options);
       stream_ordered_ = true;
@@ -163,7 +168,7 @@ Communicator::Communicator(c10::intrusive_ptr<c10d::Store> store, int rank, int 
     }
 #endif
 #if defined(DPTRAIN_HAVE_GLOO)
-    auto gloo_options = c10d::ProcessGroupGloo::Options::create(options.timeout);
+    auto gloo_options = c10d::ProcessGroupGloo::Options::create(collective_timeout_);
     gloo_options->devices.push_back(make_gloo_device(options.loopback));
     gloo_options->threads = 2;  // two in-flight collectives per rank: buckets overlap each other
     group_->group =
@@ -244,7 +249,7 @@ Communicator::Pending Communicator::allreduce_sum_async(torch::Tensor tensor,
   std::vector<torch::Tensor> tensors{std::move(tensor)};
   c10d::AllreduceOptions options;
   options.reduceOp = c10d::ReduceOp::SUM;
-  options.timeout = timeout_;
+  options.timeout = collective_timeout_;
   return launch([&] { return group_->group->allreduce(tensors, options); }, what);
 }
 
@@ -258,7 +263,7 @@ void Communicator::wait(Pending& pending) {
     } else {
       // Gloo fails the operation itself after the timeout given at creation; the wait bound is
       // the second line of defence against a stall that Gloo does not notice.
-      work->wait(timeout_);
+      work->wait(collective_timeout_);
     }
     return;
   } catch (const std::exception& e) {
@@ -282,7 +287,7 @@ void Communicator::wait_host(const std::string& what) {
 
 void Communicator::wait_host_for(const c10::intrusive_ptr<c10d::Work>& work,
                                  const std::string& what) {
-  const auto deadline = std::chrono::steady_clock::now() + timeout_;
+  const auto deadline = std::chrono::steady_clock::now() + collective_timeout_;
   std::string reason;
   try {
     while (!work->isCompleted() && !aborted_) {
@@ -312,21 +317,60 @@ void Communicator::fail(const std::string& what, std::string reason) {
 // Note [Naming the missing rank]
 // Gloo reports a failed collective as a closed connection or a timeout, naming at best a peer's
 // address. To name the rank, every rank that sees a collective fail checks in under a key of
-// the rendezvous store and waits a few seconds for the others: a rank that died or stalls
-// never checks in. Only the first failure is diagnosed; the store may be gone as well (it lives
-// in rank 0's process, or in torchrun's agent), which is then what the message says.
+// the rendezvous store and waits a little for the others: a rank that died, stalls or is cut
+// off never checks in. Only the first failure is diagnosed; the store may be gone as well (it
+// lives in rank 0's process, or in torchrun's agent on rank 0's host), which is then what the
+// message says. All of it fits in --timeout: collectives get the timeout less
+// diagnosis_budget(), and the diagnosis gets that budget. A store behind a network partition
+// does not fail, it blocks for its own timeout (its socket's, which cannot be shortened), so
+// the check-in runs on a thread of its own that is abandoned, still blocked, when the budget is
+// spent: the process is on its way out with an error.
+std::chrono::milliseconds diagnosis_budget(std::chrono::milliseconds timeout) {
+  return std::min<std::chrono::milliseconds>(timeout / 5, std::chrono::seconds(3));
+}
+
 std::string Communicator::diagnose_peers() {
   if (!store_ || world_size_ == 1 || diagnosed_) return "";
   diagnosed_ = true;
-  constexpr auto kGrace = std::chrono::seconds(3);
+  const auto budget = diagnosis_budget(timeout_);
+  const auto hosts_of = [&](const std::vector<int>& ranks) {
+    std::vector<std::string> hosts;
+    for (int r : ranks) {
+      if (r < static_cast<int>(rank_hosts_.size()) &&
+          std::find(hosts.begin(), hosts.end(), rank_hosts_[r]) == hosts.end()) {
+        hosts.push_back(rank_hosts_[r]);
+      }
+    }
+    std::string text;
+    for (const auto& h : hosts) text += (text.empty() ? "" : ", ") + h;
+    return text.empty() ? text : " (on " + text + ")";
+  };
+  const std::string store_host = hosts_of({0});
+  auto answer = std::make_shared<std::promise<std::vector<int>>>();
+  auto silent_ranks = answer->get_future();
+  std::thread([store = store_, rank = rank_, world = world_size_, poll = budget * 4 / 5, answer] {
+    try {
+      const std::string prefix = "dptrain/failure/";
+      store->set(prefix + std::to_string(rank), std::vector<uint8_t>{'1'});
+      answer->set_value(ranks_missing_after(*store, prefix, world, poll));
+    } catch (...) {
+      answer->set_exception(std::current_exception());
+    }
+  }).detach();
+  if (silent_ranks.wait_for(budget) != std::future_status::ready) {
+    std::ostringstream text;
+    text << "; the rendezvous store" << store_host << " did not answer within "
+         << budget.count() / 1000.0 << " s either: that host died or is unreachable from here";
+    return text.str();
+  }
   try {
-    const std::string prefix = "dptrain/failure/";
-    store_->set(prefix + std::to_string(rank_), std::vector<uint8_t>{'1'});
-    const auto silent = ranks_missing_after(*store_, prefix, world_size_, kGrace);
+    const auto silent = silent_ranks.get();
     if (silent.empty()) return "; every rank is still alive";
-    return "; rank(s) " + rank_list(silent) + " did not answer: died or stalled";
+    return "; rank(s) " + rank_list(silent) + " did not answer" + hosts_of(silent) +
+           ": died, stalled or unreachable";
   } catch (const std::exception&) {
-    return "; the rendezvous store is unreachable too (rank 0 or the launcher may have died)";
+    return "; the rendezvous store" + store_host +
+           " is unreachable too (rank 0 or the launcher may have died)";
   }
 }
 
@@ -342,7 +386,7 @@ void Communicator::allreduce_max(torch::Tensor tensor, const std::string& what) 
   std::vector<torch::Tensor> tensors{std::move(tensor)};
   c10d::AllreduceOptions options;
   options.reduceOp = c10d::ReduceOp::MAX;
-  options.timeout = timeout_;
+  options.timeout = collective_timeout_;
   auto pending = launch([&] { return group_->group->allreduce(tensors, options); }, what);
   complete(pending);
 }
@@ -352,7 +396,7 @@ void Communicator::broadcast(torch::Tensor tensor, int root, const std::string& 
   std::vector<torch::Tensor> tensors{std::move(tensor)};
   c10d::BroadcastOptions options;
   options.rootRank = root;
-  options.timeout = timeout_;
+  options.timeout = collective_timeout_;
   auto pending = launch([&] { return group_->group->broadcast(tensors, options); }, what);
   wait(pending);
 }
@@ -360,7 +404,7 @@ void Communicator::broadcast(torch::Tensor tensor, int root, const std::string& 
 void Communicator::barrier(const std::string& what) {
   if (!group_) return;
   c10d::BarrierOptions options;
-  options.timeout = timeout_;
+  options.timeout = collective_timeout_;
   auto pending = launch([&] { return group_->group->barrier(options); }, what);
   complete(pending);
 }

@@ -11,6 +11,7 @@
 #include <atomic>
 #include <chrono>
 #include <cmath>
+#include <functional>
 #include <optional>
 #include <sstream>
 
@@ -158,8 +159,11 @@ std::unique_ptr<Communicator> connect_rank(const TrainOptions& options, const Ra
     throw;
   }
   devices.clear();
-  for (const auto& placement : placements) devices.push_back(placement.device);
   WorldOptions world_options;
+  for (const auto& placement : placements) {
+    devices.push_back(placement.device);
+    world_options.rank_hosts.push_back(placement.host);
+  }
   world_options.backend = options.backend;
   world_options.timeout = options.timeout;
   world_options.loopback = plan.loopback;
@@ -403,11 +407,15 @@ struct EpochSteps {
   double seconds = 0;  // training seconds of the epoch, those before a resume included
 };
 
+// A step checkpoint inside the epoch, given the epoch's tally and training seconds so far.
+using SaveInsideEpoch = std::function<void(Tally& tally, double seconds)>;
+
 // The steps of one epoch from `at.step` on, adding to `tally`, until the epoch ends, --max-steps
 // is reached or the ranks agree on a stop. Side concerns are one block each.
 EpochSteps train_epoch(Replica& r, Position& at, Tally& tally, double seconds_before,
                        NonFiniteGuard& guard, const TrainCallbacks& callbacks,
-                       const std::optional<std::string>& last_checkpoint) {
+                       const std::optional<std::string>& last_checkpoint,
+                       const SaveInsideEpoch& save_inside_epoch) {
   const auto& options = r.options;
   const int64_t num_train = r.train.labels.size(0);
   const auto order_host = epoch_order(num_train, options.seed, at.epoch);
@@ -419,8 +427,9 @@ EpochSteps train_epoch(Replica& r, Position& at, Tally& tally, double seconds_be
   r.model->train();
   synchronize(r.plan.device);
   const auto start_time = std::chrono::steady_clock::now();
+  double saving_seconds = 0;  // step checkpoints' writing, which is not training time
   const auto elapsed = [&] {
-    return seconds_before +
+    return seconds_before - saving_seconds +
            std::chrono::duration<double>(std::chrono::steady_clock::now() - start_time).count();
   };
   EpochSteps result;
@@ -465,6 +474,17 @@ EpochSteps train_epoch(Replica& r, Position& at, Tally& tally, double seconds_be
       guard.throw_if_bad_step(last_checkpoint);
       result.stop = agreed_stop_signal(options.stop_signal, r.communicator, r.plan.device);
       if (result.stop != 0) break;
+    }
+    // A step checkpoint (--checkpoint-every-steps) inside the epoch; at its end, or at the
+    // --max-steps cut, train_epochs saves.
+    const bool cut = options.max_steps > 0 && at.global_step >= options.max_steps;
+    if (save_inside_epoch && at.global_step % options.checkpoint_every_steps == 0 &&
+        at.step < r.batches_per_epoch && !cut) {
+      guard.throw_if_bad_step(last_checkpoint);  // never save a non-finite step's weights
+      const auto save_start = std::chrono::steady_clock::now();
+      save_inside_epoch(tally, elapsed());
+      saving_seconds +=
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - save_start).count();
     }
   }
   r.communicator.wait_host("the end of the epoch");
@@ -515,6 +535,22 @@ void train_epochs(Replica& r, Position& at, Checkpointer& checkpointer, NonFinit
       callbacks.on_checkpoint(*result.last_checkpoint);
     }
   };
+  // Note [Step checkpoints resume bit for bit]
+  // A checkpoint inside an epoch holds one set of BatchNorm statistics and the epoch's sums so
+  // far, and a resume gives every replica those statistics and rank 0 those sums (the others
+  // start from zero). So the run that writes a step checkpoint puts itself into that very
+  // state: the replicas' statistics are averaged in place and the sums are gathered on rank 0.
+  // Whether a run is interrupted after a step checkpoint or not, it then continues from the
+  // same bits, weights, statistics and sums alike.
+  SaveInsideEpoch save_inside_epoch;
+  if (checkpointer.enabled() && options.checkpoint_every_steps > 0) {
+    save_inside_epoch = [&](Tally& tally, double seconds) {
+      average_buffers(*r.model, r.communicator);
+      const Totals sums = tally.reduce(r.communicator, "the epoch's sums for a step checkpoint");
+      if (plan.rank != 0) tally.set(Totals{});
+      save(at.epoch, at.step, sums, seconds);
+    };
+  }
   for (; at.epoch < options.epochs; ++at.epoch, at.step = 0) {
     if (options.max_steps > 0 && at.global_step >= options.max_steps) break;
     // A resumed epoch carries on with its sums and seconds so far (rank 0 holds the sums, as
@@ -526,8 +562,8 @@ void train_epochs(Replica& r, Position& at, Checkpointer& checkpointer, NonFinit
       seconds_before = plan.start->partial_seconds;
       if (plan.rank == 0) tally.set(plan.start->partial_sums);
     }
-    const auto steps =
-        train_epoch(r, at, tally, seconds_before, guard, callbacks, result.last_checkpoint);
+    const auto steps = train_epoch(r, at, tally, seconds_before, guard, callbacks,
+                                   result.last_checkpoint, save_inside_epoch);
     if (steps.stop != 0) {
       // Stopped inside the epoch: keep its sums so far, summed over the ranks, for the resume.
       // The checkpoint holds one set of BatchNorm statistics, but mid-epoch each replica's have
@@ -556,7 +592,9 @@ void train_epochs(Replica& r, Position& at, Checkpointer& checkpointer, NonFinit
       return;
     }
     const bool last = at.epoch + 1 == options.epochs;
-    const bool scheduled = (at.epoch + 1) % options.checkpoint_every == 0 || last;
+    const bool scheduled =
+        (at.epoch + 1) % options.checkpoint_every == 0 || last ||
+        (options.checkpoint_every_steps > 0 && at.global_step % options.checkpoint_every_steps == 0);
     if (checkpointer.enabled() && scheduled) save(at.epoch + 1, 0, Totals{}, 0);
     // A stop requested during the epoch's last step, the evaluation or the checkpoint ends the
     // run here, keeping the finished epoch even between scheduled checkpoints.

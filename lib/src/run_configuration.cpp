@@ -59,6 +59,7 @@ std::vector<RunSetting> run_settings(const TrainOptions& options, const std::str
       {"--check-replicas", std::to_string(options.check_replicas_every)},
       {"--checkpoint-dir", options.checkpoint_dir ? "given" : "none"},
       {"--checkpoint-every", std::to_string(options.checkpoint_every)},
+      {"--checkpoint-every-steps", std::to_string(options.checkpoint_every_steps)},
       {"--resume", on_off(options.resume)},
       {"--fresh", on_off(options.fresh)},
       {"the training set", train_set},

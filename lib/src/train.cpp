@@ -381,6 +381,18 @@ void check_resumable(const Checkpoint& checkpoint, const std::string& path,
   differ("--seed", std::to_string(checkpoint.config.seed), std::to_string(run.seed));
   differ("a training set of", std::to_string(checkpoint.config.train_size),
          std::to_string(run.train_size));
+  // Note [Resuming on another world size]
+  // The data order and each global batch depend on --seed and --batch-size only, so a run may
+  // continue on another number of ranks. What changes is how a global batch is split: without
+  // --sync-bn each replica normalises its own share, so the steps are not those the writing
+  // world would have taken; with it they are the same to rounding (the sums are ordered
+  // differently). tests/test_resume.cpp measures both.
+  if (checkpoint.config.world_size != run.world_size && callbacks.on_notice) {
+    callbacks.on_notice("--resume: " + path + " was written by " +
+                        std::to_string(checkpoint.config.world_size) + " rank(s), this run has " +
+                        std::to_string(run.world_size) +
+                        ": the same global batches, split over the new world");
+  }
   if (checkpoint.config.train_digest.empty()) {
     if (callbacks.on_notice) {
       callbacks.on_notice("--resume: " + path +

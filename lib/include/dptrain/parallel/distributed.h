@@ -40,8 +40,12 @@ void prepare_nccl_environment();
 
 struct WorldOptions {
   Backend backend = Backend::kGloo;
-  // Bounds the rendezvous and every collective; a peer that is not there by then is an error.
+  // Bounds the rendezvous and every collective, the report of a failed one included: a peer
+  // that is not there by then is an error (Note [Naming the missing rank] in distributed.cpp).
   std::chrono::milliseconds timeout{std::chrono::minutes(5)};
+  // The host of every rank, in rank order, as the rendezvous learnt them: a failure names the
+  // hosts of the ranks that stopped answering. Empty: ranks only.
+  std::vector<std::string> rank_hosts;
   // All ranks on this machine: Gloo then talks over 127.0.0.1. Otherwise it uses the interface
   // named by GLOO_SOCKET_IFNAME, else the one this host's name resolves to.
   bool loopback = true;
@@ -79,6 +83,8 @@ class Communicator {
   int rank() const { return rank_; }
   int world_size() const { return world_size_; }
   std::chrono::milliseconds timeout() const { return timeout_; }
+  // What a collective may take: the timeout less the time kept for naming the missing ranks.
+  std::chrono::milliseconds collective_timeout() const { return collective_timeout_; }
   // True when there is a process group, so collectives communicate (even in a world of one).
   bool has_process_group() const { return group_ != nullptr; }
 
@@ -136,6 +142,12 @@ class Communicator {
   int rank_ = 0;
   int world_size_ = 1;
   std::chrono::milliseconds timeout_{0};
+  std::chrono::milliseconds collective_timeout_{0};
+  std::vector<std::string> rank_hosts_;
 };
+
+// The part of `timeout` kept, after a collective fails, for finding out which ranks still
+// answer: a fifth, at most 3 s.
+std::chrono::milliseconds diagnosis_budget(std::chrono::milliseconds timeout);
 
 }  // namespace dptrain

@@ -58,9 +58,11 @@ struct TrainOptions {
   std::optional<std::string> save_model;  // rank 0 writes the final weights here (torch::save)
 
   // Checkpoints (checkpoint.h): rank 0 writes one into this directory every `checkpoint_every`
-  // epochs, after the last epoch, and when a stop is requested.
+  // epochs, after the last epoch, when a stop is requested, and, if `checkpoint_every_steps` is
+  // not 0, inside an epoch after every that many steps in all (global steps).
   std::optional<std::string> checkpoint_dir;
   int64_t checkpoint_every = 1;
+  int64_t checkpoint_every_steps = 0;
   // Start from the checkpoint at the latest position in checkpoint_dir, if any (an empty or
   // missing directory starts from the beginning). A checkpoint file that cannot be read is
   // named and left alone: with no readable one, or with one this run would later write over,
@@ -121,6 +123,9 @@ inline void check_checkpoint_options(const TrainOptions& options) {
   }
   if (options.fresh && !options.checkpoint_dir) {
     throw UsageError("--fresh needs --checkpoint-dir, whose checkpoints it removes");
+  }
+  if (options.checkpoint_every_steps > 0 && !options.checkpoint_dir) {
+    throw UsageError("--checkpoint-every-steps needs --checkpoint-dir, where the checkpoints go");
   }
   if (options.fresh && options.resume) {
     throw UsageError("--fresh and --resume exclude each other: start over, or continue");
