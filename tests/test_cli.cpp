@@ -302,6 +302,16 @@ TEST(CliParse, FastPathAndRecoveryFlags) {
   expect_parse_error({"train", "--on-nonfinite", "ignore"}, "--on-nonfinite");
   expect_parse_error({"train", "--resume"}, "--resume needs --checkpoint-dir");
   expect_parse_error({"train", "--log-every", "0"}, "--log-every");
+  EXPECT_EQ(defaults.options.checkpoint_every_steps, 0);
+  EXPECT_EQ(parse({"train", "--checkpoint-dir", "ck", "--checkpoint-every-steps", "50"})
+                .train.options.checkpoint_every_steps,
+            50);
+  expect_parse_error({"train", "--checkpoint-every-steps", "5"},
+                     "--checkpoint-every-steps needs --checkpoint-dir");
+  expect_parse_error({"train", "--checkpoint-dir", "ck", "--checkpoint-every-steps", "0"},
+                     "--checkpoint-every-steps");
+  expect_parse_error({"train", "--checkpoint-dir", "ck", "--checkpoint-every-steps", "2x"},
+                     "--checkpoint-every-steps");
 }
 
 TEST(CliParse, EvalAndDownloadCommands) {
@@ -513,6 +523,7 @@ TEST(CliHelp, TrainHelpDescribesEveryFlag) {
                            "--on-nonfinite",
                            "--checkpoint-dir",
                            "--checkpoint-every",
+                           "--checkpoint-every-steps",
                            "--resume",
                            "--quiet",
                            "--log-every",
