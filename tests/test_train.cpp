@@ -16,6 +16,7 @@
 #include <sstream>
 #include <thread>
 
+#include "dptrain/data/batching.h"
 #include "dptrain/errors.h"
 #include "dptrain/model/model.h"
 #include "dptrain/parallel/devices.h"
@@ -198,6 +199,57 @@ INSTANTIATE_TEST_SUITE_P(
         EquivalenceCase{"FourStepsTwoReplicas", 2, 100, 1e-4, 1e-6f},
         EquivalenceCase{"FourStepsThreeReplicas", 3, 100, 1e-4, 1e-6f}),
     [](const auto& info) { return std::string(info.param.name); });
+
+// Without sync-bn each replica normalises its own shard, so N replicas are not one replica on
+// the global batch: they are the book's DataParallel step, written out here by hand on one model
+// -- one forward per shard, the summed losses over the global batch, one backward, one SGD
+// step. dptrain's replicas must take that step, to rounding (bench/results/*-cpu-book-runs.md
+// compares the learning curves with PyTorch's DistributedDataParallel).
+class PerReplicaBatchNorm : public ::testing::TestWithParam<int> {};
+
+TEST_P(PerReplicaBatchNorm, ReplicasTakeTheHandWrittenStepOverTheirShards) {
+  const int replicas = GetParam();
+  const auto data_dir = real_data_dir();
+  if (!data_dir) GTEST_SKIP() << "the real Fashion-MNIST is not installed (dataset-fashion-mnist)";
+  constexpr int64_t kExamples = 31;  // one global batch of 31: 16 + 15, or 11 + 10 + 10
+  const auto data = load_fashion_mnist(*data_dir, kExamples, 20);
+  TempDir dir;
+  auto options = small_options();
+  options.threads = replicas;
+  options.save_model = dir.file("replicas.pt");
+  train(data, options, cpu_world(replicas));
+
+  ResNet model(ResNetOptions{10, 1, options.width});
+  init_reference_weights(*model, options.seed);
+  const auto order = torch::tensor(epoch_order(kExamples, options.seed, 0), torch::kInt64);
+  torch::Tensor loss_sum = torch::zeros({});
+  for (int r = 0; r < replicas; ++r) {
+    const auto [begin, end] = shard_range(kExamples, replicas, r);
+    const auto index = order.narrow(0, begin, end - begin);
+    const auto x = to_model_input(data.train.images.index_select(0, index));  // (n, 1, 28, 28)
+    const auto y = data.train.labels.index_select(0, index);                  // (n)
+    loss_sum = loss_sum + torch::nn::functional::cross_entropy(
+                              model->forward(x), y,
+                              torch::nn::functional::CrossEntropyFuncOptions().reduction(
+                                  torch::kSum));
+  }
+  (loss_sum / static_cast<double>(kExamples)).backward();
+  std::vector<torch::Tensor> expected;
+  {
+    torch::NoGradGuard no_grad;
+    for (auto& p : model->parameters()) expected.push_back(p - options.lr * p.grad());
+  }
+  const auto got = load_parameters(dir.file("replicas.pt"), options.width);
+  EXPECT_LT(max_difference(expected, got), 1e-5f);
+  // Not vacuous: one replica on the whole batch takes another step.
+  options.threads = 1;
+  options.save_model = dir.file("one.pt");
+  train(data, options, cpu_world(1));
+  EXPECT_GT(max_difference(expected, load_parameters(dir.file("one.pt"), options.width)), 1e-3f);
+}
+
+INSTANTIATE_TEST_SUITE_P(, PerReplicaBatchNorm, ::testing::Values(2, 3),
+                         [](const auto& info) { return std::to_string(info.param) + "Replicas"; });
 
 // Note [Channels-last numerics]
 // On the CPU, LibTorch's channels-last BatchNorm backward forms sum(x * dy) and subtracts the

@@ -3,6 +3,8 @@
 // 2.x from c10d::Backend; the difference stays inside this file.
 #include "dptrain/parallel/distributed.h"
 
+#include <pthread.h>
+#include <signal.h>
 #include <torch/version.h>
 
 #include <algorithm>
@@ -349,6 +351,13 @@ std::string Communicator::diagnose_peers() {
   auto answer = std::make_shared<std::promise<std::vector<int>>>();
   auto silent_ranks = answer->get_future();
   std::thread([store = store_, rank = rank_, world = world_size_, poll = budget * 4 / 5, answer] {
+    // Abandoned, this thread may write to the store's socket after its peer closed it: with
+    // SIGPIPE blocked here that write fails with EPIPE instead of ending the process (a
+    // thread's own write raises the signal on that thread).
+    sigset_t pipe_signal;
+    sigemptyset(&pipe_signal);
+    sigaddset(&pipe_signal, SIGPIPE);
+    pthread_sigmask(SIG_BLOCK, &pipe_signal, nullptr);
     try {
       const std::string prefix = "dptrain/failure/";
       store->set(prefix + std::to_string(rank), std::vector<uint8_t>{'1'});

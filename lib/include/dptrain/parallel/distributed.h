@@ -51,6 +51,8 @@ struct WorldOptions {
   bool loopback = true;
 };
 
+// Gloo writes to sockets that a failed peer may have closed: a process with a Communicator must
+// ignore SIGPIPE (the dptrain binary does, app/signals.h), or that write ends it.
 class Communicator {
  public:
   // An asynchronous collective in flight; wait() on it before reading its tensor.
