@@ -1,0 +1,1 @@
+/work/main/bench/../build/app/dptrain train --devices cpu --quiet --metrics /work/main/bench/results/book-runs/dptrain-one-width8-seed0-threads1-epochs10.part.jsonl --width 8 --batch-size 256 --lr 0.1 --epochs 10 --seed 0 --threads 1 --data-dir /usr/share/datasets/fashion-mnist
