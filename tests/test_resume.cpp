@@ -240,7 +240,8 @@ TEST_P(Resume, StopAtAnEpochBoundaryWritesACheckpointBetweenScheduledOnes) {
 
 // A file of one checkpoint directory copied into another, as a process killed after writing it
 // would have left it (the checkpoints after it never written).
-void copy_checkpoint(const std::string& from_dir, const std::string& name, const std::string& to_dir) {
+void copy_checkpoint(const std::string& from_dir, const std::string& name,
+                     const std::string& to_dir) {
   const std::string text = read_text(from_dir + "/" + name);
   ASSERT_FALSE(text.empty()) << from_dir << "/" << name;
   write_bytes(to_dir + "/" + name, std::vector<uint8_t>(text.begin(), text.end()));
@@ -348,13 +349,12 @@ TEST(ResumeOnAnotherWorldSize, IsAllowedWithANoticeAndWithSyncBnTakesTheSameStep
     EXPECT_LT(synced, 1e-6);
     EXPECT_GT(per_replica, 1000 * synced);
     EXPECT_GT(per_replica, 1e-5);
-    const std::string expected = "was written by " + std::to_string(from) +
-                                 " rank(s), this run has " + std::to_string(to);
-    EXPECT_EQ(std::count_if(notices.begin(), notices.end(),
-                            [&](const std::string& n) {
-                              return n.find(expected) != std::string::npos;
-                            }),
-              2)
+    const std::string expected =
+        "was written by " + std::to_string(from) + " rank(s), this run has " + std::to_string(to);
+    EXPECT_EQ(
+        std::count_if(notices.begin(), notices.end(),
+                      [&](const std::string& n) { return n.find(expected) != std::string::npos; }),
+        2)
         << ::testing::PrintToString(notices);
   }
 }

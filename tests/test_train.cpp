@@ -228,10 +228,10 @@ TEST_P(PerReplicaBatchNorm, ReplicasTakeTheHandWrittenStepOverTheirShards) {
     const auto index = order.narrow(0, begin, end - begin);
     const auto x = to_model_input(data.train.images.index_select(0, index));  // (n, 1, 28, 28)
     const auto y = data.train.labels.index_select(0, index);                  // (n)
-    loss_sum = loss_sum + torch::nn::functional::cross_entropy(
-                              model->forward(x), y,
-                              torch::nn::functional::CrossEntropyFuncOptions().reduction(
-                                  torch::kSum));
+    loss_sum =
+        loss_sum + torch::nn::functional::cross_entropy(
+                       model->forward(x), y,
+                       torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kSum));
   }
   (loss_sum / static_cast<double>(kExamples)).backward();
   std::vector<torch::Tensor> expected;
@@ -579,9 +579,9 @@ void expect_peer_failure_named(const std::vector<std::string>& args, int signal_
   EXPECT_NE(result.err.find("error: rank " + std::to_string(1 - victim) + " of 2"),
             std::string::npos)
       << result.err;
-  EXPECT_NE(result.err.find(victim == 1 ? "rank(s) 1 did not answer (on "
-                                        : "the rendezvous store (on "),
-            std::string::npos)
+  EXPECT_NE(
+      result.err.find(victim == 1 ? "rank(s) 1 did not answer (on " : "the rendezvous store (on "),
+      std::string::npos)
       << result.err;
   if (victim == 0) {
     EXPECT_NE(result.err.find("did not answer within 2 s either"), std::string::npos) << result.err;

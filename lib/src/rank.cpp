@@ -592,9 +592,9 @@ void train_epochs(Replica& r, Position& at, Checkpointer& checkpointer, NonFinit
       return;
     }
     const bool last = at.epoch + 1 == options.epochs;
-    const bool scheduled =
-        (at.epoch + 1) % options.checkpoint_every == 0 || last ||
-        (options.checkpoint_every_steps > 0 && at.global_step % options.checkpoint_every_steps == 0);
+    const bool scheduled = (at.epoch + 1) % options.checkpoint_every == 0 || last ||
+                           (options.checkpoint_every_steps > 0 &&
+                            at.global_step % options.checkpoint_every_steps == 0);
     if (checkpointer.enabled() && scheduled) save(at.epoch + 1, 0, Totals{}, 0);
     // A stop requested during the epoch's last step, the evaluation or the checkpoint ends the
     // run here, keeping the finished epoch even between scheduled checkpoints.
