@@ -285,14 +285,10 @@ def quickstart_spread(jobs, width):
 
 
 def machine():
-    cpu = "unknown"
+    from run_bench import cpu_model  # the bench's one reader of the CPU's name
     with open("/proc/cpuinfo") as f:
-        for line in f:
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    flags = open("/proc/cpuinfo").read()
-    return {"cpu": cpu, "avx512f": " avx512f" in flags, "cores": os.cpu_count(),
+        avx512f = " avx512f" in f.read()
+    return {"cpu": cpu_model(), "avx512f": avx512f, "cores": os.cpu_count(),
             "python": platform.python_version()}
 
 
