@@ -90,7 +90,7 @@ void add_device_flags(cxxopts::Options& options) {
        cxxopts::value<std::string>(), "LIST")
       ("gpus", "shorthand for --devices cuda:0,...,cuda:N-1", cxxopts::value<std::string>(), "N")
       ("threads", "intra-op CPU threads for the process, shared by its replicas; at most the "
-                  "CPU cores it may use (default: all of them)",
+                  "CPU cores it may use (default: $OMP_NUM_THREADS, else one per physical core)",
        cxxopts::value<std::string>(), "N");
   options.add_options("Data parallelism")
       ("backend", "collective backend: nccl or gloo (default: nccl on CUDA, gloo on cpu)",
@@ -104,7 +104,10 @@ void add_device_flags(cxxopts::Options& options) {
       ("amp", "autocast the forward pass: off or bf16",
        cxxopts::value<std::string>()->default_value("off"), "MODE")
       ("cudnn-benchmark", "let cuDNN pick the fastest algorithm per shape: on or off",
-       cxxopts::value<std::string>()->default_value("on"), "ON|OFF");
+       cxxopts::value<std::string>()->default_value("on"), "ON|OFF")
+      ("cpu-allocator", "CPU tensor memory: caching (keeps freed blocks for the next step), "
+                        "system (LibTorch's) or guarded (stops at out-of-bounds writes; slow)",
+       cxxopts::value<std::string>()->default_value("caching"), "NAME");
 }
 
 void add_parallel_training_flags(cxxopts::Options& options) {
@@ -333,6 +336,7 @@ void read_common_flags(const cxxopts::ParseResult& result, TrainCommand& train) 
       parse_choice_flag("amp", text("amp"), {"off", "bf16"}) == "bf16" ? Amp::kBFloat16 : Amp::kOff;
   o.cudnn_benchmark =
       parse_choice_flag("cudnn-benchmark", text("cudnn-benchmark"), {"on", "off"}) == "on";
+  train.cpu_allocator = parse_cpu_allocator(text("cpu-allocator"));
   if (result.count("test-limit")) {
     train.test_limit = parse_integer_flag("test-limit", text("test-limit"), 1, kMax);
   }

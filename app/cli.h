@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "dptrain/train/cpu_allocator.h"
 #include "dptrain/train/train.h"
 
 namespace dptrain {
@@ -17,6 +18,7 @@ struct TrainCommand {
   std::optional<std::string> devices;  // --devices as given
   std::optional<int> gpus;             // --gpus N
   std::optional<std::string> backend;  // --backend as given; default depends on the devices
+  CpuAllocatorKind cpu_allocator = CpuAllocatorKind::kCaching;  // installed by main()
   int64_t train_limit = 0;             // 0 = all
   int64_t test_limit = 0;
   bool verbose = false;

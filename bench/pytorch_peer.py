@@ -12,7 +12,9 @@ Two ways to run it:
                after it; it prints one JSON line per epoch and a last one with the median seconds
                of epochs 2..N.
 --device cuda runs on the first GPU; --channels-last, --amp bf16, --cudnn-benchmark and
---gpu-data are the usual tuning (the book uses none of them).
+--gpu-data are the usual tuning (the book uses none of them). With --steps, --channels-last,
+--inplace and --compile make the tuned peers of the CPU bench, and --warmup N steps run before
+the clock starts.
 
     /usr/bin/python3 bench/pytorch_peer.py --width 16 --replicas 1 --steps 30 --threads 2
     python3 bench/pytorch_peer.py --device cuda --epochs 10 --channels-last --amp bf16
@@ -68,32 +70,42 @@ def run(rank, args, port, results):
     if args.replicas > 1:
         os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
         dist.init_process_group("gloo", rank=rank, world_size=args.replicas)
-    net = resnet18(10, 1, args.width)
+    memory_format = torch.channels_last if args.channels_last else torch.contiguous_format
+    net = resnet18(10, 1, args.width, inplace=args.inplace)
     net.apply(init_weights)
+    net = net.to(memory_format=memory_format)
     model = nn.parallel.DistributedDataParallel(net) if args.replicas > 1 else net
+    if args.compile:  # the DDP-wrapped module, so that Dynamo splits its graph at the buckets
+        model = torch.compile(model)
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr)
-    dataset = load_training_set(args.data_dir, args.steps * args.batch_size)
+    dataset = load_training_set(args.data_dir, (args.warmup + args.steps) * args.batch_size)
     per_replica = args.batch_size // args.replicas
     sampler = (DistributedSampler(dataset, args.replicas, rank, shuffle=True, seed=args.seed)
                if args.replicas > 1 else None)
     loader = DataLoader(dataset, batch_size=per_replica, shuffle=sampler is None,
                         sampler=sampler, drop_last=True)
     model.train()
-    start = time.perf_counter()
-    steps = 0
+    # The clock starts after --warmup steps (oneDNN's primitives, torch.compile's compilation)
+    # and stops after --steps more, as bench/run_bench.py times dptrain.
+    begin = time.perf_counter()
+    start, steps = begin, 0
     for images, labels in loader:
-        x = images.float() / 255  # pixels to [0, 1], nothing else
+        x = (images.float() / 255).contiguous(memory_format=memory_format)  # pixels to [0, 1]
         loss = F.cross_entropy(model(x), labels)
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
         steps += 1
-        if steps == args.steps:
+        if steps == args.warmup:
+            start = time.perf_counter()
+        if steps == args.warmup + args.steps:
             break
     seconds = time.perf_counter() - start
     if rank == 0:
-        results.put({"images_per_second": steps * args.batch_size / seconds,
-                     "seconds": seconds, "steps": steps, "loss": loss.item()})
+        timed = steps - args.warmup
+        results.put({"images_per_second": timed * args.batch_size / seconds,
+                     "seconds": seconds, "steps": timed, "warmup_seconds": start - begin,
+                     "loss": loss.item(), "torch": torch.__version__})
     if args.replicas > 1:
         dist.destroy_process_group()
 
@@ -170,6 +182,8 @@ def main():
     parser.add_argument("--batch-size", type=int, default=256)
     parser.add_argument("--lr", type=float, default=0.1)
     parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--warmup", type=int, default=0,
+                        help="steps before the timed --steps (with --steps)")
     parser.add_argument("--replicas", type=int, default=1)
     parser.add_argument("--threads", type=int, default=os.cpu_count())
     parser.add_argument("--seed", type=int, default=0)
@@ -179,6 +193,10 @@ def main():
     parser.add_argument("--train-limit", type=int, default=None)
     parser.add_argument("--test-limit", type=int, default=None)
     parser.add_argument("--channels-last", action="store_true")
+    parser.add_argument("--inplace", action="store_true",
+                        help="ReLUs and the shortcut's sum in place, as dptrain (with --steps)")
+    parser.add_argument("--compile", action="store_true",
+                        help="torch.compile the model, PyTorch 2.x (with --steps)")
     parser.add_argument("--amp", choices=["off", "bf16"], default="off")
     parser.add_argument("--cudnn-benchmark", action="store_true")
     parser.add_argument("--gpu-data", action="store_true",

@@ -1,12 +1,16 @@
 // Tests for world_plan.h: the replicas, ranks and backend chosen from the device flags, the
 // launcher's environment (given as a map) and a GPU count (given, so no GPU is needed), and the
-// errors when the devices asked for are not there. Not here: building the world (test_train.cpp).
+// errors when the devices asked for are not there; the CPU threads a run takes by default
+// (devices.h). Not here: building the world (test_train.cpp).
+#include <ATen/Parallel.h>
 #include <gtest/gtest.h>
+#include <sched.h>
 
 #include <map>
 #include <optional>
 #include <ostream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "dptrain/errors.h"
@@ -161,6 +165,31 @@ TEST(ChooseBackend, DefaultIsNcclOnlyForGpusWithNcclBuilt) {
   WorldPlan cpus;
   cpus.local_devices = {torch::Device(torch::kCPU)};
   EXPECT_EQ(choose_backend(std::nullopt, cpus, /*nccl_built=*/true), Backend::kGloo);
+}
+
+// Without --threads a run took LibTorch's default, which for Debian's 1.13 is one thread: the
+// quickstart ran on one of two cores (563 s against 300 s). OMP_NUM_THREADS, when set, is the
+// user's (or torchrun's) choice and LibTorch has applied it; otherwise one per physical core.
+TEST(DefaultIntraOpThreads, OmpNumThreadsWinsElseThePhysicalCoresThisThreadMayUse) {
+  EXPECT_EQ(default_intra_op_threads("3"), at::get_num_threads());
+  const int cores = usable_cpu_cores();
+  const int unset = default_intra_op_threads(nullptr);
+  EXPECT_GE(unset, 1);
+  EXPECT_LE(unset, cores);
+  EXPECT_EQ(default_intra_op_threads(""), unset);  // an empty variable is no setting
+  // The affinity mask is the calling thread's: a thread pinned to one CPU may use one core.
+  int pinned_cores = 0, pinned_default = 0;
+  std::thread pinned([&] {
+    cpu_set_t one;
+    CPU_ZERO(&one);
+    CPU_SET(sched_getcpu() >= 0 ? sched_getcpu() : 0, &one);
+    if (sched_setaffinity(0, sizeof one, &one) != 0) return;
+    pinned_cores = usable_cpu_cores();
+    pinned_default = default_intra_op_threads(nullptr);
+  });
+  pinned.join();
+  EXPECT_EQ(pinned_cores, 1);
+  EXPECT_EQ(pinned_default, 1);
 }
 
 }  // namespace

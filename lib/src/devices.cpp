@@ -5,8 +5,14 @@
 #include <torch/cuda.h>
 #include <unistd.h>
 
+#include <ATen/Parallel.h>
+
+#include <algorithm>
 #include <cstdio>
+#include <fstream>
+#include <set>
 #include <sstream>
+#include <utility>
 
 #if defined(DPTRAIN_WITH_CUDA)
 #include <ATen/cuda/CUDAContext.h>
@@ -101,6 +107,34 @@ int usable_cpu_cores() {
   }
   const long online = ::sysconf(_SC_NPROCESSORS_ONLN);  // more CPUs than a cpu_set_t holds
   return online > 0 ? static_cast<int>(online) : 1;
+}
+
+namespace {
+
+// Distinct (package, core) pairs among the CPUs in this process's affinity mask, from sysfs; 0
+// when the topology cannot be read (some containers hide it).
+int usable_physical_cores() {
+  cpu_set_t mask;
+  CPU_ZERO(&mask);
+  if (::sched_getaffinity(0, sizeof mask, &mask) != 0) return 0;
+  std::set<std::pair<long, long>> cores;
+  for (int cpu = 0; cpu < CPU_SETSIZE; ++cpu) {
+    if (!CPU_ISSET(cpu, &mask)) continue;
+    const std::string topology = "/sys/devices/system/cpu/cpu" + std::to_string(cpu) + "/topology/";
+    std::ifstream package(topology + "physical_package_id"), core(topology + "core_id");
+    long package_id = 0, core_id = 0;
+    if (!(package >> package_id) || !(core >> core_id)) return 0;
+    cores.emplace(package_id, core_id);
+  }
+  return static_cast<int>(cores.size());
+}
+
+}  // namespace
+
+int default_intra_op_threads(const char* omp_num_threads) {
+  if (omp_num_threads && *omp_num_threads) return std::max(1, at::get_num_threads());
+  const int physical = usable_physical_cores();
+  return physical > 0 ? physical : usable_cpu_cores();
 }
 
 void synchronize(const torch::Device& device) {

@@ -28,6 +28,13 @@ std::string device_list_name(const std::vector<std::string>& names);
 // than the machine has); at least 1.
 int usable_cpu_cores();
 
+// The intra-op threads a process takes when --threads is not given: OMP_NUM_THREADS when it is
+// set (LibTorch has applied it already; torchrun sets it to 1 when it starts several processes
+// on one host), else one per physical core among usable_cpu_cores() (a second hyperthread of a
+// core only competes for the same vector units). Not LibTorch's own default: Debian's 1.13
+// starts OpenMP with one thread. `omp_num_threads` is the variable's value, or null.
+int default_intra_op_threads(const char* omp_num_threads);
+
 // Waits for the device's queued work, so that a clock reading means what it says.
 void synchronize(const torch::Device& device);
 

@@ -38,7 +38,7 @@ struct TrainOptions {
   double lr = 0.1;
   uint64_t seed = 0;    // initial weights and data order
   int64_t width = 64;   // ResNet base channel count
-  int64_t threads = 0;  // intra-op CPU threads for the whole process; 0 = all cores
+  int64_t threads = 0;  // intra-op CPU threads for the whole process; 0 = default_intra_op_threads
   Backend backend = Backend::kGloo;
   // A world of one still creates its process group, so that the backend really runs (the CLI
   // sets it when --backend is given); otherwise one replica communicates with nobody.
