@@ -1,16 +1,27 @@
 #!/usr/bin/env python3
-"""dptrain against its PyTorch peer (bench/pytorch_peer.py), in one run, on CPU.
+"""dptrain against the PyTorch peers a user would pick, on the CPU, in one run.
 
-For each configuration the two alternate (dptrain, peer, dptrain, peer, ...) for --repeats
-rounds after one warm-up round, each run training a fixed number of steps at width 16 with
-the same thread count; the bench reports the median training images/s of each, sec/epoch
-(60,000 images at that rate) and the ratio dptrain/peer. It writes JSON and a Markdown table
-into bench/results/, with the machine, the versions and the exact command.
+The contestants (each with 1 and 2 replicas, the same width, global batch and thread count):
+  dptrain-1.13     dptrain built on Debian's LibTorch 1.13 (build/), its default layout
+  dptrain-2.11     dptrain built on PyPI's LibTorch 2.11 (build-211/), its default layout
+  peer-V-book      bench/pytorch_peer.py on PyTorch V as the book writes it: contiguous,
+                   out-of-place ReLUs
+  peer-V-tuned     the same with PyTorch's CPU tuning: channels-last, and the in-place ReLUs
+                   and shortcut sum that dptrain's model uses
+  peer-2.11-compiled  the tuned peer under torch.compile (Inductor)
+V is 1.13 (Debian's /usr/bin/python3) and 2.11 (--python-211, a venv with torch==2.11.0).
+Contestants whose program is missing are left out, saying so.
 
-    /usr/bin/python3 bench/run_bench.py --dptrain build/app/dptrain
+Every round runs each contestant once, in an order rotated from round to round; round 0 warms
+caches (and Inductor's) and is not counted. Each run trains --warmup steps, then --steps steps
+on the clock: the peer times those itself, dptrain's are read from its progress lines. Peak
+memory is the largest total resident set of the run's processes (every process of a peer with
+2 replicas: its launcher and its two workers), sampled every 20 ms from /proc. The report gives
+medians, their ranges, the CPU model and the ratios, in bench/results/<date>-cpu-peers.{md,json}.
 
-Needs a Python with torch for the peer: Debian's python3-torch is the same LibTorch 1.13 that
-Debian's libtorch-dev builds dptrain against.
+    /usr/bin/python3 bench/run_bench.py --threads 2 --steps 30 --repeats 5
+
+Debian's python3-torch is the same LibTorch 1.13 that Debian's libtorch-dev builds dptrain on.
 """
 import argparse
 import datetime
@@ -22,31 +33,12 @@ import shlex
 import statistics
 import subprocess
 import sys
-
-import torch
+import threading
+import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-EPOCH_LINE = re.compile(r"^epoch \d+/\d+: .*, ([0-9.]+) s, ([0-9.]+) img/s$", re.M)
-
-
-def run_dptrain(args, replicas):
-    devices = ",".join(["cpu"] * replicas)
-    command = [args.dptrain, "train", "--devices", devices, "--width", str(args.width),
-               "--batch-size", str(args.batch_size), "--lr", "0.1", "--epochs", "1",
-               "--max-steps", str(args.steps), "--train-limit", str(args.steps * args.batch_size),
-               "--test-limit", "256", "--threads", str(args.threads), "--data-dir", args.data_dir]
-    output = subprocess.run(command, check=True, capture_output=True, text=True).stdout
-    seconds, rate = EPOCH_LINE.search(output).groups()
-    return float(rate)
-
-
-def run_peer(args, replicas):
-    command = [sys.executable, os.path.join(HERE, "pytorch_peer.py"), "--width", str(args.width),
-               "--batch-size", str(args.batch_size), "--steps", str(args.steps),
-               "--replicas", str(replicas), "--threads", str(args.threads),
-               "--data-dir", args.data_dir]
-    output = subprocess.run(command, check=True, capture_output=True, text=True).stdout
-    return json.loads(output.strip().splitlines()[-1])["images_per_second"]
+ROOT = os.path.dirname(HERE)
+PROGRESS_LINE = re.compile(r"step (\d+)/\d+: .*, ([0-9.]+) img/s, ", re.M)
 
 
 def cpu_model():
@@ -60,65 +52,268 @@ def cpu_model():
     return platform.processor()
 
 
+def cpu_flags():
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return set()
+
+
+# ---- Peak memory of a process tree ----------------------------------------------------------
+
+def tree_pids(root):
+    pids, todo = [], [root]
+    while todo:
+        pid = todo.pop()
+        pids.append(pid)
+        try:
+            for task in os.listdir(f"/proc/{pid}/task"):
+                with open(f"/proc/{pid}/task/{task}/children") as f:
+                    todo.extend(int(child) for child in f.read().split())
+        except OSError:
+            pass  # the process ended between the listing and the read
+    return pids
+
+
+def resident_bytes(pid):
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
+def run_measured(command, env=None):
+    """Runs `command`; returns (stdout, stderr, peak resident bytes of its process tree)."""
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               text=True, env=env)
+    peak = [0]
+    done = threading.Event()
+
+    def sample():
+        while not done.is_set():
+            peak[0] = max(peak[0], sum(resident_bytes(p) for p in tree_pids(process.pid)))
+            done.wait(0.02)
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    stdout, stderr = process.communicate()
+    done.set()
+    sampler.join()
+    if process.returncode != 0:
+        raise RuntimeError(f"{shlex.join(command)} exited with {process.returncode}:\n"
+                           f"{stderr[-2000:]}")
+    return stdout, stderr, peak[0]
+
+
+# ---- The contestants --------------------------------------------------------------------------
+
+def dptrain_rate(stderr, warmup, steps, batch_size):
+    """Images/s over steps warmup+1 .. warmup+steps, from the cumulative rates printed."""
+    rates = {int(step): float(rate) for step, rate in PROGRESS_LINE.findall(stderr)}
+    end = warmup + steps
+    if end not in rates or (warmup > 0 and warmup not in rates):
+        raise RuntimeError(f"dptrain printed no progress line for step {warmup} or {end}")
+    seconds = end * batch_size / rates[end] - (warmup * batch_size / rates[warmup] if warmup else 0)
+    return steps * batch_size / seconds
+
+
+def dptrain_contestant(name, binary, version):
+    def run(args, replicas):
+        total = args.warmup + args.steps
+        command = [binary, "train", "--devices", ",".join(["cpu"] * replicas),
+                   "--width", str(args.width), "--batch-size", str(args.batch_size),
+                   "--lr", "0.1", "--epochs", "1", "--max-steps", str(total),
+                   "--train-limit", str(total * args.batch_size), "--test-limit", "256",
+                   "--threads", str(args.threads), "--log-every", str(args.warmup),
+                   "--data-dir", args.data_dir]
+        _, stderr, peak = run_measured(command)
+        return dptrain_rate(stderr, args.warmup, args.steps, args.batch_size), peak
+    return {"name": name, "system": "dptrain", "torch": version, "program": binary, "run": run}
+
+
+def peer_contestant(name, python, version, flags):
+    def run(args, replicas):
+        command = [python, os.path.join(HERE, "pytorch_peer.py"), "--width", str(args.width),
+                   "--batch-size", str(args.batch_size), "--steps", str(args.steps),
+                   "--warmup", str(args.warmup), "--replicas", str(replicas),
+                   "--threads", str(args.threads), "--data-dir", args.data_dir] + flags
+        stdout, _, peak = run_measured(command)
+        return json.loads(stdout.strip().splitlines()[-1])["images_per_second"], peak
+    return {"name": name, "system": "peer", "torch": version, "program": python,
+            "flags": flags, "run": run}
+
+
+def torch_version(python):
+    result = subprocess.run([python, "-c", "import torch; print(torch.__version__)"],
+                            capture_output=True, text=True)
+    return result.stdout.strip() if result.returncode == 0 else None
+
+
+def contestants(args):
+    chosen, missing = [], []
+    for name, binary in (("dptrain-1.13", args.dptrain), ("dptrain-2.11", args.dptrain_211)):
+        if os.access(binary, os.X_OK):
+            chosen.append(dptrain_contestant(name, binary, name.split("-")[1]))
+        else:
+            missing.append(f"{name} ({binary} is not built)")
+    tuned = ["--channels-last", "--inplace"]
+    for label, python in (("1.13", args.python_113), ("2.11", args.python_211)):
+        version = torch_version(python) if os.access(python, os.X_OK) else None
+        if version is None:
+            missing.append(f"peer-{label}-* ({python} has no torch)")
+            continue
+        chosen.append(peer_contestant(f"peer-{label}-book", python, version, []))
+        chosen.append(peer_contestant(f"peer-{label}-tuned", python, version, tuned))
+        if label == "2.11":
+            chosen.append(peer_contestant("peer-2.11-compiled", python, version,
+                                          tuned + ["--compile"]))
+    wanted = set(args.only.split(",")) if args.only else None
+    chosen = [c for c in chosen if wanted is None or c["name"] in wanted]
+    return chosen, missing
+
+
+# ---- The report -------------------------------------------------------------------------------
+
+def summarize(runs):
+    rates = [r["images_per_second"] for r in runs]
+    peaks = [r["peak_resident_bytes"] for r in runs]
+    return {"images_per_second": statistics.median(rates), "min": min(rates), "max": max(rates),
+            "peak_resident_mib": statistics.median(peaks) / 2**20,
+            "sec_per_epoch": 60000 / statistics.median(rates), "runs": runs}
+
+
+def ratios(results, replicas):
+    """dptrain on each LibTorch against its book peer, the best tuned or compiled peer, and
+    the peer's memory; None where a contestant is missing."""
+    row = results.get(str(replicas), {})
+    out = {}
+    peers = {n: r for n, r in row.items() if n.startswith("peer-")}
+    best = max((n for n in peers if not n.endswith("-book")),
+               key=lambda n: peers[n]["images_per_second"], default=None)
+    for name, result in row.items():
+        if not name.startswith("dptrain-"):
+            continue
+        version = name.split("-")[1]
+        book = row.get(f"peer-{version}-book")
+        rate = result["images_per_second"]
+        out[name] = {
+            "vs_book_peer": rate / book["images_per_second"] if book else None,
+            "best_tuned_peer": best,
+            "vs_best_tuned_peer": rate / peers[best]["images_per_second"] if best else None,
+            "memory_vs_book_peer": (result["peak_resident_mib"] / book["peak_resident_mib"]
+                                    if book else None),
+            "memory_vs_lightest_peer_same_torch": min(
+                (result["peak_resident_mib"] / p["peak_resident_mib"]
+                 for n, p in peers.items() if n.startswith(f"peer-{version}-")), default=None),
+        }
+    return out
+
+
+def write_report(record, base):
+    with open(base + ".json", "w") as f:
+        json.dump(record, f, indent=2)
+    s = record["settings"]
+    lines = [f"# dptrain against the PyTorch peers, CPU, {record['date']}", "",
+             f"Machine: {record['machine']['cpu']}, {record['machine']['cores']} cores, "
+             f"AVX-512: {'yes' if record['machine']['avx512'] else 'no'}. Width {s['width']}, "
+             f"global batch {s['batch_size']}, {s['threads']} threads, {s['warmup']} warm-up "
+             f"steps then {s['steps']} timed steps a run; medians of {s['repeats']} alternating "
+             f"rounds after one warm-up round. Peak memory: the largest total resident set of "
+             f"the run's processes.", ""]
+    if record["missing"]:
+        lines += ["Left out: " + "; ".join(record["missing"]) + ".", ""]
+    for replicas, row in record["results"].items():
+        lines += [f"## {replicas} replica(s)", "",
+                  "| contestant | PyTorch | img/s (median) | range | sec/epoch | peak memory MiB |",
+                  "|---|---|---|---|---|---|"]
+        for name, r in sorted(row.items(), key=lambda kv: -kv[1]["images_per_second"]):
+            lines.append(f"| {name} | {r['torch']} | {r['images_per_second']:.1f} | "
+                         f"{r['min']:.0f}–{r['max']:.0f} | {r['sec_per_epoch']:.0f} | "
+                         f"{r['peak_resident_mib']:.0f} |")
+        lines.append("")
+        for name, q in record["ratios"][replicas].items():
+            parts = []
+            if q["vs_book_peer"] is not None:
+                parts.append(f"{q['vs_book_peer']:.2f}× the book's peer on the same PyTorch")
+            if q["vs_best_tuned_peer"] is not None:
+                parts.append(f"{q['vs_best_tuned_peer']:.2f}× the fastest tuned or compiled peer "
+                             f"({q['best_tuned_peer']})")
+            if q["memory_vs_lightest_peer_same_torch"] is not None:
+                parts.append(f"{q['memory_vs_lightest_peer_same_torch']:.2f}× the memory of the "
+                             f"lightest peer on the same PyTorch")
+            lines.append(f"- {name}: " + "; ".join(parts) + ".")
+        lines.append("")
+    lines.append(f"Command: `{record['command']}`")
+    with open(base + ".md", "w") as f:
+        f.write("\n".join(lines) + "\n")
+    return "\n".join(lines)
+
+
 def main():
-    parser = argparse.ArgumentParser(description="dptrain against its PyTorch peer, on CPU")
-    parser.add_argument("--dptrain", default=os.path.join(HERE, "..", "build", "app", "dptrain"))
+    parser = argparse.ArgumentParser(description="dptrain against the PyTorch peers, on CPU")
+    parser.add_argument("--dptrain", default=os.path.join(ROOT, "build", "app", "dptrain"))
+    parser.add_argument("--dptrain-211", default=os.path.join(ROOT, "build-211", "app", "dptrain"))
+    parser.add_argument("--python-113", default="/usr/bin/python3")
+    parser.add_argument("--python-211", default=os.path.join(ROOT, ".venv-torch", "bin", "python"))
     parser.add_argument("--data-dir", default="/usr/share/datasets/fashion-mnist")
     parser.add_argument("--width", type=int, default=16)
     parser.add_argument("--batch-size", type=int, default=256)
-    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--warmup", type=int, default=5)
+    parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--threads", type=int, default=os.cpu_count())
     parser.add_argument("--replicas", default="1,2", help="comma list of replica counts")
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--only", default="", help="comma list of contestant names")
     parser.add_argument("--out", default=os.path.join(HERE, "results"))
     args = parser.parse_args()
+    if args.warmup < 1:
+        parser.error("--warmup must be at least 1 (dptrain's rate is read from its progress)")
 
-    rows = []
+    chosen, missing = contestants(args)
+    for note in missing:
+        print(f"left out: {note}", flush=True)
+    results = {}
     for replicas in [int(r) for r in args.replicas.split(",")]:
-        dptrain_rates, peer_rates = [], []
-        for round_index in range(args.repeats + 1):  # round 0 warms caches and is not counted
-            a = run_dptrain(args, replicas)
-            b = run_peer(args, replicas)
-            print(f"replicas {replicas} round {round_index}: dptrain {a:.1f} img/s, "
-                  f"peer {b:.1f} img/s", flush=True)
-            if round_index > 0:
-                dptrain_rates.append(a)
-                peer_rates.append(b)
-        d, p = statistics.median(dptrain_rates), statistics.median(peer_rates)
-        rows.append({"replicas": replicas, "dptrain_images_per_second": d,
-                     "peer_images_per_second": p, "ratio": d / p,
-                     "dptrain_sec_per_epoch": 60000 / d, "peer_sec_per_epoch": 60000 / p,
-                     "dptrain_runs": dptrain_rates, "peer_runs": peer_rates})
+        runs = {c["name"]: [] for c in chosen}
+        for round_index in range(args.repeats + 1):  # round 0 warms caches, not counted
+            shift = round_index % len(chosen)
+            for c in chosen[shift:] + chosen[:shift]:
+                started = time.perf_counter()
+                rate, peak = c["run"](args, replicas)
+                print(f"replicas {replicas} round {round_index} {c['name']}: {rate:.1f} img/s, "
+                      f"peak {peak / 2**20:.0f} MiB ({time.perf_counter() - started:.0f} s)",
+                      flush=True)
+                if round_index > 0:
+                    runs[c["name"]].append({"images_per_second": rate,
+                                            "peak_resident_bytes": peak})
+        results[str(replicas)] = {}
+        for c in chosen:
+            summary = summarize(runs[c["name"]])
+            summary.update(torch=c["torch"], program=c["program"], flags=c.get("flags", []))
+            results[str(replicas)][c["name"]] = summary
 
-    stamp = datetime.datetime.now().strftime("%Y-%m-%d")
-    host = platform.node() or "host"
     record = {
         "date": datetime.datetime.now().isoformat(timespec="seconds"),
-        "machine": {"cpu": cpu_model(), "cores": os.cpu_count(), "host": host},
-        "versions": {"peer_torch": torch.__version__, "python": platform.python_version()},
-        "command": " ".join(shlex.quote(a) for a in [sys.executable] + sys.argv),
-        "settings": {"width": args.width, "batch_size": args.batch_size, "steps": args.steps,
-                     "threads": args.threads, "repeats": args.repeats},
-        "results": rows,
+        "machine": {"cpu": cpu_model(), "cores": os.cpu_count(), "avx512": "avx512f" in cpu_flags(),
+                    "host": platform.node()},
+        "command": shlex.join([sys.executable] + sys.argv),
+        "settings": {"width": args.width, "batch_size": args.batch_size, "warmup": args.warmup,
+                     "steps": args.steps, "threads": args.threads, "repeats": args.repeats},
+        "missing": missing,
+        "results": results,
+        "ratios": {r: ratios(results, int(r)) for r in results},
     }
     os.makedirs(args.out, exist_ok=True)
-    base = os.path.join(args.out, f"{stamp}-cpu-width{args.width}")
-    with open(base + ".json", "w") as f:
-        json.dump(record, f, indent=2)
-    with open(base + ".md", "w") as f:
-        f.write(f"# dptrain against the PyTorch peer, CPU, {record['date']}\n\n")
-        f.write(f"Machine: {record['machine']['cpu']}, {record['machine']['cores']} cores. "
-                f"Peer: PyTorch {torch.__version__}. Width {args.width}, batch "
-                f"{args.batch_size}, {args.steps} steps a run, {args.threads} threads, median "
-                f"of {args.repeats} alternating runs after one warm-up round.\n\n")
-        f.write("| replicas | dptrain img/s | peer img/s | dptrain/peer | dptrain sec/epoch | "
-                "peer sec/epoch |\n|---|---|---|---|---|---|\n")
-        for r in rows:
-            f.write(f"| {r['replicas']} | {r['dptrain_images_per_second']:.1f} | "
-                    f"{r['peer_images_per_second']:.1f} | {r['ratio']:.2f} | "
-                    f"{r['dptrain_sec_per_epoch']:.0f} | {r['peer_sec_per_epoch']:.0f} |\n")
-        f.write(f"\nCommand: `{record['command']}`\n")
-    print(open(base + ".md").read())
+    stamp = datetime.datetime.now().strftime("%Y-%m-%d")
+    print(write_report(record, os.path.join(args.out, f"{stamp}-cpu-peers")))
 
 
 if __name__ == "__main__":

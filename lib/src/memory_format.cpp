@@ -17,13 +17,18 @@ namespace dptrain {
 // --width 4) aborts with "double free or corruption", and valgrind names an 8-byte write past
 // a 3,264-byte block. scripts/repro/channels_last_heap.py shows it in PyTorch alone, on any x86
 // CPU: ONEDNN_MAX_CPU_ISA=AVX2 (or valgrind, which has no AVX-512) selects those kernels.
-// Measured here (docs/channels-last.md): every width from 1 to 7 breaks; widths 8 and 64 ran
-// clean under valgrind, but a kernel that writes out of bounds at one shape is no kernel to
-// trust at the others. So the CPU default is the contiguous layout on every LibTorch, and an
-// explicit channels-last request is refused where oneDNN would run the AVX2 kernels. On AVX-512
-// CPUs it stays available on request; valgrind cannot check those kernels (it emulates no
-// AVX-512), which the README says. CUDA convolutions are cuDNN's: channels-last is their
-// fast layout, and the default there.
+// Every width from 1 to 7 breaks, so there the CPU default is contiguous, and an explicit
+// channels-last request is refused.
+//
+// The AVX-512 kernels are other code, and valgrind cannot run them. The guarded allocator
+// (cpu_allocator.h) can check them: it puts every tensor's end against an inaccessible page,
+// which stops oneDNN's generated code too. It stops the AVX2 overrun above at the faulting
+// write, and it trains the book's model in channels-last on the AVX-512 kernels at every width
+// from 1 to 16, at batches of 256 and 96, on 1 and 2 threads, and at width 64, without a fault
+// (tests/test_guarded_kernels.cpp, on every machine that has AVX-512). Channels-last is the
+// faster layout there (1,099 against 966 images/s at width 16: bench/results), so where oneDNN
+// runs AVX-512 the CPU default is channels-last. CUDA convolutions are cuDNN's: channels-last
+// is their fast layout, and the default there.
 
 namespace {
 
@@ -87,8 +92,10 @@ MemoryFormat resolve_memory_format(MemoryFormat requested, const torch::Device& 
   if (!device.is_cpu()) {
     return requested == MemoryFormat::kAuto ? MemoryFormat::kChannelsLast : requested;
   }
-  if (requested == MemoryFormat::kAuto) return MemoryFormat::kContiguous;
 #if defined(__x86_64__) || defined(__i386__)
+  if (requested == MemoryFormat::kAuto) {
+    return cpu.runs_avx512() ? MemoryFormat::kChannelsLast : MemoryFormat::kContiguous;
+  }
   if (requested == MemoryFormat::kChannelsLast && !cpu.runs_avx512()) {
     throw UsageError("--memory-format channels-last on the CPU: " + cpu.describe() +
                      ", so oneDNN runs its AVX2 (or older) kernels, whose channels-last "
@@ -97,7 +104,7 @@ MemoryFormat resolve_memory_format(MemoryFormat requested, const torch::Device& 
                      "the CPU default");
   }
 #endif
-  return requested;
+  return requested == MemoryFormat::kAuto ? MemoryFormat::kContiguous : requested;
 }
 
 }  // namespace dptrain

@@ -27,6 +27,7 @@
 #include "dptrain/parallel/replicas.h"
 #include "dptrain/parallel/run_configuration.h"
 #include "dptrain/train/checkpoint_directory.h"
+#include "dptrain/train/finite.h"
 
 namespace dptrain {
 namespace {
@@ -329,12 +330,9 @@ class NonFiniteGuard {
 
  private:
   static torch::Tensor gradients_finite(const Reducer& reducer) {
-    torch::Tensor finite;
-    for (size_t i = 0; i < reducer.num_buckets(); ++i) {
-      auto bucket_finite = torch::isfinite(reducer.bucket(i)).all();
-      finite = finite.defined() ? finite.logical_and(bucket_finite) : bucket_finite;
-    }
-    return finite;  // () bool
+    std::vector<torch::Tensor> buckets;
+    for (size_t i = 0; i < reducer.num_buckets(); ++i) buckets.push_back(reducer.bucket(i));
+    return all_finite(buckets);  // () bool
   }
 
   bool skip_;

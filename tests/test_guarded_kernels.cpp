@@ -1,0 +1,107 @@
+// Whether oneDNN's CPU convolutions write inside their tensors in channels-last, checked with the
+// guarded allocator (cpu_allocator.h), which also sees the machine code oneDNN generates at run
+// time. The AVX2 kernels are the positive control: the upstream bug (docs/channels-last.md) must
+// stop at the guard page. The AVX-512 kernels, which dptrain runs channels-last by default where
+// the CPU has them, must train the book's model at every width from 1 to 16 (and 64) without a
+// fault. Each case runs in a child process (a death test): the allocator is process-wide, and
+// oneDNN reads its ISA cap once.
+#include <gtest/gtest.h>
+#include <stdlib.h>
+#include <torch/torch.h>
+
+#include <csignal>
+#include <cstdlib>
+
+#include "dptrain/model/memory_format.h"
+#include "dptrain/model/model.h"
+#include "dptrain/train/cpu_allocator.h"
+
+namespace dptrain {
+namespace {
+
+// The upstream repro's shape: the stage-2 shortcut at width 4, a 1x1 stride-2 convolution from
+// 4 to 8 channels, forward and backward on a (256, 4, 28, 28) channels-last input, twice.
+void shortcut_convolution_steps(at::MemoryFormat layout = at::MemoryFormat::ChannelsLast) {
+  torch::manual_seed(0);
+  torch::nn::Conv2d conv(torch::nn::Conv2dOptions(4, 8, 1).stride(2));
+  conv->weight.set_data(conv->weight.data().contiguous(layout));
+  auto x = torch::rand({256, 4, 28, 28}).contiguous(layout);
+  x.requires_grad_(true);
+  for (int step = 0; step < 2; ++step) {
+    conv->zero_grad();
+    conv->forward(x).sum().backward();
+  }
+}
+
+// Two training steps of the book's model at `width`, channels-last, on a batch of `batch`.
+void model_steps(int64_t width, int64_t batch) {
+  torch::manual_seed(0);
+  ResNet model(ResNetOptions{10, 1, width});
+  init_reference_weights(*model, 0);
+  convert_to_channels_last(*model);
+  auto x = torch::rand({batch, 1, 28, 28}).contiguous(at::MemoryFormat::ChannelsLast);
+  const auto y = torch::randint(10, {batch}, torch::kLong);
+  for (int step = 0; step < 2; ++step) {
+    model->zero_grad();
+    torch::nn::functional::cross_entropy(model->forward(x), y).backward();
+  }
+}
+
+bool has_avx512() {
+  CpuKernels cpu = detect_cpu_kernels();
+  cpu.isa_cap.clear();  // the machine's own kernels, whatever the environment caps
+  return cpu.runs_avx512();
+}
+
+TEST(GuardedKernelsDeathTest, Avx2ChannelsLastConvolutionStopsAtTheGuardPage) {
+#if !(defined(__x86_64__) || defined(__i386__))
+  GTEST_SKIP() << "oneDNN's AVX2 kernels exist only on x86";
+#endif
+  // Without the guard, this is the case that ends in glibc's "double free or corruption".
+  EXPECT_EXIT(
+      {
+        ::setenv("ONEDNN_MAX_CPU_ISA", "AVX2", 1);
+        install_cpu_allocator(CpuAllocatorKind::kGuarded);
+        at::set_num_threads(1);
+        shortcut_convolution_steps();
+        std::exit(0);
+      },
+      ::testing::KilledBySignal(SIGSEGV), "");
+  // The control: the same kernels' contiguous path, under the same guards, runs clean, so the
+  // fault above is the channels-last overrun, not the guarded allocator.
+  EXPECT_EXIT(
+      {
+        ::setenv("ONEDNN_MAX_CPU_ISA", "AVX2", 1);
+        install_cpu_allocator(CpuAllocatorKind::kGuarded);
+        at::set_num_threads(1);
+        shortcut_convolution_steps(at::MemoryFormat::Contiguous);
+        std::exit(0);
+      },
+      ::testing::ExitedWithCode(0), "");
+}
+
+TEST(GuardedKernelsDeathTest, Avx512ChannelsLastTrainsEveryWidthInBounds) {
+  if (!has_avx512()) GTEST_SKIP() << "this CPU has no AVX-512: dptrain keeps it contiguous";
+  if (const char* cap = std::getenv("ONEDNN_MAX_CPU_ISA"); cap && *cap) {
+    GTEST_SKIP() << "ONEDNN_MAX_CPU_ISA=" << cap << " is set: not the AVX-512 kernels";
+  }
+  for (const int threads : {1, 2}) {
+    EXPECT_EXIT(
+        {
+          install_cpu_allocator(CpuAllocatorKind::kGuarded);
+          at::set_num_threads(threads);
+          shortcut_convolution_steps();
+          for (int64_t width = 1; width <= 16; ++width) {
+            model_steps(width, 256);
+            model_steps(width, 96);  // the last batch of an epoch of 60,000 at 256
+          }
+          model_steps(64, 16);
+          std::exit(0);
+        },
+        ::testing::ExitedWithCode(0), "")
+        << threads << " thread(s)";
+  }
+}
+
+}  // namespace
+}  // namespace dptrain
