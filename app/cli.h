@@ -18,8 +18,9 @@ struct TrainCommand {
   std::optional<std::string> devices;  // --devices as given
   std::optional<int> gpus;             // --gpus N
   std::optional<std::string> backend;  // --backend as given; default depends on the devices
-  CpuAllocatorKind cpu_allocator = CpuAllocatorKind::kCaching;  // installed by main()
-  int64_t train_limit = 0;             // 0 = all
+  // Installed by main() before anything runs (cpu_allocator.h).
+  CpuAllocatorKind cpu_allocator = CpuAllocatorKind::kCaching;
+  int64_t train_limit = 0;  // 0 = all
   int64_t test_limit = 0;
   bool verbose = false;
   // Output (progress.h, and the metrics and plot files).

@@ -10,7 +10,8 @@ The contestants (each with 1 and 2 replicas, the same width, global batch and th
                    and shortcut sum that dptrain's model uses
   peer-2.11-compiled  the tuned peer under torch.compile (Inductor)
 V is 1.13 (Debian's /usr/bin/python3) and 2.11 (--python-211, a venv with torch==2.11.0).
-Contestants whose program is missing are left out, saying so.
+Contestants whose program is missing are left out, saying so. dptrain-V-system-allocator
+(dptrain with --cpu-allocator system) runs only when --only names it.
 
 Every round runs each contestant once, in an order rotated from round to round; round 0 warms
 caches (and Inductor's) and is not counted. Each run trains --warmup steps, then --steps steps
@@ -125,7 +126,7 @@ def dptrain_rate(stderr, warmup, steps, batch_size):
     return steps * batch_size / seconds
 
 
-def dptrain_contestant(name, binary, version):
+def dptrain_contestant(name, binary, version, extra=()):
     def run(args, replicas):
         total = args.warmup + args.steps
         command = [binary, "train", "--devices", ",".join(["cpu"] * replicas),
@@ -133,10 +134,11 @@ def dptrain_contestant(name, binary, version):
                    "--lr", "0.1", "--epochs", "1", "--max-steps", str(total),
                    "--train-limit", str(total * args.batch_size), "--test-limit", "256",
                    "--threads", str(args.threads), "--log-every", str(args.warmup),
-                   "--data-dir", args.data_dir]
+                   "--data-dir", args.data_dir] + list(extra)
         _, stderr, peak = run_measured(command)
         return dptrain_rate(stderr, args.warmup, args.steps, args.batch_size), peak
-    return {"name": name, "system": "dptrain", "torch": version, "program": binary, "run": run}
+    return {"name": name, "system": "dptrain", "torch": version, "program": binary,
+            "flags": list(extra), "run": run}
 
 
 def peer_contestant(name, python, version, flags):
@@ -162,6 +164,9 @@ def contestants(args):
     for name, binary in (("dptrain-1.13", args.dptrain), ("dptrain-2.11", args.dptrain_211)):
         if os.access(binary, os.X_OK):
             chosen.append(dptrain_contestant(name, binary, name.split("-")[1]))
+            # LibTorch's own allocator instead of dptrain's: what the caching allocator is worth
+            chosen.append(dptrain_contestant(name + "-system-allocator", binary,
+                                             name.split("-")[1], ["--cpu-allocator", "system"]))
         else:
             missing.append(f"{name} ({binary} is not built)")
     tuned = ["--channels-last", "--inplace"]
@@ -176,7 +181,8 @@ def contestants(args):
             chosen.append(peer_contestant("peer-2.11-compiled", python, version,
                                           tuned + ["--compile"]))
     wanted = set(args.only.split(",")) if args.only else None
-    chosen = [c for c in chosen if wanted is None or c["name"] in wanted]
+    chosen = [c for c in chosen if (c["name"] in wanted if wanted else
+                                    not c["name"].endswith("-system-allocator"))]
     return chosen, missing
 
 
@@ -199,7 +205,7 @@ def ratios(results, replicas):
     best = max((n for n in peers if not n.endswith("-book")),
                key=lambda n: peers[n]["images_per_second"], default=None)
     for name, result in row.items():
-        if not name.startswith("dptrain-"):
+        if not name.startswith("dptrain-") or name.endswith("-system-allocator"):
             continue
         version = name.split("-")[1]
         book = row.get(f"peer-{version}-book")
@@ -210,6 +216,8 @@ def ratios(results, replicas):
             "vs_best_tuned_peer": rate / peers[best]["images_per_second"] if best else None,
             "memory_vs_book_peer": (result["peak_resident_mib"] / book["peak_resident_mib"]
                                     if book else None),
+            "vs_system_allocator": (rate / row[name + "-system-allocator"]["images_per_second"]
+                                    if name + "-system-allocator" in row else None),
             "memory_vs_lightest_peer_same_torch": min(
                 (result["peak_resident_mib"] / p["peak_resident_mib"]
                  for n, p in peers.items() if n.startswith(f"peer-{version}-")), default=None),
@@ -246,6 +254,8 @@ def write_report(record, base):
             if q["vs_best_tuned_peer"] is not None:
                 parts.append(f"{q['vs_best_tuned_peer']:.2f}× the fastest tuned or compiled peer "
                              f"({q['best_tuned_peer']})")
+            if q["vs_system_allocator"] is not None:
+                parts.append(f"{q['vs_system_allocator']:.2f}× itself with LibTorch's allocator")
             if q["memory_vs_lightest_peer_same_torch"] is not None:
                 parts.append(f"{q['memory_vs_lightest_peer_same_torch']:.2f}× the memory of the "
                              f"lightest peer on the same PyTorch")
@@ -271,7 +281,11 @@ def main():
     parser.add_argument("--threads", type=int, default=os.cpu_count())
     parser.add_argument("--replicas", default="1,2", help="comma list of replica counts")
     parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--only", default="", help="comma list of contestant names")
+    parser.add_argument("--only", default="",
+                        help="comma list of contestant names (default: all but the "
+                             "dptrain-*-system-allocator ones)")
+    parser.add_argument("--name", default="cpu-peers",
+                        help="the results' file name, after the date")
     parser.add_argument("--out", default=os.path.join(HERE, "results"))
     args = parser.parse_args()
     if args.warmup < 1:
@@ -313,7 +327,7 @@ def main():
     }
     os.makedirs(args.out, exist_ok=True)
     stamp = datetime.datetime.now().strftime("%Y-%m-%d")
-    print(write_report(record, os.path.join(args.out, f"{stamp}-cpu-peers")))
+    print(write_report(record, os.path.join(args.out, f"{stamp}-{args.name}")))
 
 
 if __name__ == "__main__":

@@ -301,9 +301,9 @@ TEST(CliParse, FastPathAndRecoveryFlags) {
   EXPECT_EQ(parse({"train"}).train.cpu_allocator, CpuAllocatorKind::kCaching);
   EXPECT_EQ(parse({"train", "--cpu-allocator", "system"}).train.cpu_allocator,
             CpuAllocatorKind::kSystem);
-  EXPECT_EQ(parse({"eval", "--model", "m.pt", "--cpu-allocator", "guarded"})
-                .eval.common.cpu_allocator,
-            CpuAllocatorKind::kGuarded);
+  EXPECT_EQ(
+      parse({"eval", "--model", "m.pt", "--cpu-allocator", "guarded"}).eval.common.cpu_allocator,
+      CpuAllocatorKind::kGuarded);
   expect_parse_error({"train", "--cpu-allocator", "tcmalloc"},
                      "--cpu-allocator: 'tcmalloc' is not an allocator");
   expect_parse_error({"train", "--amp", "fp16"}, "--amp: 'fp16' is not one of off or bf16");

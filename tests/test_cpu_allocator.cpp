@@ -2,8 +2,6 @@
 // within its bound, serves LibTorch's tensors once installed without changing a training step's
 // result by one bit; the guarded allocator stops a write past a tensor's end; an overwritten
 // header is reported; the names of --cpu-allocator.
-#include "dptrain/train/cpu_allocator.h"
-
 #include <c10/core/CPUAllocator.h>
 #include <gtest/gtest.h>
 #include <torch/serialize.h>
@@ -17,6 +15,7 @@
 
 #include "dptrain/errors.h"
 #include "dptrain/model/model.h"
+#include "dptrain/train/cpu_allocator.h"
 #include "dptrain/train/train.h"
 #include "test_support.h"
 
@@ -51,8 +50,8 @@ TEST(CachingCpuAllocator, ReusesAFreedBlockForARequestOfTheSameRoundedSize) {
 
 TEST(CachingCpuAllocator, SmallBlocksBypassTheCacheAndEveryBlockIs64ByteAligned) {
   CachingCpuAllocator allocator;
-  for (const size_t bytes : {size_t{0}, size_t{1}, size_t{63}, size_t{4096}, kLarge - 1, kLarge,
-                             size_t{3} << 20}) {
+  for (const size_t bytes :
+       {size_t{0}, size_t{1}, size_t{63}, size_t{4096}, kLarge - 1, kLarge, size_t{3} << 20}) {
     auto block = allocator.allocate(bytes);
     ASSERT_NE(block.get(), nullptr) << bytes;
     EXPECT_TRUE(aligned_64(block.get())) << bytes;

@@ -1,12 +1,12 @@
 // Tests for finite.h: all_finite finds a NaN or an infinity anywhere in any tensor, and never
 // calls finite values non-finite, even where their sum would overflow float32.
-#include "dptrain/train/finite.h"
-
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
 #include <limits>
 #include <vector>
+
+#include "dptrain/train/finite.h"
 
 namespace dptrain {
 namespace {

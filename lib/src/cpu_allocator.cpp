@@ -25,7 +25,9 @@ namespace {
 constexpr size_t kHeaderBytes = 64;  // keeps the data at LibTorch's 64-byte alignment
 constexpr uint64_t kCheckWord = 0x6470747261696e21ULL;  // "dptrain!"
 
-size_t round_up(size_t value, size_t multiple) { return (value + multiple - 1) / multiple * multiple; }
+size_t round_up(size_t value, size_t multiple) {
+  return (value + multiple - 1) / multiple * multiple;
+}
 
 enum class BlockKind : uint32_t { kSmall = 1, kCached = 2, kGuarded = 3 };
 
@@ -110,8 +112,8 @@ CpuAllocatorKind parse_cpu_allocator(const std::string& name) {
        {CpuAllocatorKind::kCaching, CpuAllocatorKind::kSystem, CpuAllocatorKind::kGuarded}) {
     if (name == cpu_allocator_name(kind)) return kind;
   }
-  throw UsageError("--cpu-allocator: '" + name + "' is not an allocator; expected caching, "
-                   "system or guarded");
+  throw UsageError("--cpu-allocator: '" + name +
+                   "' is not an allocator; expected caching, system or guarded");
 }
 
 // ---- CachingCpuAllocator ----------------------------------------------------------------------
@@ -122,7 +124,9 @@ c10::DataPtr CachingCpuAllocator::allocate(size_t bytes) DPTRAIN_ALLOCATE_CONST 
   return {data, data, &CachingCpuAllocator::free_block, c10::Device(c10::DeviceType::CPU)};
 }
 
-c10::DeleterFnPtr CachingCpuAllocator::raw_deleter() const { return &CachingCpuAllocator::free_block; }
+c10::DeleterFnPtr CachingCpuAllocator::raw_deleter() const {
+  return &CachingCpuAllocator::free_block;
+}
 
 #if TORCH_VERSION_MAJOR >= 2
 void CachingCpuAllocator::copy_data(void* dest, const void* src, std::size_t count) const {
@@ -226,20 +230,23 @@ c10::DataPtr GuardedCpuAllocator::allocate(size_t bytes) DPTRAIN_ALLOCATE_CONST 
   TORCH_CHECK(bytes <= SIZE_MAX / 2, "CPU allocator: a tensor of ", bytes, " bytes cannot exist");
   const size_t data_bytes = round_up(std::max<size_t>(bytes, 1), kHeaderBytes);
   const size_t mapped = round_up(data_bytes + kHeaderBytes, page) + page;  // + the guard page
-  void* mapping = ::mmap(nullptr, mapped, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  void* mapping =
+      ::mmap(nullptr, mapped, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   TORCH_CHECK(mapping != MAP_FAILED, "guarded CPU allocator: mmap of ", mapped,
               " bytes failed: ", std::strerror(errno));
   char* guard = static_cast<char*>(mapping) + mapped - page;
   TORCH_CHECK(::mprotect(guard, page, PROT_NONE) == 0,
               "guarded CPU allocator: mprotect failed: ", std::strerror(errno));
   void* data = guard - data_bytes;  // the data's end touches the guard page
-  Header* header = stamp(static_cast<char*>(data) - kHeaderBytes, mapped, BlockKind::kGuarded,
-                         nullptr);
+  Header* header =
+      stamp(static_cast<char*>(data) - kHeaderBytes, mapped, BlockKind::kGuarded, nullptr);
   header->mapping = mapping;
   return {data, data, &GuardedCpuAllocator::free_block, c10::Device(c10::DeviceType::CPU)};
 }
 
-c10::DeleterFnPtr GuardedCpuAllocator::raw_deleter() const { return &GuardedCpuAllocator::free_block; }
+c10::DeleterFnPtr GuardedCpuAllocator::raw_deleter() const {
+  return &GuardedCpuAllocator::free_block;
+}
 
 #if TORCH_VERSION_MAJOR >= 2
 void GuardedCpuAllocator::copy_data(void* dest, const void* src, std::size_t count) const {

@@ -1,11 +1,10 @@
 // Device lists for --devices and --gpus. See devices.h.
 #include "dptrain/parallel/devices.h"
 
+#include <ATen/Parallel.h>
 #include <sched.h>
 #include <torch/cuda.h>
 #include <unistd.h>
-
-#include <ATen/Parallel.h>
 
 #include <algorithm>
 #include <cstdio>

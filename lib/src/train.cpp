@@ -259,9 +259,9 @@ Result run_world(const FashionMnist& data, const TrainOptions& options, const Wo
   if (world.local_devices.front().is_cuda()) {
     at::globalContext().setBenchmarkCuDNN(options.cudnn_benchmark);
   }
-  const int total_threads =
-      options.threads > 0 ? static_cast<int>(options.threads)
-                          : default_intra_op_threads(std::getenv("OMP_NUM_THREADS"));
+  const int total_threads = options.threads > 0
+                                ? static_cast<int>(options.threads)
+                                : default_intra_op_threads(std::getenv("OMP_NUM_THREADS"));
   base.world_size = world.world_size;
   base.threads = std::max(1, total_threads / local);
   base.loopback = !world.multi_process;
