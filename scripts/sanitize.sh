@@ -40,5 +40,7 @@ quick+=":BucketAssignment.*:Reducer.*:*ReducerWorld.*"
 quick+=":Checkpoint*:*Checkpoint*:Sha256*:*Sha256*:Metrics*:*Metrics*:PlotPngCheck.*"
 quick+=":BatchAssembler*:*BatchAssembler*:*PlanWorld.*:ChooseBackend.*"
 quick+=":Report.*:MemoryBudget.*:NcclEnvironment.*:CheckPlacements.*:CheckWorld.*"
+quick+=":CachingCpuAllocator*:GuardedCpuAllocator*:CpuAllocatorNames.*:AllFinite.*"
+quick+=":DefaultIntraOpThreads.*"
 "$build_dir/tests/dptrain_tests" --gtest_filter="$quick" --gtest_brief=1
 echo "sanitize: the quick tests pass under AddressSanitizer and UBSan"

@@ -184,6 +184,16 @@ TEST(GuardedCpuAllocatorDeathTest, AWritePastTheEndStopsAtTheWrite) {
         stale[0] = 1;  // a write into a freed tensor
       },
       ::testing::KilledBySignal(SIGSEGV), "");
+  // Installed, the fault is reported in one line with its address, and the exit status is 70.
+  EXPECT_EXIT(
+      {
+        install_cpu_allocator(CpuAllocatorKind::kGuarded);
+        auto t = torch::empty({816});  // 3,264 bytes
+        static_cast<volatile float*>(t.data_ptr<float>())[817] = 1;
+      },
+      ::testing::ExitedWithCode(70),
+      "^error: segmentation fault at address 0x[0-9a-f]{16} under --cpu-allocator guarded: a "
+      "read or write outside a tensor");
 }
 
 TEST(CpuAllocatorNames, RoundTripAndAnUnknownNameIsAUsageError) {
