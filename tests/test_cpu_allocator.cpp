@@ -4,10 +4,13 @@
 // header is reported; the names of --cpu-allocator.
 #include <c10/core/CPUAllocator.h>
 #include <gtest/gtest.h>
+#include <sys/resource.h>
 #include <torch/serialize.h>
 #include <torch/torch.h>
 
 #include <cstdint>
+#include <cstdlib>
+#include <fstream>
 #include <random>
 #include <string>
 #include <thread>
@@ -27,6 +30,20 @@ using namespace dptrain::testing;
 constexpr size_t kLarge = CachingCpuAllocator::kCachedFrom;
 
 bool aligned_64(const void* p) { return reinterpret_cast<uintptr_t>(p) % 64 == 0; }
+
+// This process's mapped address space (VmSize), in bytes.
+size_t address_space_bytes() {
+  std::ifstream status("/proc/self/status");
+  std::string key;
+  size_t kib = 0;
+  while (status >> key) {
+    if (key == "VmSize:") {
+      status >> kib;
+      break;
+    }
+  }
+  return kib * 1024;
+}
 
 TEST(CachingCpuAllocator, ReusesAFreedBlockForARequestOfTheSameRoundedSize) {
   CachingCpuAllocator allocator;
@@ -85,6 +102,30 @@ TEST(CachingCpuAllocator, FootprintStaysWithinItsBoundOfPeakLiveBytes) {
   EXPECT_EQ(stats.misses, 44);
   allocator.release_cached();
   EXPECT_EQ(allocator.stats().cached_bytes, 0);
+}
+
+// Caches 48 MiB, limits the address space to 24 MiB more than is mapped (the cache included),
+// then asks for 40 MiB, which fits only once the cache is given back. Exits 0 when it got the block with the cache
+// emptied.
+[[noreturn]] void ask_for_more_than_fits_beside_the_cache() {
+  constexpr size_t kMiB = 1 << 20;
+  CachingCpuAllocator allocator;
+  {
+    std::vector<c10::DataPtr> blocks;
+    for (int i = 0; i < 3; ++i) blocks.push_back(allocator.allocate(16 * kMiB));
+  }  // the bound (twice the peak) keeps all three
+  rlimit limit{};
+  getrlimit(RLIMIT_AS, &limit);
+  limit.rlim_cur = static_cast<rlim_t>(address_space_bytes() + 24 * kMiB);  // cache included
+  if (setrlimit(RLIMIT_AS, &limit) != 0) std::_Exit(3);
+  auto big = allocator.allocate(40 * kMiB);
+  std::_Exit(big.get() != nullptr && allocator.stats().cached_bytes == 0 ? 0 : 4);
+}
+
+// The footprint bound may keep blocks the system needs back: out of memory, the cache is given
+// back before a request fails. Address space is the limit here (RLIMIT_AS), in a child process.
+TEST(CachingCpuAllocatorDeathTest, OutOfMemoryGivesTheCacheBackBeforeFailing) {
+  EXPECT_EXIT(ask_for_more_than_fits_beside_the_cache(), ::testing::ExitedWithCode(0), "");
 }
 
 TEST(CachingCpuAllocator, ThreadsAllocatingAndFreeingAtOnceLeaveConsistentBooks) {

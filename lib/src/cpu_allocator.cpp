@@ -3,8 +3,8 @@
 
 #include <c10/core/impl/alloc_cpu.h>
 #include <c10/util/Exception.h>
-#include <sys/mman.h>
 #include <signal.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -170,6 +170,12 @@ void* CachingCpuAllocator::allocate_block(size_t bytes) {
   }
   void* block = map_pages(block_bytes);
   if (block == nullptr) {
+    // Out of memory (or of address space): what the cache holds is not in use, so give it all
+    // back and try once more before failing.
+    release_cached();
+    block = map_pages(block_bytes);
+  }
+  if (block == nullptr) {
     std::lock_guard<std::mutex> lock(mutex_);
     stats_.live_bytes -= size;
     TORCH_CHECK(false, "CPU allocator: not enough memory for a tensor of ", bytes, " bytes (",
@@ -284,8 +290,9 @@ void report_guard_fault(int, siginfo_t* info, void*) {
   for (int shift = 60; shift >= 0; shift -= 4) {
     line[length++] = "0123456789abcdef"[(address >> shift) & 0xf];
   }
-  append(" under --cpu-allocator guarded: a read or write outside a tensor, or into a freed "
-         "one (run under gdb to see where)\n");
+  append(
+      " under --cpu-allocator guarded: a read or write outside a tensor, or into a freed "
+      "one (run under gdb to see where)\n");
   [[maybe_unused]] const ssize_t written = ::write(STDERR_FILENO, line, length);
   ::_exit(70);
 }

@@ -58,7 +58,8 @@ struct CpuAllocatorStats {
 // kFootprintPeaks times the most that was ever live at once. A miss that would pass it first
 // gives the oldest cached blocks back to the system. A bound of 1 (only the peak working set)
 // thrashed: a step needs 1.32 peaks of blocks, as blocks of one size are busiest at other
-// moments than blocks of another, and evicting to fit in less cost more than it saved. Small
+// moments than blocks of another, and evicting to fit in less cost more than it saved. A
+// request the system cannot meet gives the whole cache back and is tried once more. Small
 // blocks (under kCachedFrom) go to LibTorch's allocator untouched: glibc keeps those in its
 // own free lists without system calls.
 //
