@@ -105,8 +105,8 @@ TEST(CachingCpuAllocator, FootprintStaysWithinItsBoundOfPeakLiveBytes) {
 }
 
 // Caches 48 MiB, limits the address space to 24 MiB more than is mapped (the cache included),
-// then asks for 40 MiB, which fits only once the cache is given back. Exits 0 when it got the block with the cache
-// emptied.
+// then asks for 40 MiB, which fits only once the cache is given back. Exits 0 when it got the
+// block with the cache emptied.
 [[noreturn]] void ask_for_more_than_fits_beside_the_cache() {
   constexpr size_t kMiB = 1 << 20;
   CachingCpuAllocator allocator;
