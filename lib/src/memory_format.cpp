@@ -27,8 +27,8 @@ namespace dptrain {
 // from 1 to 16, at batches of 256 and 96, on 1 and 2 threads, and at width 64, without a fault
 // (tests/test_guarded_kernels.cpp, on every machine that has AVX-512). Channels-last is the
 // faster layout there (one run of 36 steps at width 16 on 2 threads: 1,099 against 966
-// images/s), so where oneDNN runs AVX-512 the CPU default is channels-last. CUDA convolutions are cuDNN's: channels-last
-// is their fast layout, and the default there.
+// images/s), so where oneDNN runs AVX-512 the CPU default is channels-last. CUDA convolutions
+// are cuDNN's: channels-last is their fast layout, and the default there.
 
 namespace {
 
