@@ -3,8 +3,9 @@
 // time. The AVX2 kernels are the positive control: the upstream bug (docs/channels-last.md) must
 // stop at the guard page. The AVX-512 kernels, which --memory-format channels-last runs on such
 // CPUs, must train the book's model at every width from 1 to 16 (and 64) at these batches
-// without a fault (LibTorch 2.11 still crashes at another: Note [Channels-last on the CPU]). Each case runs in a child process (a death test): the allocator is process-wide, and
-// oneDNN reads its ISA cap once.
+// without a fault (LibTorch 2.11 still crashes at another: Note [Channels-last on the CPU]).
+// Each case runs in a child process (a death test): the allocator is process-wide, and oneDNN
+// reads its ISA cap once.
 #include <gtest/gtest.h>
 #include <stdlib.h>
 #include <torch/torch.h>
