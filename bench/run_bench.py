@@ -44,26 +44,24 @@ ROOT = os.path.dirname(HERE)
 PROGRESS_LINE = re.compile(r"step (\d+)/\d+: .*, ([0-9.]+) img/s, ", re.M)
 
 
-def cpu_model():
+def cpuinfo_field(name):
+    """The first value of `name` in /proc/cpuinfo ("" when unreadable)."""
     try:
         with open("/proc/cpuinfo") as f:
             for line in f:
-                if line.startswith("model name"):
+                if line.startswith(name):
                     return line.split(":", 1)[1].strip()
     except OSError:
         pass
-    return platform.processor()
+    return ""
+
+
+def cpu_model():
+    return cpuinfo_field("model name") or platform.processor()
 
 
 def cpu_flags():
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("flags"):
-                    return set(line.split(":", 1)[1].split())
-    except OSError:
-        pass
-    return set()
+    return set(cpuinfo_field("flags").split())
 
 
 # ---- Peak memory of a process tree ----------------------------------------------------------
