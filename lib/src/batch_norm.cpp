@@ -4,6 +4,7 @@
 #include <torch/autograd.h>
 #include <torch/nn/init.h>
 
+#include "dptrain/model/fused_batch_norm.h"
 #include "dptrain/parallel/distributed.h"
 
 namespace dptrain {
@@ -76,6 +77,23 @@ torch::Tensor BatchNormImpl::forward(const torch::Tensor& x) {
   // The same call torch::nn::BatchNorm2d makes, so the numerics are PyTorch's own.
   return torch::batch_norm(x, weight, bias, running_mean, running_var, /*training=*/true,
                            options_.momentum, options_.eps, /*cudnn_enabled=*/true);
+}
+
+torch::Tensor BatchNormImpl::forward_add_relu(const torch::Tensor& x,
+                                              const torch::Tensor& shortcut) {
+  if (options_.fused && is_training() && sync_ == nullptr &&
+      batch_norm_add_relu_applies(x, shortcut, weight)) {
+    {
+      torch::NoGradGuard no_grad;
+      num_batches_tracked.add_(1);
+    }
+    return batch_norm_add_relu(x, shortcut, weight, bias, running_mean, running_var,
+                               options_.momentum, options_.eps);
+  }
+  // In place: BatchNorm's backward needs its input, not its output.
+  auto y = forward(x);
+  if (shortcut.defined()) y += shortcut;
+  return y.relu_();
 }
 
 torch::Tensor BatchNormImpl::forward_synchronised(const torch::Tensor& x) {

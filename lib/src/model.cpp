@@ -9,6 +9,7 @@
 #include <string>
 
 #include "dptrain/data/random.h"
+#include "dptrain/model/projection.h"
 
 namespace dptrain {
 namespace {
@@ -25,7 +26,7 @@ torch::nn::Conv2d conv(int64_t in, int64_t out, int64_t kernel, int64_t stride, 
 // ---- ResidualBlock ----------------------------------------------------------
 
 ResidualBlockImpl::ResidualBlockImpl(int64_t in_channels, int64_t out_channels, bool use_1x1conv,
-                                     int64_t stride) {
+                                     int64_t stride, bool fused_batch_norm) {
   conv1_ = register_module("conv1", conv(in_channels, out_channels, /*kernel=*/3, stride,
                                          /*padding=*/1));
   conv2_ = register_module("conv2", conv(out_channels, out_channels, /*kernel=*/3,
@@ -34,30 +35,29 @@ ResidualBlockImpl::ResidualBlockImpl(int64_t in_channels, int64_t out_channels, 
     conv3_ = register_module("conv3", conv(in_channels, out_channels, /*kernel=*/1, stride,
                                            /*padding=*/0));
   }
-  bn1_ = register_module("bn1", BatchNorm(out_channels));
-  bn2_ = register_module("bn2", BatchNorm(out_channels));
+  bn1_ = register_module("bn1", BatchNorm(out_channels, fused_batch_norm));
+  bn2_ = register_module("bn2", BatchNorm(out_channels, fused_batch_norm));
 }
 
 torch::Tensor ResidualBlockImpl::forward(const torch::Tensor& x) {
-  // The ReLUs and the shortcut's addition work in place on BatchNorm's output, which its
-  // backward pass does not need: the same values as the book's relu(y + shortcut), with two
-  // fewer activation-sized tensors to allocate and fill per block.
-  auto y = bn1_->forward(conv1_->forward(x)).relu_();  // (N, C_out, H', W')
-  y = bn2_->forward(conv2_->forward(y));               // (N, C_out, H', W')
-  y += conv3_ ? conv3_->forward(x) : x;                // (N, C_out, H', W'), the shortcut
-  return y.relu_();
+  // BatchNorm, the shortcut's sum and the ReLU are one step (fused on the CPU): the book's
+  // relu(bn(conv(x)) + shortcut).
+  auto y = bn1_->forward_add_relu(conv1_->forward(x), torch::Tensor());  // (N, C_out, H', W')
+  const auto shortcut = conv3_ ? project(*conv3_, x) : x;                // (N, C_out, H', W')
+  return bn2_->forward_add_relu(conv2_->forward(y), shortcut);           // (N, C_out, H', W')
 }
 
 torch::nn::Sequential make_resnet_stage(int64_t in_channels, int64_t out_channels,
-                                        int64_t num_blocks, bool first_stage) {
+                                        int64_t num_blocks, bool first_stage,
+                                        bool fused_batch_norm) {
   torch::nn::Sequential stage;
   for (int64_t i = 0; i < num_blocks; ++i) {
     if (i == 0 && !first_stage) {
       stage->push_back(ResidualBlock(in_channels, out_channels, /*use_1x1conv=*/true,
-                                     /*stride=*/2));
+                                     /*stride=*/2, fused_batch_norm));
     } else {
       stage->push_back(ResidualBlock(out_channels, out_channels, /*use_1x1conv=*/false,
-                                     /*stride=*/1));
+                                     /*stride=*/1, fused_batch_norm));
     }
   }
   return stage;
@@ -73,27 +73,29 @@ ResNetImpl::ResNetImpl(const ResNetOptions& options) : options_(options) {
   // The book's nn.Sequential names the stem's layers "0" (conv), "1" (BN) and "2" (ReLU).
   stem_conv_ = register_module("0", conv(options.in_channels, w, /*kernel=*/3, /*stride=*/1,
                                          /*padding=*/1));
-  stem_bn_ = register_module("1", BatchNorm(w));
+  const bool fused = options.fused_batch_norm;
+  stem_bn_ = register_module("1", BatchNorm(w, fused));
   constexpr int64_t kBlocksPerStage = 2;  // ResNet-18: 4 stages x 2 blocks x 2 convs + 2
   stage1_ = register_module("resnet_block1",
-                            make_resnet_stage(w, w, kBlocksPerStage, /*first_stage=*/true));
-  stage2_ = register_module("resnet_block2", make_resnet_stage(w, 2 * w, kBlocksPerStage, false));
-  stage3_ =
-      register_module("resnet_block3", make_resnet_stage(2 * w, 4 * w, kBlocksPerStage, false));
-  stage4_ =
-      register_module("resnet_block4", make_resnet_stage(4 * w, 8 * w, kBlocksPerStage, false));
+                            make_resnet_stage(w, w, kBlocksPerStage, /*first_stage=*/true, fused));
+  stage2_ =
+      register_module("resnet_block2", make_resnet_stage(w, 2 * w, kBlocksPerStage, false, fused));
+  stage3_ = register_module("resnet_block3",
+                            make_resnet_stage(2 * w, 4 * w, kBlocksPerStage, false, fused));
+  stage4_ = register_module("resnet_block4",
+                            make_resnet_stage(4 * w, 8 * w, kBlocksPerStage, false, fused));
   fc_ = register_module("fc", torch::nn::Sequential(torch::nn::Flatten(),
                                                     torch::nn::Linear(8 * w, options.num_classes)));
 }
 
 torch::Tensor ResNetImpl::forward(const torch::Tensor& x) {
-  auto y = stem_bn_->forward(stem_conv_->forward(x)).relu_();  // (N, w, 28, 28)
-  y = stage1_->forward(y);                                     // (N, w, 28, 28)
-  y = stage2_->forward(y);                                     // (N, 2w, 14, 14)
-  y = stage3_->forward(y);                                     // (N, 4w, 7, 7)
-  y = stage4_->forward(y);                                     // (N, 8w, 4, 4)
-  y = torch::adaptive_avg_pool2d(y, {1, 1});                   // (N, 8w, 1, 1)
-  return fc_->forward(y);                                      // (N, K)
+  auto y = stem_bn_->forward_add_relu(stem_conv_->forward(x), torch::Tensor());  // (N, w, 28, 28)
+  y = stage1_->forward(y);                                                       // (N, w, 28, 28)
+  y = stage2_->forward(y);                                                       // (N, 2w, 14, 14)
+  y = stage3_->forward(y);                                                       // (N, 4w, 7, 7)
+  y = stage4_->forward(y);                                                       // (N, 8w, 4, 4)
+  y = torch::adaptive_avg_pool2d(y, {1, 1});                                     // (N, 8w, 1, 1)
+  return fc_->forward(y);                                                        // (N, K)
 }
 
 // ---- Initialisation -----------------------------------------------------------

@@ -17,15 +17,25 @@ struct BatchNormOptions {
   int64_t num_features = 0;
   double eps = 1e-5;      // PyTorch's default, as in the book
   double momentum = 0.1;  // weight of the newest batch in the running statistics
+  // Training-mode forward_add_relu on the CPU as one fused operation (fused_batch_norm.h);
+  // false keeps LibTorch's separate kernels everywhere.
+  bool fused = true;
 };
 
 class BatchNormImpl : public torch::nn::Module {
  public:
   explicit BatchNormImpl(const BatchNormOptions& options);
-  explicit BatchNormImpl(int64_t num_features) : BatchNormImpl(BatchNormOptions{num_features}) {}
+  explicit BatchNormImpl(int64_t num_features, bool fused = true)
+      : BatchNormImpl(BatchNormOptions{num_features, 1e-5, 0.1, fused}) {}
 
   // x: (N, C, H, W) -> (N, C, H, W)
   torch::Tensor forward(const torch::Tensor& x);
+
+  // relu(forward(x) + shortcut), or relu(forward(x)) with an undefined shortcut. In training
+  // mode on the CPU, per replica, one fused operation (Note [Fusing BatchNorm, the shortcut and
+  // the ReLU]); elsewhere those three steps, the sum and the ReLU in place.
+  // x, shortcut: (N, C, H, W) -> (N, C, H, W)
+  torch::Tensor forward_add_relu(const torch::Tensor& x, const torch::Tensor& shortcut);
 
   // With a communicator of several ranks, training-mode statistics are summed over them. The
   // communicator must outlive the module; nullptr returns to per-replica statistics.

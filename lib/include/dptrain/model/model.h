@@ -19,16 +19,18 @@ namespace dptrain {
 // Shape legend: N batch, C channels, H/W height/width, K classes.
 
 struct ResNetOptions {
-  int64_t num_classes = 10;  // Fashion-MNIST has ten classes
-  int64_t in_channels = 1;   // grey-scale images
-  int64_t width = 64;        // channels of the first stage; stages use width x {1, 2, 4, 8}
+  int64_t num_classes = 10;      // Fashion-MNIST has ten classes
+  int64_t in_channels = 1;       // grey-scale images
+  int64_t width = 64;            // channels of the first stage; stages use width x {1, 2, 4, 8}
+  bool fused_batch_norm = true;  // BatchNormOptions::fused for every BatchNorm
 };
 
 // One residual block (D2L 8.6): conv3x3-BN-ReLU-conv3x3-BN, plus a shortcut that is the identity
 // or, when the shape changes, a 1x1 convolution with the same stride.
 class ResidualBlockImpl : public torch::nn::Module {
  public:
-  ResidualBlockImpl(int64_t in_channels, int64_t out_channels, bool use_1x1conv, int64_t stride);
+  ResidualBlockImpl(int64_t in_channels, int64_t out_channels, bool use_1x1conv, int64_t stride,
+                    bool fused_batch_norm = true);
 
   // x: (N, C_in, H, W) -> (N, C_out, H / stride, W / stride)
   torch::Tensor forward(const torch::Tensor& x);
@@ -44,7 +46,8 @@ TORCH_MODULE(ResidualBlock);
 
 // A stage of residual blocks; every stage but the first halves H and W and projects the shortcut.
 torch::nn::Sequential make_resnet_stage(int64_t in_channels, int64_t out_channels,
-                                        int64_t num_blocks, bool first_stage);
+                                        int64_t num_blocks, bool first_stage,
+                                        bool fused_batch_norm = true);
 
 class ResNetImpl : public torch::nn::Module {
  public:

@@ -1,0 +1,669 @@
+// BatchNorm + shortcut + ReLU in one pass over memory each way, on the CPU. See
+// fused_batch_norm.h.
+#include "dptrain/model/fused_batch_norm.h"
+
+#include <ATen/Parallel.h>
+#include <torch/autograd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <vector>
+
+namespace dptrain {
+
+// Note [Fusing BatchNorm, the shortcut and the ReLU]
+// Between two convolutions the book's block runs BatchNorm, the shortcut's sum and a ReLU, each
+// a separate pass over an activation-sized tensor in LibTorch: the statistics read x, the
+// normalisation reads x and writes a tensor, the sum and the ReLU each read and write it again.
+// Together they cost about a third as much as the convolutions at width 16 (76 of 258 ms per
+// step, bench/results/2026-12-01-cpu-profiles.md); torch.compile fuses them, which is what made
+// the compiled PyTorch peer faster. Here the forward reads x once for the statistics and once
+// more, with the shortcut, to write the output; the backward reads the incoming gradient, the
+// output (whose sign is the ReLU's mask) and x once for the two per-channel sums and once to
+// write the gradients, and no masked gradient is ever materialised apart from the shortcut's.
+//
+// Numerics: per-channel sums in float64 whatever the input type, as LibTorch's CPU kernel does,
+// and every value centred before it is scaled: the output is (x - mean) * (gamma * inverse_std)
+// + beta, never x * scale + (beta - mean * scale), whose two terms cancel to within float32
+// rounding of their own size when the mean is large against the spread. The mean is carried as
+// two floats (its value and the rest), so x - mean loses nothing beyond x's own rounding. The
+// variance comes from one pass of sums of (x - k) and (x - k)^2 with k a value of the channel
+// itself, which removes the cancellation E[x^2] - mean^2 suffers when the mean is large against the
+// spread. The backward's sum of grad * (x - mean) is centred the same way, never
+// sum(grad * x) - mean * sum(grad).
+//
+// Work is split into a fixed number of parts per call, each part's sums are kept apart and
+// added in part order, so the bits do not depend on which thread ran what: replicas with the
+// same thread count stay bit-identical.
+namespace {
+
+// ---- Layout -------------------------------------------------------------------------------
+
+// How a (N, C, H, W) tensor lies in memory: `outer` blocks of C channels, each channel a run of
+// `inner` consecutive values, channel after channel at distance `inner` (contiguous: N blocks,
+// inner H * W) or interleaved (channels-last: N * H * W blocks of one value per channel).
+struct Layout {
+  bool channels_last = false;
+  int64_t outer = 0;     // N, or N * H * W
+  int64_t channels = 0;  // C
+  int64_t inner = 0;     // H * W, or 1
+  int64_t per_channel() const { return outer * inner; }
+};
+
+// Channels-last only where contiguous does not describe the memory: with C or H * W equal to 1
+// the two layouts are the same bytes, and contiguous is then the one every tensor agrees on.
+Layout layout_of(const torch::Tensor& x) {
+  Layout layout;
+  layout.channels = x.size(1);
+  layout.channels_last = !x.is_contiguous();
+  const int64_t pixels = x.size(2) * x.size(3);
+  layout.outer = layout.channels_last ? x.size(0) * pixels : x.size(0);
+  layout.inner = layout.channels_last ? 1 : pixels;
+  return layout;
+}
+
+at::MemoryFormat memory_format_of(const Layout& layout) {
+  return layout.channels_last ? at::MemoryFormat::ChannelsLast : at::MemoryFormat::Contiguous;
+}
+
+// ---- Parallel parts -----------------------------------------------------------------------
+
+// Splits [0, total) into as many parts as LibTorch has threads (fewer when the work is small),
+// runs body(part, begin, end) on them in parallel, and returns the number of parts.
+template <typename Body>
+int64_t for_each_part(int64_t total, int64_t min_per_part, const Body& body) {
+  const int64_t parts = std::max<int64_t>(
+      1, std::min<int64_t>(at::get_num_threads(), total / std::max<int64_t>(1, min_per_part)));
+  at::parallel_for(0, parts, /*grain_size=*/1, [&](int64_t first, int64_t last) {
+    for (int64_t part = first; part < last; ++part) {
+      body(part, total * part / parts, total * (part + 1) / parts);
+    }
+  });
+  return parts;
+}
+
+// Per-channel sums of two quantities, kept per part and added in part order.
+struct ChannelSums {
+  ChannelSums(int64_t parts, int64_t channels)
+      : channels(channels), first(parts * channels, 0.0), second(parts * channels, 0.0) {}
+  double* first_of(int64_t part) { return first.data() + part * channels; }
+  double* second_of(int64_t part) { return second.data() + part * channels; }
+  // Folds parts 1.. into part 0, in order.
+  void reduce(int64_t parts) {
+    for (int64_t p = 1; p < parts; ++p) {
+      for (int64_t c = 0; c < channels; ++c) {
+        first[c] += first[p * channels + c];
+        second[c] += second[p * channels + c];
+      }
+    }
+  }
+  int64_t channels;
+  std::vector<double> first, second;
+};
+
+// Minimum values per part: below this the threads cost more than they save.
+constexpr int64_t kValuesPerPart = 16384;
+
+// A float64 mean as the sum of two values of T: x - hi is exact for x near the mean (Sterbenz),
+// and subtracting lo then leaves one rounding.
+template <typename T>
+struct SplitMean {
+  explicit SplitMean(const double* mean, int64_t channels) : hi(channels), lo(channels) {
+    for (int64_t c = 0; c < channels; ++c) {
+      hi[c] = static_cast<T>(mean[c]);
+      lo[c] = static_cast<T>(mean[c] - static_cast<double>(hi[c]));
+    }
+  }
+  std::vector<T> hi, lo;
+};
+
+// Eight running sums per channel run, so the compiler can keep them in vector registers
+// without reordering a single sum (it may not reorder floating-point additions itself).
+constexpr int64_t kLanes = 8;
+
+// ---- Loops --------------------------------------------------------------------------------
+// Each loop over one part of the data, as a template for float and double. The float versions
+// are compiled for AVX-512, AVX2 and the baseline alike and the best the CPU runs is chosen when
+// the program loads (target_clones): LibTorch's own kernels dispatch the same way, and in SSE2
+// alone these loops would be slower than LibTorch's. The file builds with -ffp-contract=off, so
+// no version fuses a multiply and an add: every version gives the same bits.
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__)) && \
+    !defined(__SANITIZE_ADDRESS__)
+#define DPTRAIN_ISA_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+#else
+#define DPTRAIN_ISA_CLONES
+#endif
+
+// The gradient through the ReLU: grad where its output is positive, else 0. Both values come in
+// as arguments, loaded whatever the sign, which is what lets the compiler vectorise the loops
+// (a load under a condition it will not turn into a select).
+template <typename T>
+inline T through_relu(T grad, T out) {
+  return out > T(0) ? grad : T(0);
+}
+
+template <typename T>
+inline T relu(T v) {  // keeps a NaN, as LibTorch's relu does
+  return v < T(0) ? T(0) : v;
+}
+
+// Channels-last: rows [begin, end) of C values. s1 += x - shift, s2 += (x - shift)^2.
+template <typename T>
+inline void shifted_sums_rows_impl(const T* __restrict x, int64_t begin, int64_t end, int64_t C,
+                                   const double* __restrict shift, double* __restrict s1,
+                                   double* __restrict s2) {
+  for (int64_t row = begin; row < end; ++row) {
+    const T* __restrict values = x + row * C;
+    for (int64_t c = 0; c < C; ++c) {
+      const double d = static_cast<double>(values[c]) - shift[c];
+      s1[c] += d;
+      s2[c] += d * d;
+    }
+  }
+}
+
+// Contiguous: one run of n values of a channel, into kLanes running sums and a tail.
+template <typename T>
+inline void shifted_sums_run_impl(const T* __restrict values, int64_t n, double shift,
+                                  double* __restrict lane1, double* __restrict lane2,
+                                  double* __restrict tail) {
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes) {
+    for (int64_t j = 0; j < kLanes; ++j) {
+      const double d = static_cast<double>(values[i + j]) - shift;
+      lane1[j] += d;
+      lane2[j] += d * d;
+    }
+  }
+  for (; i < n; ++i) {
+    const double d = static_cast<double>(values[i]) - shift;
+    tail[0] += d;
+    tail[1] += d * d;
+  }
+}
+
+// out = relu((x - hi - lo) * a + b (+ s)), element by element; the per-element coefficients
+// come from per-channel arrays (channels-last, `per_channel` true) or are one value each.
+template <typename T>
+inline void normalise_rows_impl(const T* __restrict x, const T* __restrict s, int64_t begin,
+                                int64_t end, int64_t C, const T* __restrict hi,
+                                const T* __restrict lo, const T* __restrict a,
+                                const T* __restrict b, T* __restrict out) {
+  for (int64_t row = begin; row < end; ++row) {
+    const int64_t at = row * C;
+    if (s != nullptr) {
+      for (int64_t c = 0; c < C; ++c) {
+        out[at + c] = relu((x[at + c] - hi[c] - lo[c]) * a[c] + b[c] + s[at + c]);
+      }
+    } else {
+      for (int64_t c = 0; c < C; ++c) out[at + c] = relu((x[at + c] - hi[c] - lo[c]) * a[c] + b[c]);
+    }
+  }
+}
+
+template <typename T>
+inline void normalise_run_impl(const T* __restrict x, const T* __restrict s, int64_t n, T hi, T lo,
+                               T a, T b, T* __restrict out) {
+  if (s != nullptr) {
+    for (int64_t i = 0; i < n; ++i) out[i] = relu((x[i] - hi - lo) * a + b + s[i]);
+  } else {
+    for (int64_t i = 0; i < n; ++i) out[i] = relu((x[i] - hi - lo) * a + b);
+  }
+}
+
+// Channels-last: s1 += g, s2 += g * (x - mean), g the gradient through the ReLU.
+template <typename T>
+inline void gradient_sums_rows_impl(const T* __restrict grad, const T* __restrict out,
+                                    const T* __restrict x, int64_t begin, int64_t end, int64_t C,
+                                    const T* __restrict hi, const T* __restrict lo,
+                                    double* __restrict s1, double* __restrict s2) {
+  for (int64_t row = begin; row < end; ++row) {
+    const int64_t at = row * C;
+    for (int64_t c = 0; c < C; ++c) {
+      const T g = through_relu(grad[at + c], out[at + c]);
+      s1[c] += static_cast<double>(g);
+      s2[c] += static_cast<double>(g * (x[at + c] - hi[c] - lo[c]));
+    }
+  }
+}
+
+template <typename T>
+inline void gradient_sums_run_impl(const T* __restrict grad, const T* __restrict out,
+                                   const T* __restrict x, int64_t n, T hi, T lo,
+                                   double* __restrict lane1, double* __restrict lane2,
+                                   double* __restrict tail) {
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes) {
+    for (int64_t j = 0; j < kLanes; ++j) {
+      const T g = through_relu(grad[i + j], out[i + j]);
+      lane1[j] += static_cast<double>(g);
+      lane2[j] += static_cast<double>(g * (x[i + j] - hi - lo));
+    }
+  }
+  for (; i < n; ++i) {
+    const T g = through_relu(grad[i], out[i]);
+    tail[0] += static_cast<double>(g);
+    tail[1] += static_cast<double>(g * (x[i] - hi - lo));
+  }
+}
+
+// dx = g * a + (x - mean) * b + d, and ds = g where ds is not null.
+template <typename T>
+inline void input_gradients_rows_impl(const T* __restrict grad, const T* __restrict out,
+                                      const T* __restrict x, int64_t begin, int64_t end, int64_t C,
+                                      const T* __restrict hi, const T* __restrict lo,
+                                      const T* __restrict a, const T* __restrict b,
+                                      const T* __restrict d, T* __restrict dx, T* __restrict ds) {
+  for (int64_t row = begin; row < end; ++row) {
+    const int64_t at = row * C;
+    for (int64_t c = 0; c < C; ++c) {
+      const T g = through_relu(grad[at + c], out[at + c]);
+      dx[at + c] = g * a[c] + (x[at + c] - hi[c] - lo[c]) * b[c] + d[c];
+    }
+    if (ds != nullptr) {
+      for (int64_t c = 0; c < C; ++c) ds[at + c] = through_relu(grad[at + c], out[at + c]);
+    }
+  }
+}
+
+template <typename T>
+inline void input_gradients_run_impl(const T* __restrict grad, const T* __restrict out,
+                                     const T* __restrict x, int64_t n, T hi, T lo, T a, T b, T d,
+                                     T* __restrict dx, T* __restrict ds) {
+  for (int64_t i = 0; i < n; ++i) {
+    const T g = through_relu(grad[i], out[i]);
+    dx[i] = g * a + (x[i] - hi - lo) * b + d;
+  }
+  if (ds != nullptr) {
+    for (int64_t i = 0; i < n; ++i) ds[i] = through_relu(grad[i], out[i]);
+  }
+}
+
+// The entry points: float through the per-ISA clones, double as compiled.
+DPTRAIN_ISA_CLONES void shifted_sums_rows(const float* x, int64_t begin, int64_t end, int64_t C,
+                                          const double* shift, double* s1, double* s2) {
+  shifted_sums_rows_impl(x, begin, end, C, shift, s1, s2);
+}
+DPTRAIN_ISA_CLONES void shifted_sums_run(const float* values, int64_t n, double shift,
+                                         double* lane1, double* lane2, double* tail) {
+  shifted_sums_run_impl(values, n, shift, lane1, lane2, tail);
+}
+DPTRAIN_ISA_CLONES void normalise_rows(const float* x, const float* s, int64_t begin, int64_t end,
+                                       int64_t C, const float* hi, const float* lo, const float* a,
+                                       const float* b, float* out) {
+  normalise_rows_impl(x, s, begin, end, C, hi, lo, a, b, out);
+}
+DPTRAIN_ISA_CLONES void normalise_run(const float* x, const float* s, int64_t n, float hi, float lo,
+                                      float a, float b, float* out) {
+  normalise_run_impl(x, s, n, hi, lo, a, b, out);
+}
+DPTRAIN_ISA_CLONES void gradient_sums_rows(const float* grad, const float* out, const float* x,
+                                           int64_t begin, int64_t end, int64_t C, const float* hi,
+                                           const float* lo, double* s1, double* s2) {
+  gradient_sums_rows_impl(grad, out, x, begin, end, C, hi, lo, s1, s2);
+}
+DPTRAIN_ISA_CLONES void gradient_sums_run(const float* grad, const float* out, const float* x,
+                                          int64_t n, float hi, float lo, double* lane1,
+                                          double* lane2, double* tail) {
+  gradient_sums_run_impl(grad, out, x, n, hi, lo, lane1, lane2, tail);
+}
+DPTRAIN_ISA_CLONES void input_gradients_rows(const float* grad, const float* out, const float* x,
+                                             int64_t begin, int64_t end, int64_t C, const float* hi,
+                                             const float* lo, const float* a, const float* b,
+                                             const float* d, float* dx, float* ds) {
+  input_gradients_rows_impl(grad, out, x, begin, end, C, hi, lo, a, b, d, dx, ds);
+}
+DPTRAIN_ISA_CLONES void input_gradients_run(const float* grad, const float* out, const float* x,
+                                            int64_t n, float hi, float lo, float a, float b,
+                                            float d, float* dx, float* ds) {
+  input_gradients_run_impl(grad, out, x, n, hi, lo, a, b, d, dx, ds);
+}
+void shifted_sums_rows(const double* x, int64_t begin, int64_t end, int64_t C, const double* shift,
+                       double* s1, double* s2) {
+  shifted_sums_rows_impl(x, begin, end, C, shift, s1, s2);
+}
+void shifted_sums_run(const double* values, int64_t n, double shift, double* lane1, double* lane2,
+                      double* tail) {
+  shifted_sums_run_impl(values, n, shift, lane1, lane2, tail);
+}
+void normalise_rows(const double* x, const double* s, int64_t begin, int64_t end, int64_t C,
+                    const double* hi, const double* lo, const double* a, const double* b,
+                    double* out) {
+  normalise_rows_impl(x, s, begin, end, C, hi, lo, a, b, out);
+}
+void normalise_run(const double* x, const double* s, int64_t n, double hi, double lo, double a,
+                   double b, double* out) {
+  normalise_run_impl(x, s, n, hi, lo, a, b, out);
+}
+void gradient_sums_rows(const double* grad, const double* out, const double* x, int64_t begin,
+                        int64_t end, int64_t C, const double* hi, const double* lo, double* s1,
+                        double* s2) {
+  gradient_sums_rows_impl(grad, out, x, begin, end, C, hi, lo, s1, s2);
+}
+void gradient_sums_run(const double* grad, const double* out, const double* x, int64_t n, double hi,
+                       double lo, double* lane1, double* lane2, double* tail) {
+  gradient_sums_run_impl(grad, out, x, n, hi, lo, lane1, lane2, tail);
+}
+void input_gradients_rows(const double* grad, const double* out, const double* x, int64_t begin,
+                          int64_t end, int64_t C, const double* hi, const double* lo,
+                          const double* a, const double* b, const double* d, double* dx,
+                          double* ds) {
+  input_gradients_rows_impl(grad, out, x, begin, end, C, hi, lo, a, b, d, dx, ds);
+}
+void input_gradients_run(const double* grad, const double* out, const double* x, int64_t n,
+                         double hi, double lo, double a, double b, double d, double* dx,
+                         double* ds) {
+  input_gradients_run_impl(grad, out, x, n, hi, lo, a, b, d, dx, ds);
+}
+
+// ---- Statistics ---------------------------------------------------------------------------
+
+// Sums of (x - shift) and (x - shift)^2 per channel.
+template <typename T>
+ChannelSums shifted_sums(const T* x, const Layout& layout, const double* shift) {
+  const int64_t C = layout.channels;
+  if (layout.channels_last) {
+    ChannelSums sums(at::get_num_threads(), C);
+    const int64_t parts = for_each_part(
+        layout.outer, std::max<int64_t>(1, kValuesPerPart / C),
+        [&](int64_t part, int64_t begin, int64_t end) {
+          shifted_sums_rows(x, begin, end, C, shift, sums.first_of(part), sums.second_of(part));
+        });
+    sums.reduce(parts);
+    return sums;
+  }
+  ChannelSums sums(1, C);
+  at::parallel_for(0, C, /*grain_size=*/1, [&](int64_t first, int64_t last) {
+    for (int64_t c = first; c < last; ++c) {
+      double lane1[kLanes] = {}, lane2[kLanes] = {}, tail[2] = {};
+      for (int64_t n = 0; n < layout.outer; ++n) {
+        shifted_sums_run(x + (n * C + c) * layout.inner, layout.inner, shift[c], lane1, lane2,
+                         tail);
+      }
+      for (int64_t j = 0; j < kLanes; ++j) {
+        tail[0] += lane1[j];
+        tail[1] += lane2[j];
+      }
+      sums.first[c] = tail[0];
+      sums.second[c] = tail[1];
+    }
+  });
+  return sums;
+}
+
+// ---- Forward ------------------------------------------------------------------------------
+
+// out = relu((x - mean) * scale + beta (+ shortcut)) per channel.
+template <typename T>
+void normalise_add_relu(const T* x, const T* shortcut, const Layout& layout,
+                        const SplitMean<T>& mean, const std::vector<T>& scale,
+                        const std::vector<T>& beta, T* out) {
+  const int64_t C = layout.channels;
+  if (layout.channels_last) {
+    for_each_part(layout.outer, std::max<int64_t>(1, kValuesPerPart / C),
+                  [&](int64_t, int64_t begin, int64_t end) {
+                    normalise_rows(x, shortcut, begin, end, C, mean.hi.data(), mean.lo.data(),
+                                   scale.data(), beta.data(), out);
+                  });
+    return;
+  }
+  const int64_t inner = layout.inner;
+  for_each_part(layout.outer * C, std::max<int64_t>(1, kValuesPerPart / inner),
+                [&](int64_t, int64_t begin, int64_t end) {
+                  for (int64_t run = begin; run < end; ++run) {
+                    const int64_t c = run % C;
+                    const int64_t at = run * inner;
+                    normalise_run(x + at, shortcut != nullptr ? shortcut + at : nullptr, inner,
+                                  mean.hi[c], mean.lo[c], scale[c], beta[c], out + at);
+                  }
+                });
+}
+
+// ---- Backward -----------------------------------------------------------------------------
+
+// Per channel: sum of g and of g * (x - mean), where g is the gradient through the ReLU (zero
+// where the output is not positive).
+template <typename T>
+ChannelSums masked_gradient_sums(const T* grad, const T* out, const T* x, const Layout& layout,
+                                 const SplitMean<T>& mean) {
+  const int64_t C = layout.channels;
+  if (layout.channels_last) {
+    ChannelSums sums(at::get_num_threads(), C);
+    const int64_t parts = for_each_part(
+        layout.outer, std::max<int64_t>(1, kValuesPerPart / C),
+        [&](int64_t part, int64_t begin, int64_t end) {
+          gradient_sums_rows(grad, out, x, begin, end, C, mean.hi.data(), mean.lo.data(),
+                             sums.first_of(part), sums.second_of(part));
+        });
+    sums.reduce(parts);
+    return sums;
+  }
+  ChannelSums sums(1, C);
+  const int64_t inner = layout.inner;
+  at::parallel_for(0, C, /*grain_size=*/1, [&](int64_t first, int64_t last) {
+    for (int64_t c = first; c < last; ++c) {
+      double lane1[kLanes] = {}, lane2[kLanes] = {}, tail[2] = {};
+      for (int64_t n = 0; n < layout.outer; ++n) {
+        const int64_t at = (n * C + c) * inner;
+        gradient_sums_run(grad + at, out + at, x + at, inner, mean.hi[c], mean.lo[c], lane1, lane2,
+                          tail);
+      }
+      for (int64_t j = 0; j < kLanes; ++j) {
+        tail[0] += lane1[j];
+        tail[1] += lane2[j];
+      }
+      sums.first[c] = tail[0];
+      sums.second[c] = tail[1];
+    }
+  });
+  return sums;
+}
+
+// dx = g * a + (x - mean) * b + d per channel, with g masked as above; the masked g itself is
+// the shortcut's gradient, written when grad_shortcut is not null.
+template <typename T>
+void input_gradients(const T* grad, const T* out, const T* x, const Layout& layout,
+                     const SplitMean<T>& mean, const std::vector<T>& a, const std::vector<T>& b,
+                     const std::vector<T>& d, T* grad_x, T* grad_shortcut) {
+  const int64_t C = layout.channels;
+  if (layout.channels_last) {
+    for_each_part(layout.outer, std::max<int64_t>(1, kValuesPerPart / C),
+                  [&](int64_t, int64_t begin, int64_t end) {
+                    input_gradients_rows(grad, out, x, begin, end, C, mean.hi.data(),
+                                         mean.lo.data(), a.data(), b.data(), d.data(), grad_x,
+                                         grad_shortcut);
+                  });
+    return;
+  }
+  const int64_t inner = layout.inner;
+  for_each_part(layout.outer * C, std::max<int64_t>(1, kValuesPerPart / inner),
+                [&](int64_t, int64_t begin, int64_t end) {
+                  for (int64_t run = begin; run < end; ++run) {
+                    const int64_t c = run % C;
+                    const int64_t at = run * inner;
+                    input_gradients_run(grad + at, out + at, x + at, inner, mean.hi[c], mean.lo[c],
+                                        a[c], b[c], d[c], grad_x + at,
+                                        grad_shortcut != nullptr ? grad_shortcut + at : nullptr);
+                  }
+                });
+}
+
+// ---- The autograd function -------------------------------------------------------------------
+
+template <typename T>
+std::vector<T> as_vector(const torch::Tensor& values) {  // (C) of any type -> C values of T
+  const auto t = values.detach().to(torch::kFloat64).contiguous();
+  const double* p = t.data_ptr<double>();
+  return std::vector<T>(p, p + t.numel());
+}
+
+// One batch's statistics, float64.
+struct BatchStatistics {
+  torch::Tensor mean;         // (C)
+  torch::Tensor variance;     // (C), biased
+  torch::Tensor inverse_std;  // (C), 1 / sqrt(variance + eps)
+};
+
+class BatchNormAddRelu : public torch::autograd::Function<BatchNormAddRelu> {
+ public:
+  // Without a shortcut, `shortcut` is an empty tensor and has_shortcut false: LibTorch 1.13's
+  // Function::apply does not take undefined tensors.
+  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x,
+                               const torch::Tensor& shortcut, bool has_shortcut,
+                               const torch::Tensor& weight, const torch::Tensor& bias,
+                               torch::Tensor running_mean, torch::Tensor running_var,
+                               double momentum, double eps) {
+    const Layout layout = layout_of(x);
+    auto out = torch::empty_like(x, x.options().memory_format(memory_format_of(layout)));
+    BatchStatistics stats;
+    AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "batch_norm_add_relu", [&] {
+      stats = forward_kernel<scalar_t>(x, has_shortcut ? shortcut.data_ptr<scalar_t>() : nullptr,
+                                       weight, bias, layout, eps, out);
+    });
+    {
+      torch::NoGradGuard no_grad;
+      const auto count = static_cast<double>(layout.per_channel());
+      const auto unbiased = stats.variance * (count / (count - 1));
+      running_mean.mul_(1 - momentum).add_(stats.mean.to(running_mean.scalar_type()), momentum);
+      running_var.mul_(1 - momentum).add_(unbiased.to(running_var.scalar_type()), momentum);
+    }
+    ctx->save_for_backward({x, out, weight, stats.mean, stats.inverse_std});
+    ctx->saved_data["has_shortcut"] = has_shortcut;
+    return out;
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grad_outputs) {
+    const auto saved = ctx->get_saved_variables();
+    const auto& x = saved[0];
+    const auto& out = saved[1];
+    const auto& weight = saved[2];
+    const Layout layout = layout_of(x);
+    const auto grad = grad_outputs[0].contiguous(memory_format_of(layout));
+    const bool has_shortcut = ctx->saved_data["has_shortcut"].toBool();
+    auto grad_x = torch::empty_like(out);
+    auto grad_shortcut = has_shortcut ? torch::empty_like(out) : torch::Tensor();
+    torch::Tensor grad_weight, grad_bias;
+    AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "batch_norm_add_relu_backward", [&] {
+      std::tie(grad_weight, grad_bias) = backward_kernel<scalar_t>(
+          grad, out, x, weight, saved[3], saved[4], layout, grad_x, grad_shortcut);
+    });
+    return {grad_x,
+            grad_shortcut,
+            torch::Tensor(),
+            grad_weight.to(weight.scalar_type()),
+            grad_bias.to(weight.scalar_type()),
+            torch::Tensor(),
+            torch::Tensor(),
+            torch::Tensor(),
+            torch::Tensor()};
+  }
+
+ private:
+  template <typename T>
+  static BatchStatistics forward_kernel(const torch::Tensor& x, const T* shortcut,
+                                        const torch::Tensor& weight, const torch::Tensor& bias,
+                                        const Layout& layout, double eps, torch::Tensor& out) {
+    const int64_t C = layout.channels;
+    const T* input = x.data_ptr<T>();
+    // The shift: each channel's first value, so the shifted sums stay near the spread.
+    std::vector<double> shift(C);
+#pragma GCC ivdep
+    for (int64_t c = 0; c < C; ++c) shift[c] = static_cast<double>(input[c * layout.inner]);
+    auto sums = shifted_sums(input, layout, shift.data());
+    const auto count = static_cast<double>(layout.per_channel());
+    const auto gamma = as_vector<double>(weight);
+    const auto beta = as_vector<double>(bias);
+    BatchStatistics stats{torch::empty({C}, torch::kFloat64), torch::empty({C}, torch::kFloat64),
+                          torch::empty({C}, torch::kFloat64)};
+    double* mean = stats.mean.data_ptr<double>();
+    double* variance = stats.variance.data_ptr<double>();
+    double* inverse_std = stats.inverse_std.data_ptr<double>();
+    std::vector<T> scale(C), beta_t(C);
+#pragma GCC ivdep
+    for (int64_t c = 0; c < C; ++c) {
+      const double centre = sums.first[c] / count;
+      variance[c] = std::max(sums.second[c] / count - centre * centre, 0.0);
+      const double m = shift[c] + centre;
+      const double s = 1.0 / std::sqrt(variance[c] + eps);
+      mean[c] = m;
+      inverse_std[c] = s;
+      scale[c] = static_cast<T>(gamma[c] * s);
+      beta_t[c] = static_cast<T>(beta[c]);
+    }
+    normalise_add_relu(input, shortcut, layout, SplitMean<T>(mean, C), scale, beta_t,
+                       out.data_ptr<T>());
+    return stats;
+  }
+
+  template <typename T>
+  static std::pair<torch::Tensor, torch::Tensor> backward_kernel(
+      const torch::Tensor& grad, const torch::Tensor& out, const torch::Tensor& x,
+      const torch::Tensor& weight, const torch::Tensor& mean, const torch::Tensor& inverse_std,
+      const Layout& layout, torch::Tensor& grad_x, torch::Tensor& grad_shortcut) {
+    const int64_t C = layout.channels;
+    const SplitMean<T> centre(mean.data_ptr<double>(), C);
+    const auto sums = masked_gradient_sums(grad.data_ptr<T>(), out.data_ptr<T>(), x.data_ptr<T>(),
+                                           layout, centre);
+    const auto gamma = as_vector<double>(weight);
+    const auto s = as_vector<double>(inverse_std);
+    const auto count = static_cast<double>(layout.per_channel());
+    auto grad_weight = torch::empty({C}, torch::kFloat64);
+    auto grad_bias = torch::empty({C}, torch::kFloat64);
+    double* dgamma = grad_weight.data_ptr<double>();
+    double* dbeta = grad_bias.data_ptr<double>();
+    std::vector<T> a(C), b(C), d(C);
+#pragma GCC ivdep
+    for (int64_t c = 0; c < C; ++c) {
+      // d/dx of gamma * (x - mean) * s: gamma * s * (g - mean(g) - (x - mean) * s^2 *
+      // mean(g * (x - mean))), with g the gradient through the ReLU.
+      a[c] = static_cast<T>(gamma[c] * s[c]);
+      b[c] = static_cast<T>(-gamma[c] * s[c] * s[c] * s[c] * sums.second[c] / count);
+      d[c] = static_cast<T>(-gamma[c] * s[c] * sums.first[c] / count);
+      dgamma[c] = sums.second[c] * s[c];
+      dbeta[c] = sums.first[c];
+    }
+    input_gradients(grad.data_ptr<T>(), out.data_ptr<T>(), x.data_ptr<T>(), layout, centre, a, b, d,
+                    grad_x.data_ptr<T>(),
+                    grad_shortcut.defined() ? grad_shortcut.data_ptr<T>() : nullptr);
+    return {grad_weight, grad_bias};
+  }
+};
+
+}  // namespace
+
+bool batch_norm_add_relu_applies(const torch::Tensor& x, const torch::Tensor& shortcut,
+                                 const torch::Tensor& weight) {
+  if (!x.defined() || x.dim() != 4 || !x.device().is_cpu()) return false;
+  const auto type = x.scalar_type();
+  if (type != torch::kFloat32 && type != torch::kFloat64) return false;
+  if (!x.is_contiguous() && !x.is_contiguous(at::MemoryFormat::ChannelsLast)) return false;
+  if (weight.scalar_type() != type || weight.numel() != x.size(1)) return false;
+  if (x.size(0) * x.size(2) * x.size(3) < 2) return false;  // LibTorch's own refusal says why
+  if (shortcut.defined()) {
+    if (shortcut.sizes() != x.sizes() || shortcut.scalar_type() != type ||
+        !shortcut.device().is_cpu()) {
+      return false;
+    }
+  }
+  return true;
+}
+
+torch::Tensor batch_norm_add_relu(const torch::Tensor& x, const torch::Tensor& shortcut,
+                                  const torch::Tensor& weight, const torch::Tensor& bias,
+                                  torch::Tensor& running_mean, torch::Tensor& running_var,
+                                  double momentum, double eps) {
+  TORCH_CHECK(batch_norm_add_relu_applies(x, shortcut, weight),
+              "batch_norm_add_relu does not take x of ", x.sizes(), " (", x.scalar_type(),
+              ") here: ask batch_norm_add_relu_applies first");
+  // The shortcut in x's layout, so one index serves both.
+  const auto format = memory_format_of(layout_of(x));
+  const bool has_shortcut = shortcut.defined();
+  const auto aligned = has_shortcut ? shortcut.contiguous(format) : torch::empty({0}, x.options());
+  return BatchNormAddRelu::apply(x, aligned, has_shortcut, weight, bias, running_mean, running_var,
+                                 momentum, eps);
+}
+
+}  // namespace dptrain

@@ -1,0 +1,75 @@
+// The projection shortcut without oneDNN's strided 1x1 kernels. See projection.h.
+#include "dptrain/model/projection.h"
+
+#include <torch/autograd.h>
+#include <torch/nn/functional/conv.h>
+
+namespace dptrain {
+
+// Note [The strided 1x1 convolution on the CPU]
+// oneDNN computes a strided 1x1 convolution's backward by first copying the strided input into a
+// dense scratch buffer ("reduce to unit stride"), and with two threads and a batch that does not
+// divide evenly that step writes outside its buffer. Measured on an Intel Xeon with AVX-512,
+// 2 threads, a 1x1 stride-2 convolution forward and backward, 8 or 10 trials per shape
+// (2026-12-01): from 8 to 16 channels on 14x14 at batches 3, 7, 31, 33 and 63, from 4 to 8 on
+// 28x28 at 3, 7, 15 and 31, from 2 to 4 at 3 and 7, glibc aborts ("corrupted size vs.
+// prev_size", "free(): corrupted unsorted chunks") or the weight's gradient comes back as
+// garbage (2.2e21 at the book's stage-2 shortcut, width 4, batch 31). It happens in Debian's
+// LibTorch 1.13 and in PyPI's 2.11, channels-last and contiguous alike; on one thread, at even
+// batches and from 16 channels up no trial failed; oneDNN's AVX2 kernels (ONEDNN_MAX_CPU_ISA=AVX2)
+// fail too, even at batch 256. Subsampling first and convolving at unit stride gives the same
+// sums (each output reads one input pixel) and never enters that step: no shape of the sweep
+// failed that way, on either LibTorch or either ISA (scripts/repro/strided_1x1_heap.py). CUDA
+// runs cuDNN, which has no such step, so there the convolution keeps its stride.
+namespace {
+
+class Subsample : public torch::autograd::Function<Subsample> {
+ public:
+  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x,
+                               int64_t stride) {
+    const auto layout = x.suggest_memory_format();
+    ctx->saved_data["sizes"] = x.sizes().vec();
+    ctx->saved_data["channels_last"] = layout == at::MemoryFormat::ChannelsLast;
+    ctx->saved_data["stride"] = stride;
+    return strided_view(x, stride).contiguous(layout);
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grad_outputs) {
+    const auto sizes = ctx->saved_data["sizes"].toIntVector();
+    const auto layout = ctx->saved_data["channels_last"].toBool() ? at::MemoryFormat::ChannelsLast
+                                                                  : at::MemoryFormat::Contiguous;
+    const auto& grad = grad_outputs[0];  // (N, C, H', W')
+    // One zero tensor of the input's shape, the subsampled pixels copied in: autograd's own
+    // backward of two slices would build two.
+    auto grad_input = torch::zeros(sizes, grad.options().memory_format(layout));  // (N, C, H, W)
+    strided_view(grad_input, ctx->saved_data["stride"].toInt()).copy_(grad);
+    return {grad_input, torch::Tensor()};
+  }
+
+ private:
+  static torch::Tensor strided_view(const torch::Tensor& x, int64_t stride) {
+    return x.slice(/*dim=*/2, 0, x.size(2), stride).slice(/*dim=*/3, 0, x.size(3), stride);
+  }
+};
+
+}  // namespace
+
+torch::Tensor subsample(const torch::Tensor& x, int64_t stride) {
+  TORCH_CHECK(x.dim() == 4, "subsample expects (N, C, H, W), got ", x.sizes());
+  TORCH_CHECK(stride >= 1, "subsample needs a positive stride, got ", stride);
+  return Subsample::apply(x, stride);
+}
+
+torch::Tensor project(torch::nn::Conv2dImpl& conv, const torch::Tensor& x) {
+  const auto stride = conv.options.stride();
+  TORCH_CHECK(
+      conv.weight.size(2) == 1 && conv.weight.size(3) == 1 && stride->at(0) == stride->at(1),
+      "project() takes a 1x1 convolution with one stride, got a kernel of ", conv.weight.sizes(),
+      " and stride ", stride);
+  if (!x.device().is_cpu() || stride->at(0) == 1) return conv.forward(x);
+  return torch::nn::functional::conv2d(subsample(x, stride->at(0)), conv.weight,
+                                       torch::nn::functional::Conv2dFuncOptions().bias(conv.bias));
+}
+
+}  // namespace dptrain

@@ -1,0 +1,217 @@
+// The fused BatchNorm + shortcut + ReLU against LibTorch's separate kernels (torch::batch_norm,
+// the sum, relu): values, every gradient and the running statistics, in both layouts, with and
+// without a shortcut, at shapes where one of C, H * W or N is 1; and the inputs it refuses.
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <tuple>
+
+#include "dptrain/model/batch_norm.h"
+#include "dptrain/model/fused_batch_norm.h"
+#include "dptrain/model/model.h"
+
+namespace dptrain {
+namespace {
+
+struct Result {
+  torch::Tensor out, grad_x, grad_shortcut, grad_weight, grad_bias, running_mean, running_var;
+};
+
+// One forward and backward of relu(bn(x) + shortcut), fused or by LibTorch's kernels, from the
+// same inputs and a fixed upstream gradient.
+Result run(bool fused, const torch::Tensor& x0, const torch::Tensor& shortcut0,
+           const torch::Tensor& upstream) {
+  const int64_t c = x0.size(1);
+  auto x = x0.clone().requires_grad_();
+  auto shortcut = shortcut0.defined() ? shortcut0.clone().requires_grad_() : torch::Tensor();
+  const auto options = torch::TensorOptions().dtype(x0.scalar_type());
+  auto weight = torch::linspace(0.5, 1.5, c, options).requires_grad_();
+  auto bias = torch::linspace(-0.2, 0.3, c, options).requires_grad_();
+  auto running_mean = torch::linspace(-1, 1, c, options);
+  auto running_var = torch::linspace(0.5, 2, c, options);
+  torch::Tensor out;
+  if (fused) {
+    out = batch_norm_add_relu(x, shortcut, weight, bias, running_mean, running_var, 0.1, 1e-5);
+  } else {
+    out = torch::batch_norm(x, weight, bias, running_mean, running_var, /*training=*/true, 0.1,
+                            1e-5, /*cudnn_enabled=*/false);
+    if (shortcut.defined()) out = out + shortcut;
+    out = torch::relu(out);
+  }
+  out.backward(upstream);
+  return {out.detach(),  x.grad(),    shortcut.defined() ? shortcut.grad() : torch::Tensor(),
+          weight.grad(), bias.grad(), running_mean,
+          running_var};
+}
+
+double relative_error(const torch::Tensor& got, const torch::Tensor& want) {
+  const double scale = std::max(want.abs().max().item<double>(), 1e-30);
+  return (got.to(torch::kFloat64) - want.to(torch::kFloat64)).abs().max().item<double>() / scale;
+}
+
+void expect_close(const Result& got, const Result& want, double tolerance) {
+  EXPECT_LT(relative_error(got.out, want.out), tolerance) << "output";
+  EXPECT_LT(relative_error(got.grad_x, want.grad_x), tolerance) << "x's gradient";
+  EXPECT_LT(relative_error(got.grad_weight, want.grad_weight), tolerance) << "gamma's gradient";
+  EXPECT_LT(relative_error(got.grad_bias, want.grad_bias), tolerance) << "beta's gradient";
+  EXPECT_LT(relative_error(got.running_mean, want.running_mean), tolerance) << "running mean";
+  EXPECT_LT(relative_error(got.running_var, want.running_var), tolerance) << "running var";
+  ASSERT_EQ(got.grad_shortcut.defined(), want.grad_shortcut.defined());
+  if (want.grad_shortcut.defined()) {
+    EXPECT_LT(relative_error(got.grad_shortcut, want.grad_shortcut), tolerance) << "shortcut's";
+  }
+}
+
+// (N, C, H, W), channels-last, with a shortcut
+using Case = std::tuple<std::vector<int64_t>, bool, bool>;
+
+class FusedBatchNorm : public ::testing::TestWithParam<Case> {
+ protected:
+  // x with a mean far from zero against its spread in channel 0, as the book's initialisation
+  // gives the stem: the shifted sums must not lose it.
+  torch::Tensor input(torch::ScalarType type) const {
+    const auto& [sizes, channels_last, with_shortcut] = GetParam();
+    torch::manual_seed(7);
+    auto x = torch::randn(sizes, torch::kFloat64);
+    x.select(1, 0).mul_(1e-3).add_(40);
+    return layout(x.to(type));
+  }
+  torch::Tensor shortcut(torch::ScalarType type) const {
+    const auto& [sizes, channels_last, with_shortcut] = GetParam();
+    if (!with_shortcut) return {};
+    torch::manual_seed(8);
+    return layout(torch::randn(sizes, torch::kFloat64).to(type));
+  }
+  torch::Tensor upstream(torch::ScalarType type) const {
+    torch::manual_seed(9);
+    return layout(torch::randn(std::get<0>(GetParam()), torch::kFloat64).to(type));
+  }
+  torch::Tensor layout(const torch::Tensor& t) const {
+    return std::get<1>(GetParam()) ? t.contiguous(at::MemoryFormat::ChannelsLast) : t;
+  }
+};
+
+TEST_P(FusedBatchNorm, Float64MatchesLibTorchsKernels) {
+  const auto type = torch::kFloat64;
+  const auto want = run(false, input(type), shortcut(type), upstream(type));
+  const auto got = run(true, input(type), shortcut(type), upstream(type));
+  expect_close(got, want, 1e-10);
+  EXPECT_EQ(got.out.suggest_memory_format(), input(type).suggest_memory_format());
+  EXPECT_EQ(got.grad_x.suggest_memory_format(), input(type).suggest_memory_format());
+}
+
+// Float32 against the float64 truth on the same (rounded) inputs, no further from it than
+// LibTorch's own float32 kernels are. Compared by relative L2 norm: where an output lies within
+// rounding of zero the two precisions' ReLUs may decide differently, which moves single
+// gradients by their whole size.
+double relative_l2(const torch::Tensor& got, const torch::Tensor& want) {
+  const auto w = want.to(torch::kFloat64);
+  return (got.to(torch::kFloat64) - w).norm().item<double>() /
+         std::max(w.norm().item<double>(), 1e-30);
+}
+
+TEST_P(FusedBatchNorm, Float32IsAsCloseToFloat64AsLibTorchs) {
+  const auto x = input(torch::kFloat32);
+  const auto s = shortcut(torch::kFloat32);
+  const auto g = upstream(torch::kFloat32);
+  const auto as64 = [](const torch::Tensor& t) { return t.defined() ? t.to(torch::kFloat64) : t; };
+  const auto truth = run(false, as64(x), as64(s), as64(g));
+  const auto libtorch = run(false, x, s, g);
+  const auto fused = run(true, x, s, g);
+  const auto check = [&](torch::Tensor Result::*field, const char* what) {
+    const double ours = relative_l2(fused.*field, truth.*field);
+    const double theirs = relative_l2(libtorch.*field, truth.*field);
+    EXPECT_LE(ours, 2 * theirs + 1e-6) << what << ": LibTorch's float32 is at " << theirs;
+  };
+  check(&Result::out, "output");
+  check(&Result::grad_x, "x's gradient");
+  check(&Result::grad_weight, "gamma's gradient");
+  check(&Result::grad_bias, "beta's gradient");
+  check(&Result::running_mean, "running mean");
+  check(&Result::running_var, "running var");
+  if (s.defined()) check(&Result::grad_shortcut, "shortcut's gradient");
+}
+
+TEST_P(FusedBatchNorm, RepeatsBitForBit) {
+  const auto type = torch::kFloat32;
+  const auto first = run(true, input(type), shortcut(type), upstream(type));
+  const auto second = run(true, input(type), shortcut(type), upstream(type));
+  EXPECT_TRUE(torch::equal(first.out, second.out));
+  EXPECT_TRUE(torch::equal(first.grad_x, second.grad_x));
+  EXPECT_TRUE(torch::equal(first.grad_weight, second.grad_weight));
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, FusedBatchNorm,
+                         ::testing::Combine(::testing::Values(std::vector<int64_t>{5, 3, 7, 9},
+                                                              std::vector<int64_t>{64, 16, 28, 28},
+                                                              std::vector<int64_t>{31, 32, 4, 4},
+                                                              std::vector<int64_t>{3, 1, 5, 5},
+                                                              std::vector<int64_t>{9, 8, 1, 1},
+                                                              std::vector<int64_t>{1, 4, 3, 1}),
+                                            ::testing::Bool(), ::testing::Bool()));
+
+TEST(FusedBatchNormInputs, RefusesWhatItDoesNotHandle) {
+  const auto weight = torch::ones({4});
+  const auto x = torch::randn({2, 4, 3, 3});
+  EXPECT_TRUE(batch_norm_add_relu_applies(x, {}, weight));
+  EXPECT_TRUE(batch_norm_add_relu_applies(x, torch::randn({2, 4, 3, 3}), weight));
+  EXPECT_FALSE(batch_norm_add_relu_applies(x.to(torch::kBFloat16), {}, weight));
+  EXPECT_FALSE(batch_norm_add_relu_applies(x.to(torch::kFloat64), {}, weight)) << "weight type";
+  EXPECT_FALSE(batch_norm_add_relu_applies(x.select(3, 0), {}, weight)) << "3-D";
+  EXPECT_FALSE(
+      batch_norm_add_relu_applies(torch::randn({2, 4, 3, 6}).slice(3, 0, 6, 2), {}, weight))
+      << "strided, neither layout";
+  EXPECT_FALSE(batch_norm_add_relu_applies(torch::randn({1, 4, 1, 1}), {}, weight))
+      << "one value per channel";
+  EXPECT_FALSE(batch_norm_add_relu_applies(x, torch::randn({2, 4, 3, 2}), weight)) << "shape";
+  EXPECT_FALSE(batch_norm_add_relu_applies(x, {}, torch::ones({3}))) << "channels";
+  auto running_mean = torch::zeros({4});
+  auto running_var = torch::ones({4});
+  EXPECT_THROW(batch_norm_add_relu(torch::randn({1, 4, 1, 1}), {}, weight, torch::zeros({4}),
+                                   running_mean, running_var, 0.1, 1e-5),
+               c10::Error);
+}
+
+// A shortcut in the other layout is accepted and gives the same values.
+TEST(FusedBatchNormInputs, ShortcutInTheOtherLayout) {
+  torch::manual_seed(3);
+  const auto x = torch::randn({4, 8, 5, 5}).contiguous(at::MemoryFormat::ChannelsLast);
+  const auto shortcut = torch::randn({4, 8, 5, 5});
+  const auto weight = torch::ones({8});
+  const auto bias = torch::zeros({8});
+  auto m1 = torch::zeros({8}), v1 = torch::ones({8}), m2 = torch::zeros({8}), v2 = torch::ones({8});
+  const auto a = batch_norm_add_relu(x, shortcut, weight, bias, m1, v1, 0.1, 1e-5);
+  const auto b = batch_norm_add_relu(x, shortcut.contiguous(at::MemoryFormat::ChannelsLast), weight,
+                                     bias, m2, v2, 0.1, 1e-5);
+  EXPECT_TRUE(torch::equal(a, b));
+}
+
+// The whole model, fused and not: the same loss and gradients in float64, and the module counts
+// batches either way.
+TEST(FusedBatchNormModel, ResNetGradientsMatchTheUnfusedModel) {
+  torch::manual_seed(5);
+  const auto x = torch::rand({6, 1, 28, 28}, torch::kFloat64);
+  const auto y = torch::randint(0, 10, {6}, torch::kLong);
+  std::vector<std::vector<torch::Tensor>> grads;
+  for (const bool fused : {false, true}) {
+    ResNetOptions options{10, 1, 4};
+    options.fused_batch_norm = fused;
+    ResNet model(options);
+    init_reference_weights(*model, 11);
+    model->to(torch::kFloat64);
+    torch::nn::functional::cross_entropy(model->forward(x), y).backward();
+    std::vector<torch::Tensor> g;
+    for (const auto& p : model->parameters()) g.push_back(p.grad().clone());
+    for (const auto& b : model->buffers()) g.push_back(b.clone());
+    grads.push_back(g);
+  }
+  ASSERT_EQ(grads[0].size(), grads[1].size());
+  for (size_t i = 0; i < grads[0].size(); ++i) {
+    const auto& want = grads[0][i];
+    const double scale = std::max(want.abs().max().item<double>(), 1e-6);
+    EXPECT_LT((grads[1][i] - want).abs().max().item<double>() / scale, 1e-8) << "tensor " << i;
+  }
+}
+
+}  // namespace
+}  // namespace dptrain
