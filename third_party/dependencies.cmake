@@ -86,6 +86,12 @@ endif()
 message(STATUS "dptrain: Gloo support (--backend gloo): ${DPTRAIN_WITH_GLOO} "
                "(headers: ${DPTRAIN_GLOO_INCLUDE_DIR})")
 
+# ---- OpenMP -----------------------------------------------------------------
+# LibTorch's at::parallel_for is a header template that runs its loop in parallel only where the
+# calling file is compiled with OpenMP (both LibTorch builds we use run on OpenMP); the fused
+# BatchNorm's loops (fused_batch_norm.cpp) use it.
+find_package(OpenMP REQUIRED COMPONENTS CXX)
+
 # ---- zlib -------------------------------------------------------------------
 find_package(ZLIB REQUIRED)
 message(STATUS "dptrain: zlib: ${ZLIB_LIBRARIES}")

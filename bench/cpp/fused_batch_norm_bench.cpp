@@ -2,6 +2,7 @@
 // LibTorch's separate kernels, at the shapes of the book's ResNet-18 at a given width and batch.
 // Prints the median of several repeats per shape, in milliseconds, and the ratio.
 //   build/bench/fused_batch_norm_bench [width=16] [batch=256] [threads=2] [repeats=15]
+//                                      [allocator=caching|system]
 #include <ATen/Parallel.h>
 #include <torch/torch.h>
 
@@ -13,6 +14,7 @@
 #include <vector>
 
 #include "dptrain/model/fused_batch_norm.h"
+#include "dptrain/train/cpu_allocator.h"
 
 namespace {
 
@@ -53,8 +55,12 @@ int main(int argc, char** argv) {
   const int threads = argc > 3 ? std::atoi(argv[3]) : 2;
   const int repeats = argc > 4 ? std::atoi(argv[4]) : 15;
   at::set_num_threads(threads);
-  std::printf("width %lld, batch %lld, %d threads, median of %d\n", static_cast<long long>(width),
-              static_cast<long long>(batch), threads, repeats);
+  // dptrain's own allocator, as in training: without it every new tensor faults its pages in.
+  const std::string allocator = argc > 5 ? argv[5] : "caching";
+  dptrain::install_cpu_allocator(dptrain::parse_cpu_allocator(allocator));
+  std::printf("width %lld, batch %lld, %d threads, median of %d, %s allocator\n",
+              static_cast<long long>(width), static_cast<long long>(batch), threads, repeats,
+              allocator.c_str());
   std::printf("%-26s %-8s %10s %10s %7s\n", "shape", "layout", "libtorch", "fused", "ratio");
   for (const bool channels_last : {true, false}) {
     double total_lib = 0, total_fused = 0;

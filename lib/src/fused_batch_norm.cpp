@@ -83,12 +83,21 @@ int64_t for_each_part(int64_t total, int64_t min_per_part, const Body& body) {
   return parts;
 }
 
+// One part's running sums, in memory of the thread's own: parts that updated neighbouring slots
+// of one array row by row would share cache lines, and two threads then ran slower than one.
+struct PartSums {
+  explicit PartSums(int64_t channels) : first(channels, 0.0), second(channels, 0.0) {}
+  std::vector<double> first, second;
+};
+
 // Per-channel sums of two quantities, kept per part and added in part order.
 struct ChannelSums {
   ChannelSums(int64_t parts, int64_t channels)
       : channels(channels), first(parts * channels, 0.0), second(parts * channels, 0.0) {}
-  double* first_of(int64_t part) { return first.data() + part * channels; }
-  double* second_of(int64_t part) { return second.data() + part * channels; }
+  void store(int64_t part, const PartSums& sums) {
+    std::copy(sums.first.begin(), sums.first.end(), first.begin() + part * channels);
+    std::copy(sums.second.begin(), sums.second.end(), second.begin() + part * channels);
+  }
   // Folds parts 1.. into part 0, in order.
   void reduce(int64_t parts) {
     for (int64_t p = 1; p < parts; ++p) {
@@ -369,7 +378,9 @@ ChannelSums shifted_sums(const T* x, const Layout& layout, const double* shift) 
     const int64_t parts = for_each_part(
         layout.outer, std::max<int64_t>(1, kValuesPerPart / C),
         [&](int64_t part, int64_t begin, int64_t end) {
-          shifted_sums_rows(x, begin, end, C, shift, sums.first_of(part), sums.second_of(part));
+          PartSums local(C);
+          shifted_sums_rows(x, begin, end, C, shift, local.first.data(), local.second.data());
+          sums.store(part, local);
         });
     sums.reduce(parts);
     return sums;
@@ -431,12 +442,14 @@ ChannelSums masked_gradient_sums(const T* grad, const T* out, const T* x, const 
   const int64_t C = layout.channels;
   if (layout.channels_last) {
     ChannelSums sums(at::get_num_threads(), C);
-    const int64_t parts = for_each_part(
-        layout.outer, std::max<int64_t>(1, kValuesPerPart / C),
-        [&](int64_t part, int64_t begin, int64_t end) {
-          gradient_sums_rows(grad, out, x, begin, end, C, mean.hi.data(), mean.lo.data(),
-                             sums.first_of(part), sums.second_of(part));
-        });
+    const int64_t parts =
+        for_each_part(layout.outer, std::max<int64_t>(1, kValuesPerPart / C),
+                      [&](int64_t part, int64_t begin, int64_t end) {
+                        PartSums local(C);
+                        gradient_sums_rows(grad, out, x, begin, end, C, mean.hi.data(),
+                                           mean.lo.data(), local.first.data(), local.second.data());
+                        sums.store(part, local);
+                      });
     sums.reduce(parts);
     return sums;
   }
