@@ -98,8 +98,8 @@ void add_device_flags(cxxopts::Options& options) {
       ("timeout", "seconds that the rendezvous and each collective may take",
        cxxopts::value<std::string>()->default_value("300"), "SECONDS");
   options.add_options("Speed")
-      ("memory-format", "layout of weights and activations: auto (channels-last on CUDA, "
-                        "contiguous on the CPU), channels-last or contiguous",
+      ("memory-format", "layout of weights and activations: auto (channels-last on CUDA and "
+                        "on CPUs with AVX-512, else contiguous), channels-last or contiguous",
        cxxopts::value<std::string>()->default_value("auto"), "NAME")
       ("amp", "autocast the forward pass: off or bf16",
        cxxopts::value<std::string>()->default_value("off"), "MODE")

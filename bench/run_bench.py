@@ -4,8 +4,6 @@
 The contestants (each with 1 and 2 replicas, the same width, global batch and thread count):
   dptrain-1.13     dptrain built on Debian's LibTorch 1.13 (build/), its default layout
   dptrain-2.11     dptrain built on PyPI's LibTorch 2.11 (build-211/), its default layout
-                   (bench/results/2026-12-01-cpu-peers.md ran with channels-last as the default
-                   on AVX-512 CPUs; the default is contiguous again since)
   peer-V-book      bench/pytorch_peer.py on PyTorch V as the book writes it: contiguous,
                    out-of-place ReLUs
   peer-V-tuned     the same with PyTorch's CPU tuning: channels-last, and the in-place ReLUs

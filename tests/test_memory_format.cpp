@@ -25,12 +25,20 @@ CpuKernels kernels(bool avx512, const std::string& cap = "") {
   return cpu;
 }
 
-TEST(ResolveMemoryFormat, AutoIsContiguousOnEveryCpuAndChannelsLastOnCuda) {
+TEST(ResolveMemoryFormat, AutoIsChannelsLastOnCudaAndOnAvx512KernelsElseContiguous) {
   for (const bool avx512 : {false, true}) {
-    EXPECT_EQ(resolve_memory_format(MemoryFormat::kAuto, kCpu, kernels(avx512)),
-              MemoryFormat::kContiguous);
     EXPECT_EQ(resolve_memory_format(MemoryFormat::kAuto, kCuda, kernels(avx512)),
               MemoryFormat::kChannelsLast);
+  }
+#if defined(__x86_64__) || defined(__i386__)
+  EXPECT_EQ(resolve_memory_format(MemoryFormat::kAuto, kCpu, kernels(true)),
+            MemoryFormat::kChannelsLast);
+  EXPECT_EQ(resolve_memory_format(MemoryFormat::kAuto, kCpu, kernels(true, "avx512_core")),
+            MemoryFormat::kChannelsLast);
+#endif
+  for (const auto& cpu : {kernels(false), kernels(true, "AVX2"), kernels(true, "avx2_vnni")}) {
+    EXPECT_EQ(resolve_memory_format(MemoryFormat::kAuto, kCpu, cpu), MemoryFormat::kContiguous)
+        << "cap '" << cpu.isa_cap << "'";
   }
 }
 

@@ -21,18 +21,20 @@ namespace dptrain {
 // channels-last request is refused.
 //
 // The AVX-512 kernels are other code, and valgrind cannot run them. The guarded allocator
-// (cpu_allocator.h) puts every tensor's end against an inaccessible page, which stops oneDNN's
-// generated code too: it stops the AVX2 overrun above at the faulting write, and it trains the
-// book's model in channels-last on the AVX-512 kernels at every width from 1 to 16, at batches
-// of 256 and 96, on 1 and 2 threads, and at width 64, without a fault
-// (tests/test_guarded_kernels.cpp). But PyPI's LibTorch 2.11 crashes on AVX-512 too: at width 4
-// and a batch of 31, its channels-last 1x1 convolution's weight gradient
-// (jit_avx512_common_1x1_convolution_bwd_weights_t) dies with SIGSEGV in oneDNN's reducer, or
-// corrupts what oneDNN frees at exit (MemoryFormat.ChannelsLastGradientsAgainstFloat64 under
-// CTest, 2026-12-01). So the CPU default stays contiguous on every CPU and LibTorch, and
-// channels-last, faster where it works (1,099 against 966 images/s at width 16 in one run of
-// 36 steps), is opt-in on AVX-512 CPUs. CUDA convolutions are cuDNN's: channels-last is their
-// fast layout, and the default there.
+// (cpu_allocator.h) can check them: it puts every tensor's end against an inaccessible page,
+// which stops oneDNN's generated code too. It stops the AVX2 overrun above at the faulting
+// write, and it trains the book's model in channels-last on the AVX-512 kernels at every width
+// from 1 to 16, at batches of 256 and 96, on 1 and 2 threads, and at width 64, without a fault
+// (tests/test_guarded_kernels.cpp, on every machine that has AVX-512). At odd batches the
+// AVX-512 kernels did break, in both layouts and both LibTorch versions, in the same strided
+// 1x1 convolution (the weight gradient of the stage-2 shortcut came back as 2.2e21 at width 4,
+// batch 31); dptrain no longer runs that kernel on the CPU (Note [The strided 1x1 convolution
+// on the CPU], projection.cpp). Channels-last is the faster layout there (one run of 36 steps at
+// width 16 on 2 threads: 1,099 against 966 images/s), and the layout in which BatchNorm, the
+// shortcut and the ReLU run fused (fused_batch_norm.h), so where oneDNN runs AVX-512 the CPU
+// default is channels-last. Whether the AVX2 kernels are sound once the strided 1x1 kernel is
+// out of the way is not shown yet, so there channels-last stays refused. CUDA convolutions are
+// cuDNN's: channels-last is their fast layout, and the default there.
 
 namespace {
 
@@ -96,8 +98,10 @@ MemoryFormat resolve_memory_format(MemoryFormat requested, const torch::Device& 
   if (!device.is_cpu()) {
     return requested == MemoryFormat::kAuto ? MemoryFormat::kChannelsLast : requested;
   }
-  if (requested == MemoryFormat::kAuto) return MemoryFormat::kContiguous;
 #if defined(__x86_64__) || defined(__i386__)
+  if (requested == MemoryFormat::kAuto) {
+    return cpu.runs_avx512() ? MemoryFormat::kChannelsLast : MemoryFormat::kContiguous;
+  }
   if (requested == MemoryFormat::kChannelsLast && !cpu.runs_avx512()) {
     throw UsageError("--memory-format channels-last on the CPU: " + cpu.describe() +
                      ", so oneDNN runs its AVX2 (or older) kernels, whose channels-last "
@@ -106,7 +110,7 @@ MemoryFormat resolve_memory_format(MemoryFormat requested, const torch::Device& 
                      "the CPU default");
   }
 #endif
-  return requested;
+  return requested == MemoryFormat::kAuto ? MemoryFormat::kContiguous : requested;
 }
 
 }  // namespace dptrain

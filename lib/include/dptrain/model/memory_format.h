@@ -10,7 +10,8 @@
 namespace dptrain {
 
 enum class MemoryFormat {
-  kAuto,          // channels-last on CUDA, contiguous on the CPU (Note [Channels-last on the CPU])
+  kAuto,          // channels-last on CUDA and where oneDNN runs AVX-512, else contiguous
+                  // (Note [Channels-last on the CPU])
   kChannelsLast,  // (N, H, W, C)
   kContiguous,    // (N, C, H, W), PyTorch's default
 };

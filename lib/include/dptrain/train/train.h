@@ -46,7 +46,8 @@ struct TrainOptions {
   bool sync_bn = false;  // all-reduce BatchNorm batch statistics over replicas
   // The fast path. The layout and cuDNN's benchmark mode change results by float rounding
   // only, so they are on by default where they are safe; bfloat16 autocast changes them more and
-  // is opt-in. kAuto: channels-last on CUDA, contiguous on the CPU (memory_format.h).
+  // is opt-in. kAuto: channels-last on CUDA and where oneDNN runs AVX-512, else contiguous
+  // (memory_format.h).
   MemoryFormat memory_format = MemoryFormat::kAuto;
   bool cudnn_benchmark = true;  // let cuDNN time its algorithms for each shape (CUDA only)
   Amp amp = Amp::kOff;          // autocast the forward pass
