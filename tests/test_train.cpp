@@ -258,10 +258,11 @@ INSTANTIATE_TEST_SUITE_P(, PerReplicaBatchNorm, ::testing::Values(2, 3),
 // On the CPU, LibTorch's channels-last BatchNorm backward forms sum(x * dy) and subtracts the
 // mean's share in float32, where the contiguous kernel sums centred values. With the book's
 // N(0, 0.01) weights a channel's mean is large against its spread, so that difference cancels:
-// measured at width 4, seed 3, 31 real images, the stem's gradient is 2% off its float64 value
-// in channels-last and 3e-6 off in the contiguous layout (PyTorch 1.13 and 2.11 alike). It is
-// rounding, not a different computation, and training does not suffer (README, "The fast path"),
-// but it is why the pinned first losses use the contiguous layout.
+// measured at width 4, seed 3, 31 real images, the stem's gradient was 2% off its float64 value
+// in channels-last and 3e-6 off in the contiguous layout (PyTorch 1.13 and 2.11 alike). dptrain's
+// fused BatchNorm, which runs in channels-last (fused_batch_norm.h), sums centred values too:
+// there the largest error is now 7e-5 on LibTorch 1.13, and the test holds channels-last to the
+// contiguous layout's bound. The pinned first losses still use the contiguous layout.
 std::vector<torch::Tensor> gradients_of(const torch::Tensor& x, const torch::Tensor& y,
                                         bool channels_last, bool float64) {
   ResNet model(ResNetOptions{10, 1, 4});
@@ -314,7 +315,7 @@ TEST(MemoryFormat, ChannelsLastGradientsAgainstFloat64) {
     GTEST_SKIP() << "channels-last is refused on this CPU: " << detect_cpu_kernels().describe();
   }
   const auto errors = errors_against_float64(true);
-  for (size_t i = 0; i < errors.size(); ++i) EXPECT_LT(errors[i], 5e-2) << "parameter " << i;
+  for (size_t i = 0; i < errors.size(); ++i) EXPECT_LT(errors[i], 1e-4) << "parameter " << i;
 }
 
 // bfloat16 autocast keeps 8 bits of mantissa in the forward pass: the first loss moves by
