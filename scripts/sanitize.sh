@@ -41,6 +41,7 @@ quick+=":Checkpoint*:*Checkpoint*:Sha256*:*Sha256*:Metrics*:*Metrics*:PlotPngChe
 quick+=":BatchAssembler*:*BatchAssembler*:*PlanWorld.*:ChooseBackend.*"
 quick+=":Report.*:MemoryBudget.*:NcclEnvironment.*:CheckPlacements.*:CheckWorld.*"
 quick+=":CachingCpuAllocator*:CpuAllocatorNames.*:AllFinite.*:DefaultIntraOpThreads.*"
+quick+=":*FusedBatchNorm*:*Projection*"
 # Not under ASan: its shadow memory takes address space an RLIMIT_AS test cannot budget for, and
 # its own SIGSEGV handler reports the guarded allocator's faults before the tests can see them.
 quick+="-CachingCpuAllocatorDeathTest.OutOfMemoryGivesTheCacheBackBeforeFailing"

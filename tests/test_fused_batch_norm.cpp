@@ -186,31 +186,38 @@ TEST(FusedBatchNormInputs, ShortcutInTheOtherLayout) {
   EXPECT_TRUE(torch::equal(a, b));
 }
 
-// The whole model, fused and not: the same loss and gradients in float64, and the module counts
-// batches either way.
+// The whole model in channels-last (where forward_add_relu fuses), fused and not: the same
+// gradients and running statistics in float64, and not the same bits, which shows the fused
+// operation ran.
 TEST(FusedBatchNormModel, ResNetGradientsMatchTheUnfusedModel) {
   torch::manual_seed(5);
-  const auto x = torch::rand({6, 1, 28, 28}, torch::kFloat64);
+  const auto x =
+      torch::rand({6, 1, 28, 28}, torch::kFloat64).contiguous(at::MemoryFormat::ChannelsLast);
   const auto y = torch::randint(0, 10, {6}, torch::kLong);
-  std::vector<std::vector<torch::Tensor>> grads;
+  std::vector<std::vector<torch::Tensor>> results;
   for (const bool fused : {false, true}) {
     ResNetOptions options{10, 1, 4};
     options.fused_batch_norm = fused;
     ResNet model(options);
     init_reference_weights(*model, 11);
     model->to(torch::kFloat64);
+    convert_to_channels_last(*model);
     torch::nn::functional::cross_entropy(model->forward(x), y).backward();
-    std::vector<torch::Tensor> g;
-    for (const auto& p : model->parameters()) g.push_back(p.grad().clone());
-    for (const auto& b : model->buffers()) g.push_back(b.clone());
-    grads.push_back(g);
+    std::vector<torch::Tensor> r;
+    for (const auto& p : model->parameters()) r.push_back(p.grad().clone());
+    for (const auto& b : model->buffers()) r.push_back(b.clone());
+    results.push_back(r);
   }
-  ASSERT_EQ(grads[0].size(), grads[1].size());
-  for (size_t i = 0; i < grads[0].size(); ++i) {
-    const auto& want = grads[0][i];
+  ASSERT_EQ(results[0].size(), results[1].size());
+  bool any_bit_differs = false;
+  for (size_t i = 0; i < results[0].size(); ++i) {
+    const auto& want = results[0][i];
+    const auto& got = results[1][i];
     const double scale = std::max(want.abs().max().item<double>(), 1e-6);
-    EXPECT_LT((grads[1][i] - want).abs().max().item<double>() / scale, 1e-8) << "tensor " << i;
+    EXPECT_LT((got - want).abs().max().item<double>() / scale, 1e-8) << "tensor " << i;
+    any_bit_differs = any_bit_differs || !torch::equal(got, want);
   }
+  EXPECT_TRUE(any_bit_differs) << "fused and unfused agree to the bit: the fused path did not run";
 }
 
 }  // namespace

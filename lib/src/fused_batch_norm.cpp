@@ -23,14 +23,14 @@ namespace dptrain {
 // output (whose sign is the ReLU's mask) and x once for the two per-channel sums and once to
 // write the gradients, and no masked gradient is ever materialised apart from the shortcut's.
 //
-// Numerics: per-channel sums in float64 whatever the input type, as LibTorch's CPU kernel does,
-// and every value centred before it is scaled: the output is (x - mean) * (gamma * inverse_std)
-// + beta, never x * scale + (beta - mean * scale), whose two terms cancel to within float32
-// rounding of their own size when the mean is large against the spread. The mean is carried as
-// two floats (its value and the rest), so x - mean loses nothing beyond x's own rounding. The
-// variance comes from one pass of sums of (x - k) and (x - k)^2 with k a value of the channel
-// itself, which removes the cancellation E[x^2] - mean^2 suffers when the mean is large against the
-// spread. The backward's sum of grad * (x - mean) is centred the same way, never
+// Numerics: per-channel sums in float64 whatever the input type, and every value centred before
+// it is scaled: the output is (x - mean) * (gamma * inverse_std) + beta, never x * scale +
+// (beta - mean * scale), whose two terms cancel to within float32 rounding of their own size
+// when the mean is large against the spread. The mean is carried as two floats (its value and
+// the rest), so x - mean loses nothing beyond x's own rounding. The variance comes from one pass
+// of sums of (x - k) and (x - k)^2 with k a value of the channel itself, which removes the
+// cancellation E[x^2] - mean^2 suffers when the mean is large against the spread. The
+// backward's sum of grad * (x - mean) is centred the same way, never
 // sum(grad * x) - mean * sum(grad).
 //
 // Work is split into a fixed number of parts per call, each part's sums are kept apart and
@@ -136,7 +136,9 @@ constexpr int64_t kLanes = 8;
 // are compiled for AVX-512, AVX2 and the baseline alike and the best the CPU runs is chosen when
 // the program loads (target_clones): LibTorch's own kernels dispatch the same way, and in SSE2
 // alone these loops would be slower than LibTorch's. The file builds with -ffp-contract=off, so
-// no version fuses a multiply and an add: every version gives the same bits.
+// no version fuses a multiply and an add: every version gives the same bits. AddressSanitizer
+// builds keep the baseline alone (an ifunc resolver runs while the program is relocated, before
+// the sanitiser's runtime is up); valgrind, which runs the AVX2 version, checks those.
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__)) && \
     !defined(__SANITIZE_ADDRESS__)
