@@ -162,9 +162,9 @@ inline T relu(T v) {  // keeps a NaN, as LibTorch's relu does
 
 // Channels-last: rows [begin, end) of C values. s1 += x - shift, s2 += (x - shift)^2.
 template <typename T>
-inline void shifted_sums_rows_impl(const T* __restrict x, int64_t begin, int64_t end, int64_t C,
-                                   const double* __restrict shift, double* __restrict s1,
-                                   double* __restrict s2) {
+inline void shifted_sums_rows(const T* __restrict x, int64_t begin, int64_t end, int64_t C,
+                              const double* __restrict shift, double* __restrict s1,
+                              double* __restrict s2) {
   for (int64_t row = begin; row < end; ++row) {
     const T* __restrict values = x + row * C;
     for (int64_t c = 0; c < C; ++c) {
@@ -177,9 +177,9 @@ inline void shifted_sums_rows_impl(const T* __restrict x, int64_t begin, int64_t
 
 // Contiguous: one run of n values of a channel, into kLanes running sums and a tail.
 template <typename T>
-inline void shifted_sums_run_impl(const T* __restrict values, int64_t n, double shift,
-                                  double* __restrict lane1, double* __restrict lane2,
-                                  double* __restrict tail) {
+inline void shifted_sums_run(const T* __restrict values, int64_t n, double shift,
+                             double* __restrict lane1, double* __restrict lane2,
+                             double* __restrict tail) {
   int64_t i = 0;
   for (; i + kLanes <= n; i += kLanes) {
     for (int64_t j = 0; j < kLanes; ++j) {
@@ -198,10 +198,9 @@ inline void shifted_sums_run_impl(const T* __restrict values, int64_t n, double 
 // out = relu((x - hi - lo) * a + b (+ s)), element by element; the per-element coefficients
 // come from per-channel arrays (channels-last, `per_channel` true) or are one value each.
 template <typename T>
-inline void normalise_rows_impl(const T* __restrict x, const T* __restrict s, int64_t begin,
-                                int64_t end, int64_t C, const T* __restrict hi,
-                                const T* __restrict lo, const T* __restrict a,
-                                const T* __restrict b, T* __restrict out) {
+inline void normalise_rows(const T* __restrict x, const T* __restrict s, int64_t begin, int64_t end,
+                           int64_t C, const T* __restrict hi, const T* __restrict lo,
+                           const T* __restrict a, const T* __restrict b, T* __restrict out) {
   for (int64_t row = begin; row < end; ++row) {
     const int64_t at = row * C;
     if (s != nullptr) {
@@ -215,8 +214,8 @@ inline void normalise_rows_impl(const T* __restrict x, const T* __restrict s, in
 }
 
 template <typename T>
-inline void normalise_run_impl(const T* __restrict x, const T* __restrict s, int64_t n, T hi, T lo,
-                               T a, T b, T* __restrict out) {
+inline void normalise_run(const T* __restrict x, const T* __restrict s, int64_t n, T hi, T lo, T a,
+                          T b, T* __restrict out) {
   if (s != nullptr) {
     for (int64_t i = 0; i < n; ++i) out[i] = relu((x[i] - hi - lo) * a + b + s[i]);
   } else {
@@ -226,10 +225,10 @@ inline void normalise_run_impl(const T* __restrict x, const T* __restrict s, int
 
 // Channels-last: s1 += g, s2 += g * (x - mean), g the gradient through the ReLU.
 template <typename T>
-inline void gradient_sums_rows_impl(const T* __restrict grad, const T* __restrict out,
-                                    const T* __restrict x, int64_t begin, int64_t end, int64_t C,
-                                    const T* __restrict hi, const T* __restrict lo,
-                                    double* __restrict s1, double* __restrict s2) {
+inline void gradient_sums_rows(const T* __restrict grad, const T* __restrict out,
+                               const T* __restrict x, int64_t begin, int64_t end, int64_t C,
+                               const T* __restrict hi, const T* __restrict lo,
+                               double* __restrict s1, double* __restrict s2) {
   for (int64_t row = begin; row < end; ++row) {
     const int64_t at = row * C;
     for (int64_t c = 0; c < C; ++c) {
@@ -241,10 +240,10 @@ inline void gradient_sums_rows_impl(const T* __restrict grad, const T* __restric
 }
 
 template <typename T>
-inline void gradient_sums_run_impl(const T* __restrict grad, const T* __restrict out,
-                                   const T* __restrict x, int64_t n, T hi, T lo,
-                                   double* __restrict lane1, double* __restrict lane2,
-                                   double* __restrict tail) {
+inline void gradient_sums_run(const T* __restrict grad, const T* __restrict out,
+                              const T* __restrict x, int64_t n, T hi, T lo,
+                              double* __restrict lane1, double* __restrict lane2,
+                              double* __restrict tail) {
   int64_t i = 0;
   for (; i + kLanes <= n; i += kLanes) {
     for (int64_t j = 0; j < kLanes; ++j) {
@@ -262,11 +261,11 @@ inline void gradient_sums_run_impl(const T* __restrict grad, const T* __restrict
 
 // dx = g * a + (x - mean) * b + d, and ds = g where ds is not null.
 template <typename T>
-inline void input_gradients_rows_impl(const T* __restrict grad, const T* __restrict out,
-                                      const T* __restrict x, int64_t begin, int64_t end, int64_t C,
-                                      const T* __restrict hi, const T* __restrict lo,
-                                      const T* __restrict a, const T* __restrict b,
-                                      const T* __restrict d, T* __restrict dx, T* __restrict ds) {
+inline void input_gradients_rows(const T* __restrict grad, const T* __restrict out,
+                                 const T* __restrict x, int64_t begin, int64_t end, int64_t C,
+                                 const T* __restrict hi, const T* __restrict lo,
+                                 const T* __restrict a, const T* __restrict b,
+                                 const T* __restrict d, T* __restrict dx, T* __restrict ds) {
   for (int64_t row = begin; row < end; ++row) {
     const int64_t at = row * C;
     for (int64_t c = 0; c < C; ++c) {
@@ -280,9 +279,9 @@ inline void input_gradients_rows_impl(const T* __restrict grad, const T* __restr
 }
 
 template <typename T>
-inline void input_gradients_run_impl(const T* __restrict grad, const T* __restrict out,
-                                     const T* __restrict x, int64_t n, T hi, T lo, T a, T b, T d,
-                                     T* __restrict dx, T* __restrict ds) {
+inline void input_gradients_run(const T* __restrict grad, const T* __restrict out,
+                                const T* __restrict x, int64_t n, T hi, T lo, T a, T b, T d,
+                                T* __restrict dx, T* __restrict ds) {
   for (int64_t i = 0; i < n; ++i) {
     const T g = through_relu(grad[i], out[i]);
     dx[i] = g * a + (x[i] - hi - lo) * b + d;
@@ -292,98 +291,63 @@ inline void input_gradients_run_impl(const T* __restrict grad, const T* __restri
   }
 }
 
-// The entry points: float through the per-ISA clones, double as compiled.
+// The float entry points, one per ISA (a call with floats takes these over the templates above);
+// double, used by the tests' references, calls the templates as compiled.
 DPTRAIN_ISA_CLONES void shifted_sums_rows(const float* x, int64_t begin, int64_t end, int64_t C,
                                           const double* shift, double* s1, double* s2) {
-  shifted_sums_rows_impl(x, begin, end, C, shift, s1, s2);
+  shifted_sums_rows<float>(x, begin, end, C, shift, s1, s2);
 }
 DPTRAIN_ISA_CLONES void shifted_sums_run(const float* values, int64_t n, double shift,
                                          double* lane1, double* lane2, double* tail) {
-  shifted_sums_run_impl(values, n, shift, lane1, lane2, tail);
+  shifted_sums_run<float>(values, n, shift, lane1, lane2, tail);
 }
 DPTRAIN_ISA_CLONES void normalise_rows(const float* x, const float* s, int64_t begin, int64_t end,
                                        int64_t C, const float* hi, const float* lo, const float* a,
                                        const float* b, float* out) {
-  normalise_rows_impl(x, s, begin, end, C, hi, lo, a, b, out);
+  normalise_rows<float>(x, s, begin, end, C, hi, lo, a, b, out);
 }
 DPTRAIN_ISA_CLONES void normalise_run(const float* x, const float* s, int64_t n, float hi, float lo,
                                       float a, float b, float* out) {
-  normalise_run_impl(x, s, n, hi, lo, a, b, out);
+  normalise_run<float>(x, s, n, hi, lo, a, b, out);
 }
 DPTRAIN_ISA_CLONES void gradient_sums_rows(const float* grad, const float* out, const float* x,
                                            int64_t begin, int64_t end, int64_t C, const float* hi,
                                            const float* lo, double* s1, double* s2) {
-  gradient_sums_rows_impl(grad, out, x, begin, end, C, hi, lo, s1, s2);
+  gradient_sums_rows<float>(grad, out, x, begin, end, C, hi, lo, s1, s2);
 }
 DPTRAIN_ISA_CLONES void gradient_sums_run(const float* grad, const float* out, const float* x,
                                           int64_t n, float hi, float lo, double* lane1,
                                           double* lane2, double* tail) {
-  gradient_sums_run_impl(grad, out, x, n, hi, lo, lane1, lane2, tail);
+  gradient_sums_run<float>(grad, out, x, n, hi, lo, lane1, lane2, tail);
 }
 DPTRAIN_ISA_CLONES void input_gradients_rows(const float* grad, const float* out, const float* x,
                                              int64_t begin, int64_t end, int64_t C, const float* hi,
                                              const float* lo, const float* a, const float* b,
                                              const float* d, float* dx, float* ds) {
-  input_gradients_rows_impl(grad, out, x, begin, end, C, hi, lo, a, b, d, dx, ds);
+  input_gradients_rows<float>(grad, out, x, begin, end, C, hi, lo, a, b, d, dx, ds);
 }
 DPTRAIN_ISA_CLONES void input_gradients_run(const float* grad, const float* out, const float* x,
                                             int64_t n, float hi, float lo, float a, float b,
                                             float d, float* dx, float* ds) {
-  input_gradients_run_impl(grad, out, x, n, hi, lo, a, b, d, dx, ds);
-}
-void shifted_sums_rows(const double* x, int64_t begin, int64_t end, int64_t C, const double* shift,
-                       double* s1, double* s2) {
-  shifted_sums_rows_impl(x, begin, end, C, shift, s1, s2);
-}
-void shifted_sums_run(const double* values, int64_t n, double shift, double* lane1, double* lane2,
-                      double* tail) {
-  shifted_sums_run_impl(values, n, shift, lane1, lane2, tail);
-}
-void normalise_rows(const double* x, const double* s, int64_t begin, int64_t end, int64_t C,
-                    const double* hi, const double* lo, const double* a, const double* b,
-                    double* out) {
-  normalise_rows_impl(x, s, begin, end, C, hi, lo, a, b, out);
-}
-void normalise_run(const double* x, const double* s, int64_t n, double hi, double lo, double a,
-                   double b, double* out) {
-  normalise_run_impl(x, s, n, hi, lo, a, b, out);
-}
-void gradient_sums_rows(const double* grad, const double* out, const double* x, int64_t begin,
-                        int64_t end, int64_t C, const double* hi, const double* lo, double* s1,
-                        double* s2) {
-  gradient_sums_rows_impl(grad, out, x, begin, end, C, hi, lo, s1, s2);
-}
-void gradient_sums_run(const double* grad, const double* out, const double* x, int64_t n, double hi,
-                       double lo, double* lane1, double* lane2, double* tail) {
-  gradient_sums_run_impl(grad, out, x, n, hi, lo, lane1, lane2, tail);
-}
-void input_gradients_rows(const double* grad, const double* out, const double* x, int64_t begin,
-                          int64_t end, int64_t C, const double* hi, const double* lo,
-                          const double* a, const double* b, const double* d, double* dx,
-                          double* ds) {
-  input_gradients_rows_impl(grad, out, x, begin, end, C, hi, lo, a, b, d, dx, ds);
-}
-void input_gradients_run(const double* grad, const double* out, const double* x, int64_t n,
-                         double hi, double lo, double a, double b, double d, double* dx,
-                         double* ds) {
-  input_gradients_run_impl(grad, out, x, n, hi, lo, a, b, d, dx, ds);
+  input_gradients_run<float>(grad, out, x, n, hi, lo, a, b, d, dx, ds);
 }
 
 // ---- Statistics ---------------------------------------------------------------------------
 
-// Sums of (x - shift) and (x - shift)^2 per channel.
-template <typename T>
-ChannelSums shifted_sums(const T* x, const Layout& layout, const double* shift) {
+// Two sums per channel over all of x's values, in either layout: rows(begin, end, s1, s2) adds
+// rows [begin, end) of a channels-last tensor into s1 and s2 (C each); run(offset, c, lane1,
+// lane2, tail) adds one contiguous run of channel c starting at element `offset`.
+template <typename Rows, typename Run>
+ChannelSums channel_sums(const Layout& layout, const Rows& rows, const Run& run) {
   const int64_t C = layout.channels;
   if (layout.channels_last) {
     ChannelSums sums(at::get_num_threads(), C);
-    const int64_t parts = for_each_part(
-        layout.outer, std::max<int64_t>(1, kValuesPerPart / C),
-        [&](int64_t part, int64_t begin, int64_t end) {
-          PartSums local(C);
-          shifted_sums_rows(x, begin, end, C, shift, local.first.data(), local.second.data());
-          sums.store(part, local);
-        });
+    const int64_t parts = for_each_part(layout.outer, std::max<int64_t>(1, kValuesPerPart / C),
+                                        [&](int64_t part, int64_t begin, int64_t end) {
+                                          PartSums local(C);
+                                          rows(begin, end, local.first.data(), local.second.data());
+                                          sums.store(part, local);
+                                        });
     sums.reduce(parts);
     return sums;
   }
@@ -392,8 +356,7 @@ ChannelSums shifted_sums(const T* x, const Layout& layout, const double* shift) 
     for (int64_t c = first; c < last; ++c) {
       double lane1[kLanes] = {}, lane2[kLanes] = {}, tail[2] = {};
       for (int64_t n = 0; n < layout.outer; ++n) {
-        shifted_sums_run(x + (n * C + c) * layout.inner, layout.inner, shift[c], lane1, lane2,
-                         tail);
+        run((n * C + c) * layout.inner, c, lane1, lane2, tail);
       }
       for (int64_t j = 0; j < kLanes; ++j) {
         tail[0] += lane1[j];
@@ -406,32 +369,51 @@ ChannelSums shifted_sums(const T* x, const Layout& layout, const double* shift) 
   return sums;
 }
 
+// Sums of (x - shift) and (x - shift)^2 per channel.
+template <typename T>
+ChannelSums shifted_sums(const T* x, const Layout& layout, const double* shift) {
+  return channel_sums(
+      layout,
+      [&](int64_t begin, int64_t end, double* s1, double* s2) {
+        shifted_sums_rows(x, begin, end, layout.channels, shift, s1, s2);
+      },
+      [&](int64_t at, int64_t c, double* lane1, double* lane2, double* tail) {
+        shifted_sums_run(x + at, layout.inner, shift[c], lane1, lane2, tail);
+      });
+}
+
 // ---- Forward ------------------------------------------------------------------------------
+
+// One element-wise pass over x's values, in parallel, in either layout: rows(begin, end) takes
+// rows [begin, end) of a channels-last tensor; run(offset, c) one contiguous run of channel c.
+template <typename Rows, typename Run>
+void for_each_value(const Layout& layout, const Rows& rows, const Run& run) {
+  if (layout.channels_last) {
+    for_each_part(layout.outer, std::max<int64_t>(1, kValuesPerPart / layout.channels),
+                  [&](int64_t, int64_t begin, int64_t end) { rows(begin, end); });
+    return;
+  }
+  for_each_part(layout.outer * layout.channels, std::max<int64_t>(1, kValuesPerPart / layout.inner),
+                [&](int64_t, int64_t begin, int64_t end) {
+                  for (int64_t r = begin; r < end; ++r) run(r * layout.inner, r % layout.channels);
+                });
+}
 
 // out = relu((x - mean) * scale + beta (+ shortcut)) per channel.
 template <typename T>
 void normalise_add_relu(const T* x, const T* shortcut, const Layout& layout,
                         const SplitMean<T>& mean, const std::vector<T>& scale,
                         const std::vector<T>& beta, T* out) {
-  const int64_t C = layout.channels;
-  if (layout.channels_last) {
-    for_each_part(layout.outer, std::max<int64_t>(1, kValuesPerPart / C),
-                  [&](int64_t, int64_t begin, int64_t end) {
-                    normalise_rows(x, shortcut, begin, end, C, mean.hi.data(), mean.lo.data(),
-                                   scale.data(), beta.data(), out);
-                  });
-    return;
-  }
-  const int64_t inner = layout.inner;
-  for_each_part(layout.outer * C, std::max<int64_t>(1, kValuesPerPart / inner),
-                [&](int64_t, int64_t begin, int64_t end) {
-                  for (int64_t run = begin; run < end; ++run) {
-                    const int64_t c = run % C;
-                    const int64_t at = run * inner;
-                    normalise_run(x + at, shortcut != nullptr ? shortcut + at : nullptr, inner,
-                                  mean.hi[c], mean.lo[c], scale[c], beta[c], out + at);
-                  }
-                });
+  for_each_value(
+      layout,
+      [&](int64_t begin, int64_t end) {
+        normalise_rows(x, shortcut, begin, end, layout.channels, mean.hi.data(), mean.lo.data(),
+                       scale.data(), beta.data(), out);
+      },
+      [&](int64_t at, int64_t c) {
+        normalise_run(x + at, shortcut != nullptr ? shortcut + at : nullptr, layout.inner,
+                      mean.hi[c], mean.lo[c], scale[c], beta[c], out + at);
+      });
 }
 
 // ---- Backward -----------------------------------------------------------------------------
@@ -441,39 +423,16 @@ void normalise_add_relu(const T* x, const T* shortcut, const Layout& layout,
 template <typename T>
 ChannelSums masked_gradient_sums(const T* grad, const T* out, const T* x, const Layout& layout,
                                  const SplitMean<T>& mean) {
-  const int64_t C = layout.channels;
-  if (layout.channels_last) {
-    ChannelSums sums(at::get_num_threads(), C);
-    const int64_t parts =
-        for_each_part(layout.outer, std::max<int64_t>(1, kValuesPerPart / C),
-                      [&](int64_t part, int64_t begin, int64_t end) {
-                        PartSums local(C);
-                        gradient_sums_rows(grad, out, x, begin, end, C, mean.hi.data(),
-                                           mean.lo.data(), local.first.data(), local.second.data());
-                        sums.store(part, local);
-                      });
-    sums.reduce(parts);
-    return sums;
-  }
-  ChannelSums sums(1, C);
-  const int64_t inner = layout.inner;
-  at::parallel_for(0, C, /*grain_size=*/1, [&](int64_t first, int64_t last) {
-    for (int64_t c = first; c < last; ++c) {
-      double lane1[kLanes] = {}, lane2[kLanes] = {}, tail[2] = {};
-      for (int64_t n = 0; n < layout.outer; ++n) {
-        const int64_t at = (n * C + c) * inner;
-        gradient_sums_run(grad + at, out + at, x + at, inner, mean.hi[c], mean.lo[c], lane1, lane2,
-                          tail);
-      }
-      for (int64_t j = 0; j < kLanes; ++j) {
-        tail[0] += lane1[j];
-        tail[1] += lane2[j];
-      }
-      sums.first[c] = tail[0];
-      sums.second[c] = tail[1];
-    }
-  });
-  return sums;
+  return channel_sums(
+      layout,
+      [&](int64_t begin, int64_t end, double* s1, double* s2) {
+        gradient_sums_rows(grad, out, x, begin, end, layout.channels, mean.hi.data(),
+                           mean.lo.data(), s1, s2);
+      },
+      [&](int64_t at, int64_t c, double* lane1, double* lane2, double* tail) {
+        gradient_sums_run(grad + at, out + at, x + at, layout.inner, mean.hi[c], mean.lo[c], lane1,
+                          lane2, tail);
+      });
 }
 
 // dx = g * a + (x - mean) * b + d per channel, with g masked as above; the masked g itself is
@@ -482,27 +441,17 @@ template <typename T>
 void input_gradients(const T* grad, const T* out, const T* x, const Layout& layout,
                      const SplitMean<T>& mean, const std::vector<T>& a, const std::vector<T>& b,
                      const std::vector<T>& d, T* grad_x, T* grad_shortcut) {
-  const int64_t C = layout.channels;
-  if (layout.channels_last) {
-    for_each_part(layout.outer, std::max<int64_t>(1, kValuesPerPart / C),
-                  [&](int64_t, int64_t begin, int64_t end) {
-                    input_gradients_rows(grad, out, x, begin, end, C, mean.hi.data(),
-                                         mean.lo.data(), a.data(), b.data(), d.data(), grad_x,
-                                         grad_shortcut);
-                  });
-    return;
-  }
-  const int64_t inner = layout.inner;
-  for_each_part(layout.outer * C, std::max<int64_t>(1, kValuesPerPart / inner),
-                [&](int64_t, int64_t begin, int64_t end) {
-                  for (int64_t run = begin; run < end; ++run) {
-                    const int64_t c = run % C;
-                    const int64_t at = run * inner;
-                    input_gradients_run(grad + at, out + at, x + at, inner, mean.hi[c], mean.lo[c],
-                                        a[c], b[c], d[c], grad_x + at,
-                                        grad_shortcut != nullptr ? grad_shortcut + at : nullptr);
-                  }
-                });
+  for_each_value(
+      layout,
+      [&](int64_t begin, int64_t end) {
+        input_gradients_rows(grad, out, x, begin, end, layout.channels, mean.hi.data(),
+                             mean.lo.data(), a.data(), b.data(), d.data(), grad_x, grad_shortcut);
+      },
+      [&](int64_t at, int64_t c) {
+        input_gradients_run(grad + at, out + at, x + at, layout.inner, mean.hi[c], mean.lo[c], a[c],
+                            b[c], d[c], grad_x + at,
+                            grad_shortcut != nullptr ? grad_shortcut + at : nullptr);
+      });
 }
 
 // ---- The autograd function -------------------------------------------------------------------
