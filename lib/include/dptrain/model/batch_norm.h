@@ -32,8 +32,9 @@ class BatchNormImpl : public torch::nn::Module {
   torch::Tensor forward(const torch::Tensor& x);
 
   // relu(forward(x) + shortcut), or relu(forward(x)) with an undefined shortcut. In training
-  // mode on the CPU, per replica, one fused operation (Note [Fusing BatchNorm, the shortcut and
-  // the ReLU]); elsewhere those three steps, the sum and the ReLU in place.
+  // mode on the CPU, per replica, with x channels-last: one fused operation (Note [Fusing
+  // BatchNorm, the shortcut and the ReLU]); elsewhere those three steps, the sum and the ReLU in
+  // place.
   // x, shortcut: (N, C, H, W) -> (N, C, H, W)
   torch::Tensor forward_add_relu(const torch::Tensor& x, const torch::Tensor& shortcut);
 
