@@ -534,7 +534,6 @@ class BatchNormAddRelu : public torch::autograd::Function<BatchNormAddRelu> {
     const T* input = x.data_ptr<T>();
     // The shift: each channel's first value, so the shifted sums stay near the spread.
     std::vector<double> shift(C);
-#pragma GCC ivdep
     for (int64_t c = 0; c < C; ++c) shift[c] = static_cast<double>(input[c * layout.inner]);
     auto sums = shifted_sums(input, layout, shift.data());
     const auto count = static_cast<double>(layout.per_channel());
@@ -546,7 +545,6 @@ class BatchNormAddRelu : public torch::autograd::Function<BatchNormAddRelu> {
     double* variance = stats.variance.data_ptr<double>();
     double* inverse_std = stats.inverse_std.data_ptr<double>();
     std::vector<T> scale(C), beta_t(C);
-#pragma GCC ivdep
     for (int64_t c = 0; c < C; ++c) {
       const double centre = sums.first[c] / count;
       variance[c] = std::max(sums.second[c] / count - centre * centre, 0.0);
@@ -579,7 +577,6 @@ class BatchNormAddRelu : public torch::autograd::Function<BatchNormAddRelu> {
     double* dgamma = grad_weight.data_ptr<double>();
     double* dbeta = grad_bias.data_ptr<double>();
     std::vector<T> a(C), b(C), d(C);
-#pragma GCC ivdep
     for (int64_t c = 0; c < C; ++c) {
       // d/dx of gamma * (x - mean) * s: gamma * s * (g - mean(g) - (x - mean) * s^2 *
       // mean(g * (x - mean))), with g the gradient through the ReLU.
