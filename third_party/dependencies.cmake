@@ -1,12 +1,22 @@
 # The one place where dptrain finds outside libraries.
 # LibTorch: find_package(Torch) -- Debian's 1.13 by default, or a CUDA LibTorch 2.x through
-# CMAKE_PREFIX_PATH. cxxopts (3 or newer) and GoogleTest: Debian's packages, else a pinned
+# CMAKE_PREFIX_PATH, whose CUDA toolkit is found first (cuda_toolkit.cmake) and whose NCCL header
+# is checked against it after (nccl.cmake). cxxopts (3 or newer) and GoogleTest: Debian's packages, else a pinned
 # FetchContent (FETCHCONTENT_SOURCE_DIR_<NAME> points it at local sources: the device kit).
 # zlib and OpenSSL's libcrypto (SHA-256): required. libcurl (dptrain download) and Gloo's headers
 # (--backend gloo): used when found, see DPTRAIN_DOWNLOAD and DPTRAIN_GLOO. libpng: the plot test
 # (DPTRAIN_PLOT_RENDER_TEST). Every search also looks under CMAKE_PREFIX_PATH.
 include(FetchContent)
 include(CheckCXXSourceCompiles)
+
+# dptrain_fail(TEXT...): stops the configure with TEXT as one unwrapped line on stderr
+# ("dptrain: error: ..."), where a user's search for the cause starts; FATAL_ERROR's own block
+# (which CMake wraps at 80 columns) only points at it.
+function(dptrain_fail)
+  string(CONCAT text ${ARGN})
+  message(NOTICE "dptrain: error: ${text}")
+  message(FATAL_ERROR "dptrain: configure stopped: see the 'dptrain: error:' line above")
+endfunction()
 
 set(DPTRAIN_GLOO AUTO CACHE STRING
     "--backend gloo: AUTO (when this LibTorch has Gloo and Gloo headers that compile against it are found) or OFF")
@@ -21,6 +31,8 @@ foreach(knob DPTRAIN_GLOO DPTRAIN_DOWNLOAD)
 endforeach()
 
 # ---- LibTorch ---------------------------------------------------------------
+include(${CMAKE_CURRENT_LIST_DIR}/cuda_toolkit.cmake)
+dptrain_prepare_cuda_toolkit()
 find_package(Torch REQUIRED)
 if(Torch_VERSION VERSION_LESS 1.13)
   message(FATAL_ERROR "dptrain needs LibTorch 1.13 or newer, found ${Torch_VERSION}")
@@ -43,7 +55,9 @@ if(TARGET torch_cuda)
 else()
   set(DPTRAIN_WITH_CUDA OFF)
 endif()
-message(STATUS "dptrain: LibTorch ${Torch_VERSION}, CUDA/NCCL support: ${DPTRAIN_WITH_CUDA}")
+message(STATUS "dptrain: LibTorch ${Torch_VERSION} (${TORCH_INSTALL_PREFIX})")
+message(STATUS "dptrain: CUDA support: ${DPTRAIN_WITH_CUDA}")
+include(${CMAKE_CURRENT_LIST_DIR}/nccl.cmake)
 
 # ---- Gloo headers: --backend gloo ---------------------------------------------------
 # PyPI's LibTorch carries Gloo inside but not its headers, which ProcessGroupGloo.hpp includes.

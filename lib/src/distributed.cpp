@@ -26,7 +26,11 @@
 #define DPTRAIN_HAVE_GLOO 1
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #endif
-#if defined(DPTRAIN_WITH_CUDA) && defined(USE_C10D_NCCL) && TORCH_VERSION_MAJOR >= 2
+// DPTRAIN_WITH_NCCL: third_party/nccl.cmake found the nccl.h of the NCCL version this LibTorch
+// was built with, and it compiles against its ProcessGroupNCCL.hpp (option DPTRAIN_NCCL; Note
+// [nccl.h must be the NCCL LibTorch was built with]).
+#if defined(DPTRAIN_WITH_CUDA) && defined(DPTRAIN_WITH_NCCL) && defined(USE_C10D_NCCL) && \
+    TORCH_VERSION_MAJOR >= 2
 #define DPTRAIN_HAVE_NCCL 1
 #include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
 #endif
