@@ -1,30 +1,58 @@
 #!/usr/bin/env bash
-# Rehearses the GPU machine's call here: builds the device kit (scripts/device-kit.sh), copies the
-# working tree as the device tool sends it (tracked and untracked-not-ignored files, plus the
-# kit) into a minimal Debian root that has only g++, CMake, ninja and ccache -- none of the
-# -dev packages this machine has, so a kit piece that is missing fails here -- and runs
-# bench/gpu_check.sh there against PyPI's torch==2.11.0 (the venv named below, mounted
-# read-only with its Python and the CUDA toolkit). Without a GPU its CUDA steps report
+# Rehearses the GPU machine's call here, in a root shaped like that machine: builds the device kit
+# (scripts/device-kit.sh), copies the working tree as the device tool sends it (tracked and
+# untracked-not-ignored files, plus the kit) into a minimal Debian root that has only g++, CMake,
+# ninja and ccache -- none of the -dev packages this machine has, so a kit piece that is missing
+# fails here -- and runs bench/gpu_check.sh there. Like the GPU machine's image, the root sees
+# PyPI's torch==2.11.0 with its nvidia-* wheels (NCCL, cuDNN, cuBLAS, ... in site-packages; the
+# venv named below, read-only, with its Python) and a CUDA toolkit with nvcc but WITHOUT NCCL or
+# cuDNN: this machine's toolkit has both merged in, which no user's has, so the rehearsal uses a
+# copy with them taken out (hard links, made once). Without a GPU its CUDA steps report
 # "skipped: no GPU" and run their CPU equivalents. Needs root (chroot, mounts); not for CI.
 #
 #   bash scripts/rehearse-device.sh            # results in /var/tmp/dptrain-rehearsal-out
 #
 # Environment: DPTRAIN_REHEARSAL_ROOT (the minimal root; made with debootstrap when missing),
 # DPTRAIN_REHEARSAL_VENV (a venv with torch 2.11, default /work/main/.venv-torch),
-# DPTRAIN_REHEARSAL_OUT, and DPTRAIN_CHECK_BUDGET / DPTRAIN_CHECK_SCALE for gpu_check.sh (two
-# shared cores need far more than the GPU machine's sixteen).
+# DPTRAIN_REHEARSAL_CUDA (the toolkit the root sees as /usr/local/cuda; default: this machine's
+# without NCCL and cuDNN, in /var/tmp/dptrain-rehearsal-cuda; any toolkit root works, one made of
+# PyPI's nvidia-* wheels too), DPTRAIN_REHEARSAL_OUT, DPTRAIN_REHEARSAL_MIRROR (debootstrap's
+# mirror; default: the first of this machine's apt sources), and DPTRAIN_CHECK_BUDGET /
+# DPTRAIN_CHECK_SCALE for gpu_check.sh (two shared cores need far more than the GPU machine's 16).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=${DPTRAIN_REHEARSAL_ROOT:-/var/tmp/dptrain-rehearsal-root}
 venv=${DPTRAIN_REHEARSAL_VENV:-/work/main/.venv-torch}
 out=${DPTRAIN_REHEARSAL_OUT:-/var/tmp/dptrain-rehearsal-out}
-mirror=${DPTRAIN_REHEARSAL_MIRROR:-http://deb.debian.org/debian}
+cuda_bare=/var/tmp/dptrain-rehearsal-cuda
+cuda=${DPTRAIN_REHEARSAL_CUDA:-$cuda_bare}
 
-[ "$(id -u)" -eq 0 ] || { echo "rehearse-device: needs root (chroot and mounts)" >&2; exit 1; }
-[ -x "$venv/bin/python3" ] || { echo "rehearse-device: no venv with torch at $venv" >&2; exit 1; }
+fail() { echo "rehearse-device: $*" >&2; exit 1; }
+[ "$(id -u)" -eq 0 ] || fail "needs root (chroot and mounts)"
+[ -x "$venv/bin/python3" ] || fail "no venv with torch at $venv"
+site=$("$venv/bin/python3" -c 'import os, torch; print(os.path.dirname(os.path.dirname(torch.__file__)))')
+for wheel in nccl/include/nccl.h nccl/lib/libnccl.so.2 cudnn/lib/libcudnn.so.9; do
+  [ -e "$site/nvidia/$wheel" ] || fail "$site/nvidia/$wheel is missing: the venv lacks torch's nvidia-* wheels"
+done
+
+# ---- The toolkit: nvcc and CUDA's own libraries, no NCCL, no cuDNN ---------------------------
+if [ "$cuda" = "$cuda_bare" ] && [ ! -x "$cuda_bare/bin/nvcc" ]; then
+  system_cuda=$(realpath /usr/local/cuda)
+  rm -rf "$cuda_bare.tmp"
+  cp -al "$system_cuda" "$cuda_bare.tmp" 2>/dev/null || cp -a "$system_cuda" "$cuda_bare.tmp"
+  find "$cuda_bare.tmp" \( -iname '*nccl*' -o -iname '*cudnn*' \) -prune -exec rm -rf {} +
+  mv "$cuda_bare.tmp" "$cuda_bare"
+fi
+[ -x "$cuda/bin/nvcc" ] || fail "$cuda/bin/nvcc is missing (DPTRAIN_REHEARSAL_CUDA)"
+leftover=$(find -L "$cuda" \( -iname 'nccl*.h' -o -iname 'libnccl*' -o -iname 'cudnn*.h' -o -iname 'libcudnn*' \) -print -quit)
+[ -z "$leftover" ] || fail "$leftover: the rehearsal's toolkit must have no NCCL or cuDNN"
 
 # ---- The minimal root: a compiler and build tools, no libraries' headers --------------------
 if [ ! -x "$root/usr/bin/g++" ]; then
+  # This machine's own Debian mirror (deb822 or one-line sources), unless one is named.
+  mirror=${DPTRAIN_REHEARSAL_MIRROR:-$(cat /etc/apt/sources.list.d/*.sources /etc/apt/sources.list \
+    2>/dev/null | awk '/^URIs:/ {print $2; exit} /^deb / {print $2; exit}')}
+  [ -n "$mirror" ] || fail "no Debian mirror in this machine's apt sources: set DPTRAIN_REHEARSAL_MIRROR"
   command -v debootstrap >/dev/null || apt-get install -y -qq debootstrap
   debootstrap --variant=minbase --include=g++,cmake,ninja-build,make,ccache,ca-certificates,procps \
     bookworm "$root" "$mirror"
@@ -33,12 +61,11 @@ hidden=(usr/include/cxxopts.hpp usr/include/gtest usr/include/gloo usr/include/c
   usr/include/zlib.h usr/lib/x86_64-linux-gnu/libz.so usr/lib/x86_64-linux-gnu/libz.a
   usr/lib/x86_64-linux-gnu/libcurl.so usr/src/googletest usr/lib/cmake/cxxopts
   usr/share/datasets/fashion-mnist usr/lib/x86_64-linux-gnu/cmake/Torch usr/include/openssl
-  usr/lib/x86_64-linux-gnu/libcrypto.so usr/lib/x86_64-linux-gnu/libcrypto.a)
+  usr/lib/x86_64-linux-gnu/libcrypto.so usr/lib/x86_64-linux-gnu/libcrypto.a
+  usr/include/nccl.h usr/local/include/nccl.h usr/include/cudnn.h usr/local/include/cudnn.h)
+[ ! -L "$root/usr/local/cuda" ] || rm "$root/usr/local/cuda"  # an older rehearsal's link
 for path in "${hidden[@]}"; do
-  if [ -e "$root/$path" ]; then
-    echo "rehearse-device: $root/$path exists: the root is not clean; remove it" >&2
-    exit 1
-  fi
+  [ ! -e "$root/$path" ] || fail "$root/$path exists: the root is not clean; remove it"
 done
 
 # ---- What travels: the tree as the device tool sends it, and the kit --------------------------
@@ -50,7 +77,7 @@ cp -a .device-kit "$root/src/"
 
 # ---- The run: a private mount namespace, torch and CUDA read-only, the cache shared -----------
 python_home=$("$venv/bin/python3" -c 'import sys; print(sys.base_prefix)')
-cuda=$(realpath /usr/local/cuda)
+cuda=$(realpath "$cuda")
 ccache_dir=${CCACHE_DIR:-/work/.ccache}
 mkdir -p "$ccache_dir"
 export root venv python_home cuda ccache_dir out
@@ -66,8 +93,9 @@ unshare --mount --propagation private bash -euo pipefail -c '
   mount -t tmpfs tmpfs "$root/tmp"
   bind "$venv" ro
   bind "$python_home" ro
-  bind "$cuda" ro
-  ln -sfn "$cuda" "$root/usr/local/cuda"
+  mkdir -p "$root/usr/local/cuda"
+  mount --bind "$cuda" "$root/usr/local/cuda"
+  mount -o remount,bind,ro "$root/usr/local/cuda"
   mkdir -p "$root/ccache" "$root/out"
   mount --bind "$ccache_dir" "$root/ccache"
   mount --bind "$out" "$root/out"
