@@ -118,6 +118,10 @@ void add_parallel_training_flags(cxxopts::Options& options) {
        cxxopts::value<std::string>()->default_value("25"), "MIB")
       ("check-replicas", "verify every N steps that all replicas hold the same weights",
        cxxopts::value<std::string>(), "N");
+  options.add_options("Speed")
+      ("cuda-graph", "capture each full batch's whole step in a CUDA graph after a few eager "
+                     "steps, then replay it (CUDA only, one GPU per process, not with gloo)",
+       cxxopts::value<bool>()->default_value("false")->implicit_value("true"));
 }
 
 void add_output_flags(cxxopts::Options& options, bool training) {
@@ -419,6 +423,7 @@ void read_train_flags(const cxxopts::ParseResult& result, TrainCommand& train) {
       parse_integer_flag("seed", text("seed"), 0, std::numeric_limits<int64_t>::max()));
   o.bucket_bytes = parse_integer_flag("bucket-mb", text("bucket-mb"), 1, 65536) * 1024 * 1024;
   o.sync_bn = result["sync-bn"].as<bool>();
+  o.cuda_graph = result["cuda-graph"].as<bool>();
   o.on_nonfinite =
       parse_choice_flag("on-nonfinite", text("on-nonfinite"), {"stop", "skip"}) == "skip"
           ? NonFinite::kSkip

@@ -22,7 +22,9 @@
 #include "dptrain/io/files.h"
 #include "dptrain/io/plot.h"
 #include "dptrain/io/report.h"
+#include "dptrain/model/memory_format.h"
 #include "dptrain/model/model.h"
+#include "dptrain/model/numerics.h"
 #include "dptrain/parallel/devices.h"
 #include "dptrain/parallel/rendezvous.h"
 #include "dptrain/parallel/world_plan.h"
@@ -161,13 +163,20 @@ int run_train(dptrain::TrainCommand command, CheckedStdout& out) {
     out.line(prefix + line);
   };
   if (talk) {
+    // The first line also says what arithmetic runs: the layout kAuto resolved to, the precision,
+    // and on CUDA TF32 and cuDNN's benchmark mode, so an "fp32" figure is read for what it is.
+    const auto& device = world.local_devices.front();
+    const auto layout = dptrain::resolve_memory_format(options.memory_format, device,
+                                                       dptrain::detect_cpu_kernels());
     char header[512];
     std::snprintf(header, sizeof header,
-                  "dptrain: %lld train / %lld test images from %s; width %lld; rank %d of %d",
+                  "dptrain: %lld train / %lld test images from %s; width %lld; rank %d of %d; %s: ",
                   static_cast<long long>(data.train.size()),
                   static_cast<long long>(data.test.size()), data_dir.c_str(),
-                  static_cast<long long>(options.width), world.first_rank, world.world_size);
-    print(header);
+                  static_cast<long long>(options.width), world.first_rank, world.world_size,
+                  dptrain::device_name(device).c_str());
+    print(header +
+          dptrain::describe_arithmetic(device, layout, options.amp, options.cudnn_benchmark));
   }
 
   options.stop_signal = &dptrain::install_stop_handlers();

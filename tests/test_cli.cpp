@@ -322,6 +322,17 @@ TEST(CliParse, FastPathAndRecoveryFlags) {
                      "--checkpoint-every-steps");
 }
 
+// --cuda-graph is a train switch, off by default; where it cannot run is check_world's to say
+// (test_cuda_graph.cpp), and the binary's line is a CliErrors case.
+TEST(CliParse, CudaGraphSwitch) {
+  EXPECT_FALSE(parse({"train"}).train.options.cuda_graph);
+  EXPECT_TRUE(parse({"train", "--cuda-graph"}).train.options.cuda_graph);
+  EXPECT_TRUE(parse({"train", "--cuda-graph=true"}).train.options.cuda_graph);
+  EXPECT_FALSE(parse({"train", "--cuda-graph=false"}).train.options.cuda_graph);
+  expect_parse_error({"train", "--cuda-graph=yes"}, "--cuda-graph: 'yes' is not true or false");
+  expect_parse_error({"eval", "--model", "m.pt", "--cuda-graph"}, "unknown flag '--cuda-graph'");
+}
+
 TEST(CliParse, EvalAndDownloadCommands) {
   const auto eval = parse({"eval", "--checkpoint", "c.dpt", "--devices", "cpu,cpu"});
   EXPECT_EQ(eval.action, ParsedCommandLine::Action::kEval);
@@ -528,6 +539,7 @@ TEST(CliHelp, TrainHelpDescribesEveryFlag) {
                            "--memory-format",
                            "--amp",
                            "--cudnn-benchmark",
+                           "--cuda-graph",
                            "--on-nonfinite",
                            "--checkpoint-dir",
                            "--checkpoint-every",
@@ -675,6 +687,19 @@ const std::vector<ErrorCase> kErrorCases = {
     {"gpus_and_devices", {"train", "--gpus", "1", "--devices", "cpu"}, kUsage, "--devices"},
     {"backend_mpi", {"train", "--backend", "mpi"}, kUsage, "mpi"},
     {"backend_nccl_on_cpu", {"train", "--devices", "cpu", "--backend", "nccl"}, kUsage, "nccl"},
+    {"cuda_graph_on_cpu",
+     {"train", "--devices", "cpu", "--cuda-graph"},
+     kUsage,
+     "--cuda-graph needs CUDA devices"},
+    {"cuda_graph_on_cpu_replicas_over_gloo",
+     {"train", "--devices", "cpu,cpu", "--backend", "gloo", "--cuda-graph", "--batch-size", "2"},
+     kUsage,
+     "--cuda-graph needs CUDA devices"},
+    {"cuda_graph_where_cpu_is_the_default",
+     {"train", "--cuda-graph"},
+     kUsage,
+     "--cuda-graph needs CUDA devices",
+     true},
     {"batch_smaller_than_replicas",
      {"train", "--devices", "cpu,cpu", "--batch-size", "1", "--width", "1"},
      kUsage,
@@ -935,6 +960,22 @@ TEST(CliRun, RealDataOneCpu) {
                   {}, 300);
   expect_successful_run(result, 1, kFinalLineOneCpu);
   EXPECT_TRUE(contains(result.out, "256 train / 128 test images")) << describe(result);
+}
+
+// The first line names the arithmetic that runs (numerics.h): layout and precision on the CPU.
+TEST(CliRun, FirstLineSaysTheLayoutAndPrecision) {
+  const auto data = testing::real_data_dir();
+  if (!data) GTEST_SKIP() << "no Fashion-MNIST found (set DPTRAIN_DATA or install it)";
+  const auto result =
+      run_dptrain({"train",      "--devices",     "cpu", "--width",      "2",  "--epochs",
+                   "1",          "--train-limit", "64",  "--test-limit", "32", "--batch-size",
+                   "32",         "--threads",     "1",   "--max-steps",  "1",  "--memory-format",
+                   "contiguous", "--amp",         "bf16"},
+                  {}, 300);
+  ASSERT_EQ(result.exit_code, 0) << describe(result);
+  const auto first_line = result.out.substr(0, result.out.find('\n'));
+  EXPECT_TRUE(contains(first_line, "; width 2; rank 0 of 1; cpu: contiguous, bf16 autocast"))
+      << first_line;
 }
 
 TEST(CliRun, RealDataTwoCpuReplicas) {

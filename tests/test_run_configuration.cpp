@@ -43,6 +43,9 @@ TEST(RunSettings, EachDifferenceIsNamedWithBothValues) {
       {[](TrainOptions& o) { o.seed = 3; }, "--seed 3, rank 0 with --seed 0"},
       {[](TrainOptions& o) { o.sync_bn = true; }, "--sync-bn on, rank 0 with --sync-bn off"},
       {[](TrainOptions& o) { o.amp = Amp::kBFloat16; }, "--amp bf16, rank 0 with --amp off"},
+      // NCCL: whether a collective is captured in a graph must be the same on every rank.
+      {[](TrainOptions& o) { o.cuda_graph = true; },
+       "--cuda-graph on, rank 0 with --cuda-graph off"},
       {[](TrainOptions& o) { o.epochs = 3; }, "--epochs 3"},
       {[](TrainOptions& o) { o.bucket_bytes = 1024 * 1024; }, "--bucket-mb 1, rank 0 with"},
       {[](TrainOptions& o) { o.on_nonfinite = NonFinite::kSkip; }, "--on-nonfinite skip"},

@@ -27,6 +27,7 @@
 #include "dptrain/parallel/replicas.h"
 #include "dptrain/parallel/run_configuration.h"
 #include "dptrain/train/checkpoint_directory.h"
+#include "dptrain/train/cuda_graph_step.h"
 #include "dptrain/train/finite.h"
 
 namespace dptrain {
@@ -356,6 +357,7 @@ struct Replica {
   const DeviceSplit& train;
   const DeviceSplit& test;
   int64_t batches_per_epoch;
+  CudaGraphStep* graph;  // --cuda-graph: every step goes through it; null without the flag
 };
 
 // The book's step on this rank's shard x (n, 1, 28, 28), y (n) of a global batch of
@@ -389,6 +391,35 @@ std::pair<torch::Tensor, torch::Tensor> train_step(Replica& r, const torch::Tens
   loss.backward();
   r.reducer.finalize_backward();
   return {loss_sum, logits};
+}
+
+// Whether the SGD update is part of the graphed step. Under kStop a step always updates (a bad
+// one is reported at the next host check), so the graph captures the update with the step; kSkip
+// must read the gradient's verdict on the host first. Eager steps keep the update after the
+// non-finite check, in the order (and so with the allocations) they always had.
+bool update_in_step(const Replica& r) {
+  return r.graph != nullptr && r.options.on_nonfinite == NonFinite::kStop;
+}
+
+// The step as the loop runs it: train_step and, where it belongs to the step, the update;
+// captured once and replayed with --cuda-graph (Note [Capturing the whole step] in
+// cuda_graph_step.cpp). Returns the shard's summed loss () and logits (n, 10).
+std::pair<torch::Tensor, torch::Tensor> run_step(Replica& r, const torch::Tensor& x,
+                                                 const torch::Tensor& y, int64_t global_batch) {
+  const auto body = [&r, global_batch](const torch::Tensor& bx, const torch::Tensor& by) {
+    auto [loss_sum, logits] = train_step(r, bx, by, global_batch);
+    if (update_in_step(r)) r.reducer.sgd_step(r.options.lr);
+    return std::vector<torch::Tensor>{loss_sum, logits};
+  };
+  const auto outputs = r.graph ? r.graph->run(x, y, body) : body(x, y);
+  return {outputs.at(0), outputs.at(1)};
+}
+
+// Before the host reads what the steps wrote: the last graph replay (whose collectives the
+// communicator cannot see), then the communicator's own collectives, each within the timeout.
+void wait_host(Replica& r, const std::string& what) {
+  if (r.graph) r.graph->wait_host(what);
+  r.communicator.wait_host(what);
 }
 
 // Where a rank is in its run.
@@ -439,10 +470,11 @@ EpochSteps train_epoch(Replica& r, Position& at, Tally& tally, double seconds_be
     const auto index = order.narrow(0, begin + shard_begin, shard_end - shard_begin);  // (n)
     // x: (n, 1, 28, 28), y: (n), in buffers reused by every step.
     const auto [x, y] = r.assembler.gather(r.train.images, r.train.labels, index);
-    const auto [loss_sum, logits] = train_step(r, x, y, global_batch);
+    const auto [loss_sum, logits] = run_step(r, x, y, global_batch);
     ++at.global_step;
+    if (r.graph && !update_in_step(r)) r.graph->wait_host("the non-finite check");
     if (guard.allow_update(r.reducer, at.global_step, r.communicator)) {
-      r.reducer.sgd_step(options.lr);
+      if (!update_in_step(r)) r.reducer.sgd_step(options.lr);
       tally.add(loss_sum, logits, y);
       guard.keep_buffers();
     }
@@ -452,23 +484,24 @@ EpochSteps train_epoch(Replica& r, Position& at, Tally& tally, double seconds_be
     // Each side concern, one block: the step callback, the progress report, the replica check,
     // and the host check point (a stop request, a non-finite step).
     if (reporter && callbacks.on_step) {
-      r.communicator.wait_host("the step callback");
+      wait_host(r, "the step callback");
       callbacks.on_step(StepStats{at.epoch + 1, at.step, r.batches_per_epoch,
                                   loss_sum.item<double>() / std::max<int64_t>(index.size(0), 1)});
     }
     if (reporter && callbacks.on_progress && options.progress_every > 0 &&
         (at.step % options.progress_every == 0 || at.step == r.batches_per_epoch)) {
-      r.communicator.wait_host("the progress report");
+      wait_host(r, "the progress report");
       const auto running = means_of(tally.read());
       callbacks.on_progress(ProgressStats{at.epoch + 1, options.epochs, at.step,
                                           r.batches_per_epoch, at.images, elapsed(), running.loss,
                                           running.accuracy});
     }
     if (options.check_replicas_every > 0 && at.global_step % options.check_replicas_every == 0) {
+      wait_host(r, "the replica check");
       check_replicas_identical(*r.model, r.communicator, at.global_step);
     }
     if (at.global_step % check_every == 0 && at.step < r.batches_per_epoch) {
-      r.communicator.wait_host("the step's host check");
+      wait_host(r, "the step's host check");
       guard.throw_if_bad_step(last_checkpoint);
       result.stop = agreed_stop_signal(options.stop_signal, r.communicator, r.plan.device);
       if (result.stop != 0) break;
@@ -485,7 +518,7 @@ EpochSteps train_epoch(Replica& r, Position& at, Tally& tally, double seconds_be
           std::chrono::duration<double>(std::chrono::steady_clock::now() - save_start).count();
     }
   }
-  r.communicator.wait_host("the end of the epoch");
+  wait_host(r, "the end of the epoch");
   synchronize(r.plan.device);
   result.seconds = elapsed();
   guard.throw_if_bad_step(last_checkpoint);
@@ -638,15 +671,32 @@ TrainResult run_rank(const FashionMnist& data, const TrainOptions& options, cons
   result.parameter_count = count_parameters(*model);
   const DeviceSplit train = to_device(data.train, plan.device);
   const DeviceSplit test = to_device(data.test, plan.device);
-  // The reducer also takes over the parameters' storage, for its one-update-per-bucket SGD.
-  Reducer reducer(model->parameters(), communicator, options.bucket_bytes);
   const int64_t num_train = data.train.size();
+  // --cuda-graph: made before the reducer, which must be made on the graph's stream.
+  std::unique_ptr<CudaGraphStep> graph;
+  if (options.cuda_graph) {
+    const auto [begin, end] = shard_range(options.batch_size, plan.world_size, plan.rank);
+    graph = std::make_unique<CudaGraphStep>(plan.device, communicator, end - begin);
+  }
+  // The reducer also takes over the parameters' storage, for its one-update-per-bucket SGD.
+  std::unique_ptr<Reducer> reducer_owner;
+  const auto make_reducer = [&] {
+    reducer_owner =
+        std::make_unique<Reducer>(model->parameters(), communicator, options.bucket_bytes);
+  };
+  if (graph) {
+    graph->on_graph_stream(make_reducer);
+  } else {
+    make_reducer();
+  }
+  Reducer& reducer = *reducer_owner;
   BatchAssembler assembler(
       shard_range(std::min(options.batch_size, num_train), plan.world_size, 0).second, plan.device,
       channels_last(options));
-  Replica replica{options, plan,    communicator,
-                  model,   reducer, assembler,
-                  train,   test,    num_batches(num_train, options.batch_size)};
+  Replica replica{options,    plan,    communicator,
+                  model,      reducer, assembler,
+                  train,      test,    num_batches(num_train, options.batch_size),
+                  graph.get()};
   Checkpointer checkpointer(
       options, checkpoint_config(options, num_train, plan.world_size, plan.train_digest), model,
       communicator, plan.device);
@@ -671,6 +721,7 @@ TrainResult run_rank(const FashionMnist& data, const TrainOptions& options, cons
     save_model_atomically(model, *options.save_model);
   }
   result.skipped_steps = guard.skipped();
+  result.graph_replays = graph ? graph->replays() : 0;
   world.leave();
   return result;
 }

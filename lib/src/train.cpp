@@ -37,6 +37,7 @@
 #include "dptrain/parallel/run_configuration.h"
 #include "dptrain/train/checkpoint.h"
 #include "dptrain/train/checkpoint_directory.h"
+#include "dptrain/train/cuda_graph_step.h"
 #include "dptrain/train/memory_budget.h"
 #include "rank.h"
 
@@ -115,7 +116,8 @@ void check_world(const TrainOptions& options, const WorldPlan& world) {
   if (options.backend == Backend::kNccl && !backend_available(Backend::kNccl)) {
     throw UsageError(
         "--backend nccl: this build of dptrain has no NCCL (it needs a CUDA LibTorch with NCCL "
-        "at build time); use --backend gloo");
+        "and the nccl.h of its NCCL version at build time: see CMake's 'NCCL support' line); "
+        "use --backend gloo");
   }
   if ((world.world_size > 1 || options.process_group_for_one) &&
       !backend_available(options.backend)) {
@@ -124,6 +126,7 @@ void check_world(const TrainOptions& options, const WorldPlan& world) {
                      "libgloo-dev, at build time)");
   }
   if (options.sync_bn) check_sync_bn_devices(world.local_devices);
+  check_cuda_graph(options, world, cuda_graph_available());
   if (options.backend == Backend::kNccl) {
     for (size_t i = 0; i < world.local_devices.size(); ++i) {
       if (!world.local_devices[i].is_cuda()) {

@@ -64,6 +64,7 @@ struct TrainResult {
   std::optional<std::string> last_checkpoint;
   int stopped_by = 0;         // the signal that stopped the run early, or 0
   int64_t skipped_steps = 0;  // steps left out under NonFinite::kSkip
+  int64_t graph_replays = 0;  // --cuda-graph: steps replayed from the CUDA graph, not eager
 };
 
 // What evaluate_weights() returns (train.h).

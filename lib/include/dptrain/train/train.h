@@ -51,6 +51,9 @@ struct TrainOptions {
   MemoryFormat memory_format = MemoryFormat::kAuto;
   bool cudnn_benchmark = true;  // let cuDNN time its algorithms for each shape (CUDA only)
   Amp amp = Amp::kOff;          // autocast the forward pass
+  // Capture each full batch's whole step in one CUDA graph after a few eager steps, and replay
+  // it (cuda_graph_step.h): one GPU per process, NCCL or none; refused elsewhere (check_world).
+  bool cuda_graph = false;
   int64_t bucket_bytes = kDefaultBucketBytes;
   int64_t check_replicas_every = 0;  // verify bit-identical replicas every N steps; 0 = never
   std::chrono::milliseconds timeout{std::chrono::minutes(5)};
