@@ -197,7 +197,7 @@ log_details() {
     grep -E '^\[  (PASSED|FAILED)  \] [0-9]+ tests?|^\[  SKIPPED \] [0-9]+ tests?' "$log"
     grep -A1 ': Skipped$' "$log" | grep -vE ': Skipped$|^--$' | sort | uniq -c | sed 's/^ */skipped: /'
     grep -E ': Failure$|^\[  FAILED  \] [A-Za-z]|^\[ note \]|^error: ' "$log" | head -n 30
-    awk '/^\[ RUN      \]/ { t = $NF } /^\[       (OK|SKIPPED) \]|^\[  FAILED  \] [A-Za-z]/ { t = "" }
+    awk '/^\[ RUN      \]/ { t = $NF } /^\[ +(OK|SKIPPED) \]|^\[  FAILED  \] [A-Za-z]/ { t = "" }
       END { if (t != "") print "ended inside: " t }' "$log"
     echo '```'
   done
@@ -396,9 +396,10 @@ if [ "$GPU" = 1 ]; then
   PEER=(--device cuda --batch-size 256 --lr 0.1 --width 64)
   PEER_BOOK_EPOCHS=3
   NCCL_ONE=(--gpus 1 --backend nccl --epochs 2 --check-replicas 50)
-  # 40 steps of batch 256; cuDNN's benchmark off so that the two runs pick the same kernels.
-  SYNC=(--gpus 1 --backend nccl --amp bf16 --cudnn-benchmark off --epochs 1 --train-limit 10240
-    --test-limit 2560)
+  # One step of batch 256 (gpu_summary.py: SYNC_BN_BOUND); cuDNN's benchmark off so that the two
+  # runs pick the same kernels.
+  SYNC=(--gpus 1 --backend nccl --amp bf16 --cudnn-benchmark off --epochs 1 --max-steps 1
+    --train-limit 2560 --test-limit 2560)
   FAULTS='NcclProcesses.*:GlooCudaProcesses.*'
 else
   # One OpenMP thread per process: a few shared cores, oversubscribed by several spinning
@@ -410,7 +411,7 @@ else
   NCCL_ONE=(--devices cpu --width 8 --memory-format contiguous --backend gloo --epochs 1
     --train-limit 1024 --test-limit 256 --check-replicas 2)
   SYNC=(--devices cpu --width 8 --memory-format contiguous --backend gloo --amp bf16 --epochs 1
-    --train-limit 1024 --test-limit 256)
+    --max-steps 1 --train-limit 1024 --test-limit 256)
   FAULTS='NcclProcesses.*:GlooCudaProcesses.*:MultiProcess.KilledRankMakesTheOtherFailWithinTheTimeout'
 fi
 BOOK=(--batch-size 256 --lr 0.1 --epochs "$BOOK_EPOCHS" --data-dir "$DATA")
