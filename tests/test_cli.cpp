@@ -1579,7 +1579,11 @@ TEST(CliLostWork, FifosAreRefusedAtOnce) {
 TEST(CliLostWork, SecondRunInTheSameCheckpointDirectoryIsRefusedNamingTheHolder) {
   TempDir dir;
   const std::string checkpoints = dir.file("ck");
-  const auto first = testing::spawn_command(long_run_args(checkpoints), {}, dir.file("first"));
+  // No end-of-epoch checkpoint: a fast CPU finishes the first 1,024-image epoch while the second
+  // run starts and is refused, and the one checkpoint counted below is the stop's.
+  auto first_args = long_run_args(checkpoints);
+  first_args.insert(first_args.end(), {"--checkpoint-every", "1000"});
+  const auto first = testing::spawn_command(first_args, {}, dir.file("first"));
   bool training = false;
   for (int i = 0; i < 1200 && !training; ++i) {  // up to 60 s for the first step
     training = contains(read_text(first.err_path), " step ");
