@@ -217,9 +217,9 @@ function(dptrain_prepare_cuda_toolkit)
   endif()
 
   set(CUDAToolkit_ROOT "${toolkit}" CACHE PATH "The CUDA toolkit (dptrain: the root of nvcc)" FORCE)
-  set(CUDA_TOOLKIT_ROOT_DIR "${toolkit}" CACHE PATH "The CUDA toolkit, for LibTorch's FindCUDA" FORCE)
+  set(CUDA_TOOLKIT_ROOT_DIR "${toolkit}" CACHE PATH "The CUDA toolkit, for LibTorch's FindCUDA"
+      FORCE)
   set(CMAKE_CUDA_COMPILER "${nvcc}" CACHE FILEPATH "nvcc" FORCE)
-  set(DPTRAIN_CUDA_SITE_PACKAGES "${site}" PARENT_SCOPE)
   message(STATUS "dptrain: CUDA: nvcc ${nvcc} (${nvcc_release}); headers ${cuda_h}")
   foreach(line IN LISTS taken)
     message(STATUS "dptrain: CUDA: ${line}")

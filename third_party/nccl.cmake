@@ -78,10 +78,10 @@ else()
     endif()
   endforeach()
   if(NOT dptrain_nccl_header)
-    set(dptrain_nccl_why "no nccl.h beside LibTorch (${dptrain_site}/nvidia/nccl/include), in "
+    string(CONCAT dptrain_nccl_why
+        "no nccl.h beside LibTorch (${dptrain_site}/nvidia/nccl/include), in "
         "the CUDA toolkit or the system: install nvidia-nccl-cu13==${dptrain_nccl_expected} or "
         "pass -DDPTRAIN_NCCL_INCLUDE_DIR=DIR")
-    string(CONCAT dptrain_nccl_why ${dptrain_nccl_why})
   else()
     dptrain_header_version(dptrain_nccl_found "${dptrain_nccl_header}/nccl.h" NCCL)
     if(dptrain_nccl_expected AND NOT dptrain_nccl_found VERSION_EQUAL dptrain_nccl_expected)
@@ -93,10 +93,10 @@ else()
               "-DDPTRAIN_NCCL=OFF to build without NCCL")
     endif()
     if(NOT dptrain_nccl_expected)
-      set(dptrain_nccl_why "the NCCL version this LibTorch was built with is unknown (no "
+      string(CONCAT dptrain_nccl_why
+          "the NCCL version this LibTorch was built with is unknown (no "
           "nvidia-nccl pin, no nccl.h beside it), so ${dptrain_nccl_header}/nccl.h "
           "(${dptrain_nccl_found}) cannot be checked against it")
-      string(CONCAT dptrain_nccl_why ${dptrain_nccl_why})
     else()
       # The probe: ProcessGroupNCCL.hpp with this header, as distributed.cpp compiles it (the
       # torch targets' includes and definitions by hand: try_compile cannot import them whole).
@@ -133,9 +133,9 @@ int dptrain_nccl_probe() {
         set(DPTRAIN_NCCL_FOUND_VERSION "${dptrain_nccl_found}")
         set(DPTRAIN_NCCL_HEADER_DIR "${dptrain_nccl_header}")
       else()
-        set(dptrain_nccl_why "${dptrain_nccl_header}/nccl.h does not compile against this "
+        string(CONCAT dptrain_nccl_why
+            "${dptrain_nccl_header}/nccl.h does not compile against this "
             "LibTorch's ProcessGroupNCCL.hpp (CMakeFiles/CMakeError.log has the compiler's words)")
-        string(CONCAT dptrain_nccl_why ${dptrain_nccl_why})
       endif()
     endif()
   endif()
