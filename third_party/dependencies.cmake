@@ -30,6 +30,23 @@ foreach(knob DPTRAIN_GLOO DPTRAIN_DOWNLOAD)
   endif()
 endforeach()
 
+# dptrain_probe_torch_header(RESULT SOURCE INCLUDES DEFINITIONS): whether SOURCE, which includes
+# LibTorch headers, compiles (no link) with the include folders and compile definitions given as
+# lists and LibTorch's flags, as dptrain's own sources are compiled; cached in RESULT. The Gloo
+# and NCCL probes use it.
+function(dptrain_probe_torch_header result source includes definitions)
+  set(CMAKE_REQUIRED_QUIET ON)
+  set(CMAKE_TRY_COMPILE_TARGET_TYPE STATIC_LIBRARY)  # headers only: nothing to link
+  set(CMAKE_REQUIRED_INCLUDES ${includes})
+  set(CMAKE_REQUIRED_FLAGS "-std=c++17 ${TORCH_CXX_FLAGS}")
+  set(CMAKE_REQUIRED_DEFINITIONS)
+  foreach(definition IN LISTS definitions)
+    list(APPEND CMAKE_REQUIRED_DEFINITIONS -D${definition})
+  endforeach()
+  check_cxx_source_compiles("${source}" ${result})
+  set(${result} "${${result}}" PARENT_SCOPE)
+endfunction()
+
 # ---- LibTorch ---------------------------------------------------------------
 include(${CMAKE_CURRENT_LIST_DIR}/cuda_toolkit.cmake)
 dptrain_prepare_cuda_toolkit()
@@ -69,26 +86,13 @@ if(DPTRAIN_GLOO STREQUAL "AUTO")
   find_path(DPTRAIN_GLOO_INCLUDE_DIR gloo/algorithm.h)
   if(DPTRAIN_GLOO_INCLUDE_DIR)
     get_target_property(torch_definitions torch_cpu INTERFACE_COMPILE_DEFINITIONS)
-    set(CMAKE_REQUIRED_QUIET ON)
-    set(CMAKE_TRY_COMPILE_TARGET_TYPE STATIC_LIBRARY)  # headers only: nothing to link
-    set(CMAKE_REQUIRED_INCLUDES ${dptrain_torch_includes} ${DPTRAIN_GLOO_INCLUDE_DIR})
-    set(CMAKE_REQUIRED_FLAGS "-std=c++17 ${TORCH_CXX_FLAGS}")
-    set(CMAKE_REQUIRED_DEFINITIONS)
-    foreach(definition IN LISTS torch_definitions)
-      list(APPEND CMAKE_REQUIRED_DEFINITIONS -D${definition})
-    endforeach()
-    check_cxx_source_compiles([[
+    dptrain_probe_torch_header(DPTRAIN_GLOO_COMPILES [[
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #if !defined(USE_C10D_GLOO)
 #error "this LibTorch was built without Gloo"
 #endif
 int dptrain_gloo_probe() { return static_cast<int>(sizeof(c10d::ProcessGroupGloo::Options)); }
-]] DPTRAIN_GLOO_COMPILES)
-    unset(CMAKE_REQUIRED_QUIET)
-    unset(CMAKE_TRY_COMPILE_TARGET_TYPE)
-    unset(CMAKE_REQUIRED_INCLUDES)
-    unset(CMAKE_REQUIRED_FLAGS)
-    unset(CMAKE_REQUIRED_DEFINITIONS)
+]] "${dptrain_torch_includes};${DPTRAIN_GLOO_INCLUDE_DIR}" "${torch_definitions}")
     if(DPTRAIN_GLOO_COMPILES)
       set(DPTRAIN_WITH_GLOO ON)
     else()

@@ -101,19 +101,10 @@ else()
       # The probe: ProcessGroupNCCL.hpp with this header, as distributed.cpp compiles it (the
       # torch targets' includes and definitions by hand: try_compile cannot import them whole).
       get_target_property(dptrain_torch_cpu_definitions torch_cpu INTERFACE_COMPILE_DEFINITIONS)
-      set(CMAKE_REQUIRED_QUIET ON)
-      set(CMAKE_TRY_COMPILE_TARGET_TYPE STATIC_LIBRARY)  # headers only: nothing to link
-      set(CMAKE_REQUIRED_INCLUDES ${dptrain_torch_includes} ${CUDAToolkit_INCLUDE_DIRS}
-          "${dptrain_nccl_header}")
-      set(CMAKE_REQUIRED_FLAGS "-std=c++17 ${TORCH_CXX_FLAGS}")
-      set(CMAKE_REQUIRED_DEFINITIONS)
-      foreach(definition IN LISTS dptrain_torch_cpu_definitions dptrain_torch_cuda_definitions)
-        list(APPEND CMAKE_REQUIRED_DEFINITIONS -D${definition})
-      endforeach()
       # One cached answer per header and version, so that pointing at another header probes again.
       string(MD5 dptrain_nccl_key "${dptrain_nccl_header};${dptrain_nccl_found};${Torch_VERSION}")
       string(SUBSTRING "${dptrain_nccl_key}" 0 12 dptrain_nccl_key)
-      check_cxx_source_compiles([[
+      dptrain_probe_torch_header(DPTRAIN_NCCL_COMPILES_${dptrain_nccl_key} [[
 #include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
 #if !defined(USE_C10D_NCCL)
 #error "this LibTorch was built without NCCL"
@@ -121,13 +112,9 @@ else()
 int dptrain_nccl_probe() {
   return static_cast<int>(sizeof(c10d::ProcessGroupNCCL::Options)) + NCCL_VERSION_CODE;
 }
-]] DPTRAIN_NCCL_COMPILES_${dptrain_nccl_key})
+]] "${dptrain_torch_includes};${CUDAToolkit_INCLUDE_DIRS};${dptrain_nccl_header}"
+        "${dptrain_torch_cpu_definitions};${dptrain_torch_cuda_definitions}")
       set(DPTRAIN_NCCL_COMPILES ${DPTRAIN_NCCL_COMPILES_${dptrain_nccl_key}})
-      unset(CMAKE_REQUIRED_QUIET)
-      unset(CMAKE_TRY_COMPILE_TARGET_TYPE)
-      unset(CMAKE_REQUIRED_INCLUDES)
-      unset(CMAKE_REQUIRED_FLAGS)
-      unset(CMAKE_REQUIRED_DEFINITIONS)
       if(DPTRAIN_NCCL_COMPILES)
         set(DPTRAIN_WITH_NCCL ON)
         set(DPTRAIN_NCCL_FOUND_VERSION "${dptrain_nccl_found}")
