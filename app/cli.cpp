@@ -64,7 +64,8 @@ void add_training_flags(cxxopts::Options& options) {
        cxxopts::value<std::string>(), "N")
       ("on-nonfinite", "a step whose gradient is NaN or infinite: stop (with an error) or skip",
        cxxopts::value<std::string>()->default_value("stop"), "WHAT")
-      ("save-model", "write the final weights to FILE (torch::save)",
+      ("save-model", "write the final weights to FILE (dptrain's checkpoint format: plain "
+                     "tensors, no code)",
        cxxopts::value<std::string>(), "FILE");
   options.add_options("Checkpoints")
       ("checkpoint-dir", "write a checkpoint into DIR after every --checkpoint-every epochs, "
@@ -164,7 +165,8 @@ cxxopts::Options eval_options() {
   options.add_options("Weights")
       ("checkpoint", "a checkpoint written by train --checkpoint-dir (its width is in the file)",
        cxxopts::value<std::string>(), "FILE")
-      ("model", "a file written by train --save-model (give its --width)",
+      ("model", "a file written by train --save-model (its width is in the file; a --width "
+                "given must match it)",
        cxxopts::value<std::string>(), "FILE");
   add_data_flags(options);
   add_device_flags(options);
@@ -463,6 +465,7 @@ void read_eval_flags(const cxxopts::ParseResult& result, EvalCommand& eval) {
   if (eval.checkpoint && result.count("width")) {
     throw UsageError("--width: a checkpoint records its width; give --width only with --model");
   }
+  eval.width_given = result.count("width") > 0;
 }
 
 void read_download_flags(const cxxopts::ParseResult& result, DownloadCommand& download) {

@@ -35,7 +35,8 @@ struct TrainCommand {
 struct EvalCommand {
   TrainCommand common;
   std::optional<std::string> checkpoint;  // a dptrain checkpoint (its width is in the file)
-  std::optional<std::string> model;       // a --save-model file, read with --width
+  std::optional<std::string> model;       // a --save-model file (also records its width)
+  bool width_given = false;               // --width on the command line: checked against --model
 };
 
 // `dptrain download`: the four Fashion-MNIST files into a directory.

@@ -1,9 +1,9 @@
 // dptrain's entry point: parse the command line, wire the library's pieces together, and turn
 // every failure into one "error:" line and an exit status (2 for usage, 1 for run time).
 #include <c10/util/Exception.h>
-#include <torch/serialize.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
 #include <chrono>
 #include <csignal>
@@ -12,7 +12,7 @@
 #include <exception>
 #include <functional>
 #include <memory>
-#include <sstream>
+#include <optional>
 #include <string>
 
 #include "cli.h"
@@ -29,6 +29,7 @@
 #include "dptrain/parallel/rendezvous.h"
 #include "dptrain/parallel/world_plan.h"
 #include "dptrain/train/checkpoint.h"
+#include "dptrain/train/checkpoint_directory.h"
 #include "dptrain/train/train.h"
 #include "progress.h"
 #include "rendezvous_watchdog.h"
@@ -42,6 +43,17 @@ constexpr int kExitUsage = 2;
 
 using dptrain::UsageError;
 
+// A stop request that arrived before the first step: nothing trained, nothing to save.
+class StoppedBeforeTheFirstStep : public std::exception {
+ public:
+  explicit StoppedBeforeTheFirstStep(int signal_number) : signal_number_(signal_number) {}
+  int signal_number() const { return signal_number_; }
+  const char* what() const noexcept override { return "stopped before the first step"; }
+
+ private:
+  int signal_number_;
+};
+
 // One line: c10 errors carry a C++ backtrace after the first line, which is not for users.
 std::string first_line(const std::string& text) { return text.substr(0, text.find('\n')); }
 
@@ -53,7 +65,10 @@ class CheckedStdout {
  public:
   // Writes one line; a failure is remembered and requests a stop.
   void line(const std::string& text) {
-    const int error = dptrain::write_and_flush(stdout, text + "\n");
+    // A standard output that was closed at start is /dev/null now (signals.h): still an error.
+    const int error = dptrain::standard_output_was_closed()
+                          ? EBADF
+                          : dptrain::write_and_flush(stdout, text + "\n");
     if (error == 0 || error_ != 0) return;
     error_ = error;
     dptrain::request_stop(SIGPIPE);
@@ -80,6 +95,14 @@ class CheckedStdout {
 // bad one fails now, not after the training (train() checks --save-model and the checkpoint
 // directory the same way, for callers of the library).
 void check_train_outputs(const dptrain::TrainCommand& command, bool writer) {
+  if (command.options.checkpoint_dir) {
+    // Every rank reads it (a shared file system under a launcher), so every rank checks it.
+    try {
+      dptrain::prepare_checkpoint_directory(*command.options.checkpoint_dir);
+    } catch (const dptrain::DataError& e) {
+      throw UsageError(std::string("--checkpoint-dir: ") + e.what());
+    }
+  }
   if (command.metrics) dptrain::check_metrics_path(*command.metrics);
   if (command.plot) dptrain::check_plot_path(*command.plot);
   if (!writer) return;
@@ -94,15 +117,19 @@ void check_train_outputs(const dptrain::TrainCommand& command, bool writer) {
 // interrupt, this bounds the one it cannot (rendezvous_watchdog.h), with a margin for the
 // library's own diagnosis to come first.
 std::unique_ptr<dptrain::RendezvousWatchdog> make_watchdog(const dptrain::WorldPlan& world,
-                                                           std::chrono::milliseconds timeout) {
-  if (!world.multi_process) return nullptr;
+                                                           std::chrono::milliseconds timeout,
+                                                           const std::atomic<int>& stop_signal) {
   const auto& launch = world.launch;
+  if (!world.multi_process) {
+    return std::make_unique<dptrain::RendezvousWatchdog>(std::nullopt, "", stop_signal);
+  }
   return std::make_unique<dptrain::RendezvousWatchdog>(
       timeout * 2 + std::chrono::seconds(10),
       "rank " + std::to_string(launch.rank) + ": rendezvous at " + launch.master_addr + ":" +
           std::to_string(launch.master_port) + " did not complete within " +
           std::to_string(2 * timeout.count() / 1000 + 10) +
-          " s: the server there does not answer (is another program using that port?)");
+          " s: the server there does not answer (is another program using that port?)",
+      stop_signal);
 }
 
 // After train(): the skipped steps, the steady pace and the book's line, and the exit status.
@@ -144,9 +171,17 @@ int run_train(dptrain::TrainCommand command, CheckedStdout& out) {
   // A backend named on the command line runs even for one replica (e.g. NCCL on one GPU).
   options.process_group_for_one = command.backend.has_value();
   dptrain::check_world(options, world);  // usage mistakes before the data is loaded
+  // Before the first parallel region (the data load): --threads, else OMP_NUM_THREADS checked.
+  dptrain::start_intra_op_threads(options);
   if (world.multi_process) dptrain::check_master_address(world.launch);
   const bool records_writer = world.first_rank == 0;
+  if (command.metrics) options.driver_outputs.push_back("--metrics");
+  if (command.plot) options.driver_outputs.push_back("--plot");
   check_train_outputs(command, records_writer);
+  // From here a stop request is answered: before the first step by the watchdog, which ends the
+  // process (nothing has trained), then by the training loop, which saves a checkpoint.
+  options.stop_signal = &dptrain::install_stop_handlers();
+  const auto watchdog = make_watchdog(world, options.timeout, *options.stop_signal);
   const bool reporter = world.first_rank == 0 || command.verbose;
   const bool talk = reporter && !command.quiet;
   // With every rank of a launch printing, each line says whose it is.
@@ -179,16 +214,16 @@ int run_train(dptrain::TrainCommand command, CheckedStdout& out) {
           dptrain::describe_arithmetic(device, layout, options.amp, options.cudnn_benchmark));
   }
 
-  options.stop_signal = &dptrain::install_stop_handlers();
   options.progress_every = progress.steps_between_updates();
   dptrain::RunRecords records(command.metrics, command.plot, options.lr, options.batch_size,
                               options.epochs);
-  const auto watchdog = make_watchdog(world, options.timeout);
   dptrain::TrainCallbacks callbacks;
+  bool started = false;
   callbacks.on_start = [&](const std::vector<std::string>& devices,
                            const std::vector<dptrain::EpochStats>& done,
                            const std::optional<std::string>& resumed_from) {
-    if (watchdog) watchdog->cancel();
+    watchdog->cancel();
+    started = true;
     if (resumed_from && talk) print("resuming from " + *resumed_from);
     if (records_writer) records.start(devices, done);
   };
@@ -204,36 +239,42 @@ int run_train(dptrain::TrainCommand command, CheckedStdout& out) {
   callbacks.on_checkpoint = [&](const std::string& path) {
     if (talk) print("checkpoint: " + path);
   };
-  const auto result = dptrain::train(data, options, world, callbacks);
+  const auto result = [&] {
+    try {
+      return dptrain::train(data, options, world, callbacks);
+    } catch (...) {
+      // A stop request interrupts the rendezvous's socket calls ("Interrupted system call"):
+      // before the first step that is the stop, not a failure.
+      if (const int stop = options.stop_signal->load(); stop != 0 && stop != SIGPIPE && !started) {
+        watchdog->cancel();
+        throw StoppedBeforeTheFirstStep(stop);
+      }
+      throw;
+    }
+  }();
   progress.clear();
   return report_training(result, reporter, command.quiet, prefix, print, out);
 }
 
-// The weights to evaluate, from a checkpoint (which knows its width) or a --save-model file.
+// The weights to evaluate, from a checkpoint or a --save-model file: both are dptrain's
+// checkpoint format and know their width (Note [A model file is a checkpoint] in rank.cpp).
 std::vector<std::pair<std::string, torch::Tensor>> load_weights(dptrain::EvalCommand& command) {
-  if (command.checkpoint) {
-    auto checkpoint = dptrain::read_checkpoint(*command.checkpoint);
-    command.common.options.width = checkpoint.config.width;
-    dptrain::CheckpointConfig model;  // what this dptrain builds, at the checkpoint's width
-    model.width = checkpoint.config.width;
-    model.num_classes = dptrain::kNumClasses;
-    model.in_channels = 1;
-    dptrain::check_checkpoint_matches(checkpoint.config, model, *command.checkpoint);
-    return std::move(checkpoint.tensors);
+  const bool from_model = command.model.has_value();
+  const std::string& path = from_model ? *command.model : *command.checkpoint;
+  auto checkpoint = dptrain::read_checkpoint(path, from_model ? "--model" : "checkpoint");
+  auto& width = command.common.options.width;
+  if (command.width_given && width != checkpoint.config.width) {
+    throw UsageError("--width " + std::to_string(width) + ": --model " + path +
+                     " holds a model of width " + std::to_string(checkpoint.config.width) +
+                     " (leave --width out: the file records it)");
   }
-  const auto width = command.common.options.width;
-  dptrain::ResNet model(dptrain::ResNetOptions{dptrain::kNumClasses, 1, width});
-  // Read as bytes first: only a regular file, and a FIFO cannot hang the load.
-  const auto bytes = dptrain::read_regular_file(*command.model, "--model");
-  std::istringstream stream(std::string(bytes.begin(), bytes.end()));
-  try {
-    torch::load(model, stream);
-  } catch (const c10::Error& e) {
-    throw dptrain::DataError("--model " + *command.model + ": not a model of width " +
-                             std::to_string(width) + " saved by dptrain train --save-model (" +
-                             first_line(e.what_without_backtrace()) + ")");
-  }
-  return dptrain::model_tensors(*model);
+  width = checkpoint.config.width;
+  dptrain::CheckpointConfig model;  // what this dptrain builds, at the file's width
+  model.width = checkpoint.config.width;
+  model.num_classes = dptrain::kNumClasses;
+  model.in_channels = 1;
+  dptrain::check_checkpoint_matches(checkpoint.config, model, path);
+  return std::move(checkpoint.tensors);
 }
 
 int run_download(const dptrain::DownloadCommand& command, CheckedStdout& out) {
@@ -292,12 +333,14 @@ int run_eval(dptrain::EvalCommand command, CheckedStdout& out) {
                                             dptrain::backend_available(dptrain::Backend::kNccl));
   options.process_group_for_one = command.common.backend.has_value();
   dptrain::check_world(options, world);
+  dptrain::start_intra_op_threads(options);
   if (world.multi_process) dptrain::check_master_address(world.launch);
   const auto weights = load_weights(command);
   const auto data_dir = dptrain::resolve_data_dir(command.common.data_dir);
   // Only the test set is evaluated; one training image keeps the data set's shape valid.
   const auto data = dptrain::load_fashion_mnist(data_dir, 1, command.common.test_limit);
-  const auto result = dptrain::evaluate_weights(data, options, world, weights);
+  const auto result = dptrain::evaluate_weights(
+      data, options, world, weights, command.model ? *command.model : *command.checkpoint);
   if (world.first_rank == 0 || command.common.verbose) {
     out.line(dptrain::format_eval_line(result));
   }
@@ -307,6 +350,9 @@ int run_eval(dptrain::EvalCommand command, CheckedStdout& out) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // Before anything is opened: a closed 0, 1 or 2 would be taken by the first file dptrain
+  // opens (the lock, the metrics), which would then receive the progress and error lines.
+  dptrain::reserve_standard_descriptors();
   // Before any thread exists: LibTorch's NCCL reads these when a process group is made.
   dptrain::prepare_nccl_environment();
   // A closed stdout is a failed write (CheckedStdout); a file over `ulimit -f` is a failed
@@ -339,6 +385,10 @@ int main(int argc, char** argv) {
         break;
     }
     return 0;
+  } catch (const StoppedBeforeTheFirstStep& stopped) {
+    std::fprintf(stderr, "dptrain: stopped by signal %d before the first step; nothing to save\n",
+                 stopped.signal_number());
+    return 128 + stopped.signal_number();
   } catch (const UsageError& e) {
     std::fprintf(stderr, "error: %s\n", first_line(e.what()).c_str());
     return kExitUsage;

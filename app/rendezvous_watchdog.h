@@ -1,12 +1,17 @@
-// A last resort for a rendezvous that hangs in a blocking socket call: LibTorch's TCPStore
-// client waits without end on a listener that accepts but never answers (another program on
-// MASTER_PORT). If the world is not up by the deadline, one error line and exit status 1.
+// A last resort for the start of a run, before its first step: the data load and the rendezvous
+// block in calls that a stop request cannot interrupt (LibTorch's TCPStore client waits without
+// end on a listener that accepts but never answers, another program on MASTER_PORT; rank 0
+// waits --timeout for its peers). A stop request by a signal (SIGINT, SIGTERM, SIGHUP,
+// SIGQUIT) ends the process within 0.1 s with one line and 128 + the signal: nothing has
+// trained, so nothing is lost. Past the deadline, one error line and exit status 1.
 // Not here: the ordinary timeouts, which the library reports itself (rendezvous.h).
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 
@@ -14,12 +19,15 @@ namespace dptrain {
 
 class RendezvousWatchdog {
  public:
-  // `message` is printed after "error: " when `deadline` passes before cancel().
-  RendezvousWatchdog(std::chrono::milliseconds deadline, std::string message);
+  // `message` is printed after "error: " when `deadline` (none: no deadline) passes before
+  // cancel(); `stop_signal` (install_stop_handlers) is polled until then.
+  RendezvousWatchdog(std::optional<std::chrono::milliseconds> deadline, std::string message,
+                     const std::atomic<int>& stop_signal);
   ~RendezvousWatchdog();  // cancels
   RendezvousWatchdog(const RendezvousWatchdog&) = delete;
   RendezvousWatchdog& operator=(const RendezvousWatchdog&) = delete;
 
+  // The first step is about to run: from here on the training loop answers stop requests.
   void cancel();
 
  private:

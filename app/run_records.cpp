@@ -21,21 +21,46 @@ void RunRecords::start(const std::vector<std::string>& devices,
                        const std::vector<EpochStats>& done) {
   devices_ = devices;
   if (metrics_path_) metrics_ = std::make_unique<MetricsWriter>(*metrics_path_);
-  for (const auto& stats : done) add(stats);
+  for (const auto& stats : done) append_record(stats);
+  if (metrics_) metrics_->write(records_);
+  if (!done.empty()) redraw_plot();
 }
 
 void RunRecords::add(const EpochStats& stats) {
-  records_.push_back(make_epoch_record(stats, lr_, devices_));
-  std::vector<double> seconds;
-  for (const auto& r : records_) seconds.push_back(r.seconds);
-  records_.back().steady_seconds = steady_epoch_seconds(seconds).value_or(std::nan(""));
+  append_record(stats);
   if (metrics_) metrics_->write(records_.back());
-  if (plot_path_) {
-    PlotOptions plot;
-    plot.title = plot_title(lr_, batch_size_, devices_);
-    plot.epochs = epochs_;
-    write_plot_atomically(*plot_path_, render_training_plot(records_, plot));
+  redraw_plot();
+}
+
+void RunRecords::append_record(const EpochStats& stats) {
+  records_.push_back(make_epoch_record(stats, lr_, devices_));
+  // The first epoch carries the warm-up and stays out of the steady figure (report.h).
+  if (records_.size() > 1) {
+    if (upper_.empty() || stats.seconds >= upper_.top()) {
+      upper_.push(stats.seconds);
+    } else {
+      lower_.push(stats.seconds);
+    }
+    if (upper_.size() > lower_.size() + 1) {
+      lower_.push(upper_.top());
+      upper_.pop();
+    } else if (lower_.size() > upper_.size()) {
+      upper_.push(lower_.top());
+      lower_.pop();
+    }
   }
+  records_.back().steady_seconds =
+      upper_.empty()                       ? std::nan("")
+      : upper_.size() > lower_.size()      ? upper_.top()
+                                           : (lower_.top() + upper_.top()) / 2;
+}
+
+void RunRecords::redraw_plot() const {
+  if (!plot_path_) return;
+  PlotOptions plot;
+  plot.title = plot_title(lr_, batch_size_, devices_);
+  plot.epochs = epochs_;
+  write_plot_atomically(*plot_path_, render_training_plot(records_, plot));
 }
 
 }  // namespace dptrain

@@ -1,11 +1,13 @@
 // The files a training run leaves beside its output: the metrics file (--metrics) and the plot
-// (--plot), both written by global rank 0, anew from the epochs a resumed run starts with and
-// then after every epoch, so that each holds every epoch once.
+// (--plot), both written by global rank 0, anew from the epochs a resumed run starts with (in
+// one write, one drawing) and then after every epoch, so that each holds every epoch once.
 // Not here: their formats (metrics.h, plot.h), checkpoints (train.h).
 #pragma once
 
 #include <memory>
+#include <functional>
 #include <optional>
+#include <queue>
 #include <string>
 #include <vector>
 
@@ -27,6 +29,10 @@ class RunRecords {
   void add(const EpochStats& stats);
 
  private:
+  // Appends the record of `stats`, its steady seconds the median of epochs 2 on so far.
+  void append_record(const EpochStats& stats);
+  void redraw_plot() const;
+
   std::optional<std::string> metrics_path_;
   std::optional<std::string> plot_path_;
   double lr_;
@@ -35,6 +41,11 @@ class RunRecords {
   std::vector<std::string> devices_;
   std::unique_ptr<MetricsWriter> metrics_;
   std::vector<EpochRecord> records_;
+  // The seconds of epochs 2 on, split at their median (a running median: a resumed history of
+  // n epochs costs n log n, not n^2): `lower_` a max-heap of the smaller half, `upper_` a
+  // min-heap of the rest, never more than one longer than `lower_`.
+  std::priority_queue<double> lower_;
+  std::priority_queue<double, std::vector<double>, std::greater<double>> upper_;
 };
 
 }  // namespace dptrain

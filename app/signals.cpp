@@ -1,6 +1,7 @@
 // The stop-request signal handlers and checked writes. See signals.h.
 #include "signals.h"
 
+#include <fcntl.h>
 #include <signal.h>
 #include <unistd.h>
 
@@ -11,6 +12,7 @@ namespace dptrain {
 namespace {
 
 std::atomic<int> g_stop_signal{0};
+bool g_stdout_was_closed = false;
 std::atomic<bool> g_announce{true};
 static_assert(std::atomic<int>::is_always_lock_free && std::atomic<bool>::is_always_lock_free,
               "the handler may only touch lock-free atomics");
@@ -40,10 +42,28 @@ const std::atomic<int>& install_stop_handlers(bool announce) {
   action.sa_handler = on_stop_signal;
   sigemptyset(&action.sa_mask);
   action.sa_flags = SA_RESTART;  // blocking reads and writes carry on; the step loop polls
-  sigaction(SIGINT, &action, nullptr);
-  sigaction(SIGTERM, &action, nullptr);
+  // A lost terminal (SIGHUP) and Ctrl-\ (SIGQUIT) are stop requests too: either used to end the
+  // process with no line, no checkpoint and a download's .part left behind.
+  for (const int signal_number : {SIGINT, SIGTERM, SIGHUP, SIGQUIT}) {
+    sigaction(signal_number, &action, nullptr);
+  }
   return g_stop_signal;
 }
+
+void reserve_standard_descriptors() {
+  for (int fd = STDIN_FILENO; fd <= STDERR_FILENO; ++fd) {
+    if (::fcntl(fd, F_GETFD) != -1 || errno != EBADF) continue;
+    // open(2) returns the lowest free descriptor, which is `fd`: the lower ones are open.
+    const int opened = ::open("/dev/null", fd == STDIN_FILENO ? O_RDONLY : O_WRONLY);
+    if (opened >= 0 && opened != fd) {
+      ::dup2(opened, fd);
+      ::close(opened);
+    }
+    if (fd == STDOUT_FILENO) g_stdout_was_closed = true;
+  }
+}
+
+bool standard_output_was_closed() { return g_stdout_was_closed; }
 
 void ignore_write_signals() {
   ::signal(SIGPIPE, SIG_IGN);

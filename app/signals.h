@@ -1,4 +1,4 @@
-// Stop requests: SIGINT and SIGTERM, and a standard output that can no longer be written (a
+// Stop requests: SIGINT, SIGTERM, SIGHUP and SIGQUIT, and a standard output that can no longer be written (a
 // closed pipe, a full disk). The first request asks the training to finish its step, write a
 // checkpoint and exit; a second SIGINT exits at once. SIGPIPE and SIGXFSZ are ignored, so that a
 // closed pipe or a full file-size limit is a failed write that the program sees, not a death.
@@ -20,6 +20,13 @@ const std::atomic<int>& install_stop_handlers(bool announce = true);
 // EPIPE, and one past the file-size limit (ulimit -f) with EFBIG, each a failure the writer
 // reports, where the signals would end the process with no error line and a temporary file left.
 void ignore_write_signals();
+
+// Opens /dev/null on whichever of descriptors 0, 1 and 2 is closed, so that no file dptrain
+// opens later becomes standard output or error. Call first thing in main.
+void reserve_standard_descriptors();
+// Whether descriptor 1 was closed when reserve_standard_descriptors ran: every write to
+// standard output then fails (EBADF), as it would have without the /dev/null in its place.
+bool standard_output_was_closed();
 
 // Requests a stop as a signal would (the first request wins).
 void request_stop(int signal_number);

@@ -10,10 +10,14 @@ HERE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "corpus", "fuzz_
 
 
 def checkpoint(history, tensors, epochs_done=1, step=0, version=2):
+    """A file the reader accepts: 64 images in batches of 32 make 2 steps an epoch, and the
+    position, the history and the sums agree with that (the reader checks they do)."""
     p = struct.pack("<qqqqdQqq", 4, 10, 1, 32, 0.1, 7, 64, 2)  # width .. world_size
     if version >= 2:  # the training set's SHA-256, as hex text
         p += struct.pack("<Q", 64) + b"0123456789abcdef" * 4
-    p += struct.pack("<qqq", epochs_done, step, 2)  # epochs_done, step_in_epoch, global_step
+    steps_per_epoch = 2
+    # epochs_done, step_in_epoch, global_step
+    p += struct.pack("<qqq", epochs_done, step, epochs_done * steps_per_epoch + step)
     p += struct.pack("<dddd", 1.5, 3.0, 8.0, 0.25)  # partial sums and seconds
     p += struct.pack("<Q", len(history))
     for e in history:
@@ -42,7 +46,7 @@ def main():
     files = {
         "valid_three_tensors.dpt": checkpoint(history, tensors),
         "valid_empty.dpt": checkpoint([], [], epochs_done=0),
-        "valid_mid_epoch.dpt": checkpoint(history, tensors[:1], epochs_done=1, step=17),
+        "valid_mid_epoch.dpt": checkpoint(history, tensors[:1], epochs_done=1, step=1),
         "valid_version_1.dpt": checkpoint(history, tensors, version=1),
     }
     good = files["valid_three_tensors.dpt"]

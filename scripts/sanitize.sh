@@ -25,7 +25,8 @@ cmake --build "$build_dir" -j "${DPTRAIN_ASAN_JOBS:-$(nproc)}" --target dptrain_
 # The quick suites in full. Of the tests that start the dptrain binary (some 2 s each under
 # ASan, loading LibTorch) one per kind: help, a usage error, a data error, an environment error,
 # a tiny training run that saves, a failing save, a small stack, an unprivileged user, a full
-# stdout, FIFOs given as files and writes past the file-size limit. CliParse covers the parser in process.
+# stdout, FIFOs given as files, writes past the file-size limit, and an eval of saved weights
+# beside a refused archive. CliParse covers the parser in process.
 quick="IdxReader.*:*IdxCorruption.*:Data*:*DataMissingFile.*:*DataBadImageShape.*"
 quick+=":Batching*:*Batching*:Random*:*Random*"
 quick+=":CliParse.*:CliHelp.TrainHelpShowsTheDefaults:*CliErrors.*/unknown_command"
@@ -42,6 +43,8 @@ quick+=":BatchAssembler*:*BatchAssembler*:*PlanWorld.*:ChooseBackend.*"
 quick+=":Report.*:MemoryBudget.*:NcclEnvironment.*:CheckPlacements.*:CheckWorld.*"
 quick+=":CachingCpuAllocator*:CpuAllocatorNames.*:AllFinite.*:DefaultIntraOpThreads.*"
 quick+=":*FusedBatchNorm*:*Projection*"
+quick+=":Printable.*:FreshStart.*:RunRecords.*:*DownloadPlantedPart.*:*DownloadFlood.*"
+quick+=":HostileWeights.ArchivesAreRefusedAndSavedModelsEvaluate"
 # Not under ASan: its shadow memory takes address space an RLIMIT_AS test cannot budget for, and
 # its own SIGSEGV handler reports the guarded allocator's faults before the tests can see them.
 quick+="-CachingCpuAllocatorDeathTest.OutOfMemoryGivesTheCacheBackBeforeFailing"

@@ -144,10 +144,10 @@ free_port() { "$python" -c 'import socket; s=socket.socket(); s.bind(("", 0)); p
 # The reference: the same run as four replicas in one process, uninterrupted.
 reference() {
   local dir=$work/reference
-  [ -f "$dir/model.pt" ] && return 0
+  [ -f "$dir/model.dpt" ] && return 0
   mkdir -p "$dir"
   "$dptrain" train --devices cpu,cpu,cpu,cpu "${train_flags[@]}" --threads 4 \
-    --checkpoint-dir "$dir/checkpoints" --save-model "$dir/model.pt" >"$dir/out" 2>"$dir/err"
+    --checkpoint-dir "$dir/checkpoints" --save-model "$dir/model.dpt" >"$dir/out" 2>"$dir/err"
   echo "reference (4 replicas in one process): $(tail -n 1 "$dir/out")"
 }
 
@@ -158,15 +158,15 @@ start_two_hosts() {
   mkdir -p "$dir"
   local port; port=$(free_port)
   torchrun_on a "$dir" "$restarts" "$port" "${train_flags[@]}" --checkpoint-dir "$dir/checkpoints" \
-    --save-model "$dir/model.pt" "$@" &
+    --save-model "$dir/model.dpt" "$@" &
   agent_a=$!
   torchrun_on b "$dir" "$restarts" "$port" "${train_flags[@]}" --checkpoint-dir "$dir/checkpoints" \
-    --save-model "$dir/model.pt" "$@" &
+    --save-model "$dir/model.dpt" "$@" &
   agent_b=$!
 }
 
 compare_with_reference() {
-  "$python" "$here/compare_models.py" --buffers "$work/reference/model.pt" "$1/model.pt"
+  "$python" "$here/compare_models.py" --buffers "$work/reference/model.dpt" "$1/model.dpt"
 }
 
 # ---- The scenarios --------------------------------------------------------------------------

@@ -3,11 +3,14 @@
 // atomic writer that keeps the older checkpoint when a write fails, and the directory helpers.
 // Not here: when training writes checkpoints and how it resumes (test_resume.cpp).
 #include <dirent.h>
+#include <fcntl.h>
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/mount.h>
+#include <sys/file.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <torch/serialize.h>
 #include <unistd.h>
 #include <zlib.h>
@@ -194,6 +197,22 @@ TEST(CheckpointFormat, RoundTripIsExact) {
   EXPECT_EQ(serialize_checkpoint(parsed), bytes);
 }
 
+// A run that diverges writes losses of NaN and +inf (the test loss of weights grown huge); its
+// checkpoints were refused by the contents check at first, and must stay readable.
+TEST(CheckpointFormat, NanAndInfiniteLossesOfADivergedRunAreRead) {
+  auto original = sample_checkpoint();
+  ASSERT_FALSE(original.history.empty());
+  original.history.back().train_loss = std::numeric_limits<double>::infinity();
+  original.history.back().test_loss = -std::numeric_limits<double>::quiet_NaN();
+  original.partial_sums.loss_sum = std::numeric_limits<double>::infinity();
+  const auto bytes = serialize_checkpoint(original);
+  const auto parsed = parse_checkpoint(bytes, "memory");
+  EXPECT_TRUE(std::isinf(parsed.history.back().train_loss));
+  EXPECT_TRUE(std::isnan(parsed.history.back().test_loss));
+  EXPECT_TRUE(std::isinf(parsed.partial_sums.loss_sum));
+  EXPECT_EQ(serialize_checkpoint(parsed), bytes);
+}
+
 TEST(CheckpointFormat, HeaderLayoutIsAsDocumented) {
   const auto bytes = serialize_checkpoint(small_checkpoint());
   ASSERT_GE(bytes.size(), 24u);
@@ -225,11 +244,14 @@ TEST(CheckpointFormat, FileNamesSortByPosition) {
 
 TEST(CheckpointFormat, ForeignFilesAreNotCheckpoints) {
   TempDir dir;
-  // A torch::save archive (a zip), as --save-model writes.
+  // A torch::save archive (a zip), as --save-model wrote before it wrote checkpoints: opening
+  // one would run the code it carries (issue 26), so it is named and refused.
   const std::string zip = dir.file("model.pt");
   torch::save(torch::ones({4}), zip);
   ASSERT_GT(file_size(zip), 0);
-  expect_data_error([&] { read_checkpoint(zip); }, {zip, "not a dptrain checkpoint"});
+  expect_data_error([&] { read_checkpoint(zip, "--model"); },
+                    {"--model " + zip + ": a zip archive", "not a dptrain checkpoint",
+                     "never opens archives"});
 
   std::mt19937 random(11);
   std::vector<uint8_t> noise(1000);
@@ -305,6 +327,11 @@ TEST(CheckpointFormat, NewerFormatVersionIsNamed) {
   bytes[11] = 0x80;  // version 2^31
   fix_crc(bytes);
   expect_data_error([&] { parse_checkpoint(bytes, "new.dpt"); }, {"format version 2147483648"});
+  // Version 0 is not newer: no dptrain wrote it (issue 26 called it "newer").
+  bytes[11] = 0;
+  fix_crc(bytes);
+  expect_data_error([&] { parse_checkpoint(bytes, "zero.dpt"); },
+                    {"zero.dpt: format version 0, which no dptrain writes"});
 }
 
 // One flipped bit in the version field (issue 11: it read as "format version 257; this dptrain
@@ -382,11 +409,24 @@ TEST(CheckpointFormat, ConsistentCrcButAbsurdContentsAreDataErrors) {
     const char* phrase;
   };
   const Edit edits[] = {
-      {"width 0", 0, 0, "zero setting"},
-      {"negative epochs done", kPosition, uint64_t(-1), "negative"},
+      {"width 0", 0, 0, "impossible contents: width is 0 (dptrain writes 1 to 4096)"},
+      {"negative epochs done", kPosition, uint64_t(-1), "the epochs done is -1"},
+      // Issue 26: CRC-valid files whose position no run can reach were accepted.
+      {"step 10^6 of an 8-step epoch", kPosition + 8, 1000000,
+       "the step in the epoch is 1000000 (an epoch of 256 images in batches of 32 has 8 steps)"},
+      {"a global step of 2^63 - 1", kPosition + 16, uint64_t{INT64_MAX},
+       "epoch 1 step 3 is global step 11"},
+      {"a global step one too many", kPosition + 16, 12, "the global step is 12"},
+      {"a negative loss sum", kPosition + 24, 0xbff0000000000000ull /* -1.0 */,
+       "the epoch's loss sum is -1 (a loss: >= 0, inf or nan)"},
+      {"a loss sum of -inf", kPosition + 24, 0xfff0000000000000ull,
+       "the epoch's loss sum is -inf (a loss: >= 0, inf or nan)"},
+      {"more correct than counted", kPosition + 32, 0x4100000000000000ull /* 131072.0 */,
+       "the epoch's correct count is 131072"},
+      {"a batch size of 0", 3 * 8, 0, "the batch size is 0"},
       {"a digest of 2^40 bytes", 8 * 8, uint64_t{1} << 40, "digest"},
       {"a billion epochs of history", kHistoryCount, 1000000000, "epochs"},
-      {"history longer than the file", kHistoryCount, 1000, "truncated"},
+      {"history longer than the file", kHistoryCount, 1000, "history of 1000 epochs"},
       {"2^40 tensors", tensor_count, uint64_t{1} << 40, "tensors"},
       {"a tensor name of 2^63 bytes", first_name_size, uint64_t{1} << 63, "tensor name"},
       {"a tensor name longer than the file", first_name_size, 1000, "truncated"},
@@ -397,6 +437,14 @@ TEST(CheckpointFormat, ConsistentCrcButAbsurdContentsAreDataErrors) {
     put_u64(edited, edit.at, edit.value);
     expect_data_error([&] { parse_checkpoint(with_payload(edited), "edited.dpt"); },
                       {"edited.dpt", edit.phrase});
+  }
+  {
+    SCOPED_TRACE("two epochs done, one in the history");
+    auto edited = payload;
+    put_u64(edited, kPosition, 2);
+    put_u64(edited, kPosition + 16, 2 * 8 + 3);  // the global step of epoch 2 step 3
+    expect_data_error([&] { parse_checkpoint(with_payload(edited), "edited.dpt"); },
+                      {"edited.dpt", "the history's length is 1"});
   }
   // The first tensor "w": name (8 + 1 bytes), dtype code, rank, one dimension, byte count.
   const size_t dtype_at = first_name_size + 8 + 1;
@@ -604,11 +652,19 @@ TEST(CheckpointFiles, FailedWriteOnAFullTmpfsKeepsTheOlderCheckpoint) {
 
 // ---- newest_valid_checkpoint --------------------------------------------------------------
 
+// small_checkpoint at another position, with the history and epoch length that position needs
+// (100 steps an epoch).
 Checkpoint checkpoint_at(int64_t epochs_done, int64_t step) {
   auto c = small_checkpoint();
+  c.config.train_size = 100 * c.config.batch_size;
   c.epochs_done = epochs_done;
   c.step_in_epoch = step;
   c.global_step = epochs_done * 100 + step;
+  c.history.clear();
+  for (int64_t epoch = 1; epoch <= epochs_done; ++epoch) {
+    c.history.push_back(stats_for_epoch(1));
+    c.history.back().epoch = epoch;
+  }
   return c;
 }
 
@@ -818,6 +874,125 @@ TEST(PrepareCheckpointDirectory, AFileInTheWayIsADataError) {
                     {dir.file("file/sub"), "cannot create"});
   EXPECT_TRUE(is_regular_file(dir.file("file")));
   EXPECT_EQ(file_size(dir.file("file")), 3);
+}
+
+
+// ---- Issue 26: hostile files around the checkpoints --------------------------------------------
+
+// A hard link planted at the lock's name had the linked file truncated and overwritten with
+// the holder's line (O_NOFOLLOW stops only symbolic links).
+TEST(CheckpointDirectoryLockFile, HardLinkAtTheLockNameIsRefusedAndTheFileKept) {
+  TempDir dir;
+  const std::string victim = dir.file("victim.txt");
+  write_bytes(victim, {'k', 'e', 'e', 'p'});
+  ASSERT_EQ(::link(victim.c_str(), dir.file(".dptrain.lock").c_str()), 0);
+  expect_data_error([&] { CheckpointDirectoryLock lock(dir.path()); },
+                    {dir.file(".dptrain.lock"), "has 2 hard links", "remove it"});
+  EXPECT_EQ(read_text(victim), "keep");
+}
+
+// A foreign lock file's text reached the terminal raw, cut at its first newline.
+TEST(CheckpointDirectoryLockFile, AHoldersTextIsEscaped) {
+  TempDir dir;
+  const std::string path = dir.file(".dptrain.lock");
+  write_bytes(path, {'\x1b', '[', '2', 'J', 'p', 'i', 'd', '\n', 'x'});
+  const int fd = ::open(path.c_str(), O_RDONLY);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(::flock(fd, LOCK_EX), 0);  // another open file: it conflicts even in this process
+  const std::string message =
+      expect_throws<UsageError>([&] { CheckpointDirectoryLock lock(dir.path()); },
+                                {"is in use by another dptrain run (\\x1b[2Jpid\\x0ax)"});
+  EXPECT_EQ(message.find('\x1b'), std::string::npos);
+  ::close(fd);
+}
+
+TEST(Printable, EscapesEveryByteThatIsNotPrintableAscii) {
+  EXPECT_EQ(printable("plain text 0-9 ~"), "plain text 0-9 ~");
+  EXPECT_EQ(printable(std::string("a\nb\tc\x1b\x7f\xff\\", 9)), "a\\x0ab\\x09c\\x1b\\x7f\\xff\\\\");
+  EXPECT_EQ(printable(std::string("\0", 1)), "\\x00");
+}
+
+// A tensor name holding an escape sequence is escaped in the messages that show it.
+TEST(CheckpointFormat, TensorNamesInMessagesAreEscaped) {
+  auto c = small_checkpoint();
+  const std::string evil = "\x1b]0;evil\x07";
+  c.tensors.emplace_back(evil, torch::zeros({1}));
+  auto bytes = serialize_checkpoint(c);
+  // The last tensor: name length and name, dtype code (4), rank (8), one dimension, byte count,
+  // 4 bytes of data.
+  const size_t dtype_at = bytes.size() - 4 - 8 - 8 - 8 - 4;
+  ASSERT_EQ(std::string(bytes.begin() + dtype_at - evil.size(), bytes.begin() + dtype_at), evil);
+  bytes[dtype_at] = 99;
+  fix_crc(bytes);
+  const std::string message = expect_throws<DataError>(
+      [&] { parse_checkpoint(bytes, "names.dpt"); }, {"tensor \\x1b]0;evil\\x07"});
+  EXPECT_EQ(message.find('\x1b'), std::string::npos);
+}
+
+// The header first: a file larger than any checkpoint of the model it claims is refused unread
+// (a sparse 20 GiB file cost nothing to make and 20 GiB to read).
+TEST(CheckpointFiles, FileLargerThanItsModelCanHoldIsRefusedUnread) {
+  TempDir dir;
+  const std::string path = dir.file("big.dpt");
+  auto bytes = serialize_checkpoint(small_checkpoint());  // width 4
+  const uint64_t size = checkpoint_size_limit(4, 10, 1, 1000000) + 1;
+  for (int i = 0; i < 8; ++i) bytes[12 + i] = static_cast<uint8_t>((size - 24) >> (8 * i));
+  bytes.resize(100);
+  write_bytes(path, bytes);
+  ASSERT_EQ(::truncate(path.c_str(), static_cast<off_t>(size)), 0);
+  expect_data_error([&] { read_checkpoint(path); },
+                    {"checkpoint " + path + ": " + std::to_string(size) +
+                         " bytes, more than a checkpoint of a width-4 model can hold",
+                     "not read"});
+  // The bound holds what dptrain writes: the real model's tensors.
+  ResNet model(ResNetOptions{kNumClasses, 1, 8});
+  Checkpoint real = small_checkpoint();
+  real.config.width = 8;
+  real.tensors = model_tensors(*model);
+  EXPECT_LT(serialize_checkpoint(real).size(), checkpoint_size_limit(8, kNumClasses, 1, 1));
+}
+
+// --fresh removed any file named checkpoint-*.dpt, and stopped half-way on one it could not
+// remove. It removes dptrain checkpoints only, after checking all of them.
+TEST(FreshStart, RemovesCheckpointsOnlyAndAllOrNone) {
+  TempDir dir;
+  const std::string first = dir.file(checkpoint_file_name(1, 0));
+  const std::string second = dir.file(checkpoint_file_name(2, 0));
+  write_checkpoint_atomically(checkpoint_at(1, 0), first);
+  write_checkpoint_atomically(checkpoint_at(2, 0), second);
+  const std::string fifo = dir.file(checkpoint_file_name(3, 0));
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0644), 0);
+  expect_throws<UsageError>([&] { remove_checkpoints_for_fresh_start(dir.path()); },
+                            {"--fresh: " + fifo + ": it is a FIFO", "nothing was removed"});
+  EXPECT_TRUE(is_regular_file(first));
+  EXPECT_TRUE(is_regular_file(second));
+  ASSERT_EQ(::unlink(fifo.c_str()), 0);
+  // A second name for a checkpoint is not removed either: the other name would keep it.
+  ASSERT_EQ(::link(second.c_str(), dir.file("kept.dpt").c_str()), 0);
+  expect_throws<UsageError>([&] { remove_checkpoints_for_fresh_start(dir.path()); },
+                            {second + ": it has 2 hard links"});
+  ASSERT_EQ(::unlink(dir.file("kept.dpt").c_str()), 0);
+  EXPECT_EQ(remove_checkpoints_for_fresh_start(dir.path()),
+            (std::vector<std::string>{first, second}));
+  EXPECT_TRUE(checkpoint_file_names(dir.path()).empty());
+}
+
+// Temporaries of writers that are gone are removed; a live writer's, and other names, stay.
+TEST(FreshStart, StaleTemporariesOfDeadWritersAreRemoved) {
+  TempDir dir;
+  const pid_t gone = fork();
+  if (gone == 0) _exit(0);
+  ASSERT_GT(gone, 0);
+  waitpid(gone, nullptr, 0);
+  const std::string name = checkpoint_file_name(1, 0);
+  const std::string stale = dir.file(name + "." + std::to_string(gone) + "-12.tmp");
+  const std::string mine = dir.file(name + "." + std::to_string(::getpid()) + "-0.tmp");
+  const std::string odd = dir.file(name + ".x" + std::to_string(gone) + "-0.tmp");
+  for (const auto& path : {stale, mine, odd}) write_bytes(path, {1});
+  EXPECT_EQ(remove_stale_temporaries(dir.path()), std::vector<std::string>{stale});
+  EXPECT_FALSE(path_exists(stale));
+  EXPECT_TRUE(path_exists(mine));
+  EXPECT_TRUE(path_exists(odd));
 }
 
 }  // namespace

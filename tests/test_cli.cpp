@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "cli.h"
+#include "cli_support.h"
 #include "dptrain/data/data.h"
 #include "dptrain/errors.h"
 #include "dptrain/parallel/devices.h"
@@ -57,95 +58,20 @@ void expect_parse_error(const std::vector<std::string>& args, const std::string&
   expect_usage_error([&] { parse(args); }, substring);
 }
 
-std::vector<std::string> split_lines(const std::string& text) {
-  std::vector<std::string> lines;
-  size_t begin = 0;
-  while (begin < text.size()) {
-    const size_t end = text.find('\n', begin);
-    if (end == std::string::npos) {
-      lines.push_back(text.substr(begin));
-      break;
-    }
-    lines.push_back(text.substr(begin, end - begin));
-    begin = end + 1;
-  }
-  return lines;
-}
-
-bool contains(const std::string& text, const std::string& part) {
-  return text.find(part) != std::string::npos;
-}
-
-CommandResult run_dptrain(const std::vector<std::string>& args,
-                          const std::map<std::string, std::string>& env = {},
-                          int timeout_seconds = 120) {
-  std::vector<std::string> command{testing::dptrain_binary()};
-  command.insert(command.end(), args.begin(), args.end());
-  return testing::run_command(command, env, timeout_seconds);
-}
-
-std::string describe(const CommandResult& result) {
-  return "exit " + std::to_string(result.exit_code) + (result.timed_out ? " (timed out)" : "") +
-         "\n--- stdout ---\n" + result.out + "--- stderr ---\n" + result.err;
-}
-
-// No abort, no uncaught exception, no C++ backtrace: whatever happened was handled.
-void expect_no_crash(const CommandResult& result) {
-  EXPECT_FALSE(result.timed_out) << describe(result);
-  EXPECT_GE(result.exit_code, 0) << describe(result);
-  EXPECT_LT(result.exit_code, 128) << "killed by a signal\n" << describe(result);
-  for (const char* marker : {"terminate called", "Exception raised from"}) {
-    EXPECT_FALSE(contains(result.out, marker)) << describe(result);
-    EXPECT_FALSE(contains(result.err, marker)) << describe(result);
-  }
-}
-
-// Exit status `exit_code` and exactly one line on stderr: "error: ...<substring>...".
-void expect_one_error_line(const CommandResult& result, int exit_code,
-                           const std::string& substring) {
-  expect_no_crash(result);
-  EXPECT_EQ(result.exit_code, exit_code) << describe(result);
-  const auto lines = split_lines(result.err);
-  ASSERT_EQ(lines.size(), 1u) << "stderr is not one line\n" << describe(result);
-  EXPECT_EQ(lines[0].rfind("error: ", 0), 0u) << describe(result);
-  EXPECT_TRUE(contains(lines[0], substring))
-      << "expected the error to mention '" << substring << "'\n"
-      << describe(result);
-  EXPECT_FALSE(contains(result.out, "epoch ")) << describe(result);
-}
-
-// Fake Fashion-MNIST: `n_train` / `n_test` images of 28 x 28 bytes, labels i % 10.
-std::vector<uint8_t> fake_images(uint32_t n) {
-  std::vector<uint8_t> pixels(static_cast<size_t>(n) * 28 * 28);
-  for (size_t i = 0; i < pixels.size(); ++i) pixels[i] = static_cast<uint8_t>((i * 37) % 256);
-  return testing::make_idx(0x08, {n, 28, 28}, pixels);
-}
-
-std::vector<uint8_t> fake_labels(uint32_t n) {
-  std::vector<uint8_t> labels(n);
-  for (uint32_t i = 0; i < n; ++i) labels[i] = static_cast<uint8_t>(i % 10);
-  return testing::make_idx(0x08, {n}, labels);
-}
-
-constexpr const char* kTrainImages = "train-images-idx3-ubyte";
-constexpr const char* kTrainLabels = "train-labels-idx1-ubyte";
-constexpr const char* kTestImages = "t10k-images-idx3-ubyte";
-constexpr const char* kTestLabels = "t10k-labels-idx1-ubyte";
-
-void write_fake_data(const TempDir& dir, uint32_t n_train, uint32_t n_test) {
-  testing::write_bytes(dir.file(kTrainImages), fake_images(n_train));
-  testing::write_bytes(dir.file(kTrainLabels), fake_labels(n_train));
-  testing::write_bytes(dir.file(kTestImages), fake_images(n_test));
-  testing::write_bytes(dir.file(kTestLabels), fake_labels(n_test));
-}
-
-// A small valid data set shared by the tests that need one (removed at exit).
-const std::string& tiny_data_dir() {
-  static const TempDir dir;
-  static const bool written = (write_fake_data(dir, 16, 8), true);
-  (void)written;
-  return dir.path();
-}
+using testing::contains;
+using testing::describe;
+using testing::expect_no_crash;
+using testing::expect_one_error_line;
+using testing::fake_images;
+using testing::fake_labels;
+using testing::kTestImages;
+using testing::kTestLabels;
+using testing::kTrainImages;
+using testing::kTrainLabels;
+using testing::run_dptrain;
+using testing::split_lines;
+using testing::tiny_data_dir;
+using testing::write_fake_data;
 
 const std::regex kFinalLineOneCpu(
     R"(^test acc: [0-9]\.[0-9]{2}, [0-9]+\.[0-9] sec/epoch on \[cpu\]$)");
@@ -1612,16 +1538,19 @@ TEST(CliLostWork, UnreadableCheckpointsAreNeverOverwrittenSilently) {
   const std::string checkpoints = dir.file("ck");
   testing::make_directories(checkpoints);
   const std::string junk = checkpoints + "/" + checkpoint_file_name(1, 0);
-  const std::vector<uint8_t> junk_bytes{'n', 'o', 't', ' ', 'a', ' ', 'c', 'k', 'p'};
+  // A checkpoint cut short after its magic: dptrain's own, unreadable. (--fresh leaves a file
+  // without the magic alone: HostileFresh.)
+  const std::string junk_text = "DPTRNCKPcut";
+  const std::vector<uint8_t> junk_bytes(junk_text.begin(), junk_text.end());
   testing::write_bytes(junk, junk_bytes);
   expect_one_error_line(
       testing::run_command(tiny_run({"--checkpoint-dir", checkpoints, "--resume"}), {}, 60), kUsage,
       "--resume: no checkpoint in " + checkpoints + " can be read (checkpoint " + junk +
-          ": not a dptrain checkpoint");
+          ": truncated");
   expect_one_error_line(testing::run_command(tiny_run({"--checkpoint-dir", checkpoints}), {}, 60),
                         kUsage,
                         "--checkpoint-dir " + checkpoints + " already holds 1 checkpoint(s)");
-  EXPECT_EQ(read_text(junk), "not a ckp");
+  EXPECT_EQ(read_text(junk), junk_text);
 
   const auto fresh =
       testing::run_command(tiny_run({"--checkpoint-dir", checkpoints, "--fresh"}), {}, 120);
@@ -1637,8 +1566,8 @@ TEST(CliLostWork, UnreadableCheckpointsAreNeverOverwrittenSilently) {
   expect_one_error_line(
       testing::run_command(tiny_run({"--checkpoint-dir", checkpoints, "--resume", "--epochs", "3"}),
                            {}, 60),
-      kUsage, "--resume: checkpoint " + later + ": not a dptrain checkpoint");
-  EXPECT_EQ(read_text(later), "not a ckp");
+      kUsage, "--resume: checkpoint " + later + ": truncated");
+  EXPECT_EQ(read_text(later), junk_text);
   // An unreadable file older than the start is skipped, and said so.
   ::unlink(later.c_str());
   const std::string older = checkpoints + "/" + checkpoint_file_name(0, 3);
@@ -1647,9 +1576,9 @@ TEST(CliLostWork, UnreadableCheckpointsAreNeverOverwrittenSilently) {
       tiny_run({"--checkpoint-dir", checkpoints, "--resume", "--epochs", "2"}), {}, 120);
   expect_resumed_run(resumed);
   EXPECT_TRUE(contains(
-      resumed.err, "dptrain: --resume: skipped checkpoint " + older + ": not a dptrain checkpoint"))
+      resumed.err, "dptrain: --resume: skipped checkpoint " + older + ": truncated"))
       << describe(resumed);
-  EXPECT_EQ(read_text(older), "not a ckp");
+  EXPECT_EQ(read_text(older), junk_text);
 }
 
 // Resume compared only the size of the training set: another set of the same size continued the

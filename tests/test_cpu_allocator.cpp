@@ -5,7 +5,6 @@
 #include <c10/core/CPUAllocator.h>
 #include <gtest/gtest.h>
 #include <sys/resource.h>
-#include <torch/serialize.h>
 #include <torch/torch.h>
 
 #include <cstdint>
@@ -183,7 +182,7 @@ TEST(CachingCpuAllocator, InstalledItServesTensorsAndTrainingEndsBitIdentical) {
   EXPECT_GT(installed_cpu_allocator_stats().hits, after.hits);
   const auto parameters = [](const std::string& path) {
     ResNet model(ResNetOptions{10, 1, 4});
-    torch::load(model, path);
+    dptrain::testing::load_model_file(model, path);
     return model->parameters();
   };
   const auto a = parameters(dir.file("system.pt")), b = parameters(dir.file("caching.pt"));

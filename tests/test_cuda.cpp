@@ -5,7 +5,6 @@
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <torch/cuda.h>
-#include <torch/serialize.h>
 
 #include <algorithm>
 #include <chrono>
@@ -59,7 +58,7 @@ double seconds_since(Clock::time_point start) {
 
 std::vector<torch::Tensor> load_parameters(const std::string& path, int64_t width) {
   ResNet model(ResNetOptions{10, 1, width});
-  torch::load(model, path);
+  dptrain::testing::load_model_file(model, path);
   std::vector<torch::Tensor> values;
   for (const auto& p : model->parameters()) values.push_back(p.detach().clone());
   return values;

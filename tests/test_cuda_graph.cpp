@@ -4,7 +4,6 @@
 // Not here: the flag's parsing and the binary's error lines (test_cli.cpp).
 #include <ATen/Context.h>
 #include <gtest/gtest.h>
-#include <torch/serialize.h>
 
 #include <cmath>
 #include <string>
@@ -111,7 +110,7 @@ TEST(CudaGraphUsage, OneGpuPerProcessIsAllowed) {
 std::vector<std::pair<std::string, torch::Tensor>> saved_state(const std::string& path,
                                                                int64_t width) {
   ResNet model(ResNetOptions{kNumClasses, 1, width});
-  torch::load(model, path);
+  dptrain::testing::load_model_file(model, path);
   std::vector<std::pair<std::string, torch::Tensor>> state;
   for (const auto& item : model->named_parameters()) state.emplace_back(item.key(), item.value());
   for (const auto& item : model->named_buffers()) state.emplace_back(item.key(), item.value());

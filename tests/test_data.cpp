@@ -3,6 +3,7 @@
 // when it is installed, the real Fashion-MNIST (sizes, label range, the first labels).
 
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 #include <torch/cuda.h>
 #include <torch/torch.h>
 #include <unistd.h>
@@ -12,6 +13,7 @@
 #include <functional>
 #include <optional>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -391,12 +393,85 @@ TEST(DataResolveDir, NonexistentFlagDirIsAnError) {
                     {"--data-dir " + missing, "dataset-fashion-mnist", "DPTRAIN_DATA"});
 }
 
-TEST(DataResolveDir, DirectoriesNamedLikeTheFilesDoNotCount) {
-  TempDir dir;
-  write_fake_dataset(dir.path(), true);
-  dptrain::testing::remove_path(dir.file(kTestLabelsFile));
-  dptrain::testing::make_directories(dir.file(kTestLabelsFile));
-  expect_data_error([&] { resolve_data_dir(dir.path()); }, {dir.path(), "dataset-fashion-mnist"});
+// What may stand at a data file's name instead of a regular file, and how find_file names it.
+struct OddFile {
+  std::string kind;
+  std::string named;
+};
+
+std::ostream& operator<<(std::ostream& out, const OddFile& c) { return out << c.kind; }
+
+// Each odd thing at the published name (gzip data set) or at the unpacked one (plain data set).
+class DataOddFile : public ::testing::TestWithParam<std::tuple<OddFile, bool>> {
+ protected:
+  // The data set with `file` replaced by the odd thing: the path it stands at.
+  std::string plant(const char* file) {
+    const auto& [odd, gzip] = GetParam();
+    write_fake_dataset(dir_.path(), gzip);
+    const std::string path = dir_.file(gzip ? std::string(file) : unpacked(file));
+    dptrain::testing::remove_path(path);
+    if (odd.kind == "fifo") {
+      EXPECT_EQ(::mkfifo(path.c_str(), 0600), 0);
+    }
+    if (odd.kind == "directory") dptrain::testing::make_directories(path);
+    // stat follows the link, as find_file does: a character device, not a symbolic link.
+    if (odd.kind == "device") {
+      EXPECT_EQ(::symlink("/dev/zero", path.c_str()), 0);
+    }
+    return path;
+  }
+
+  // The error names `path` and what it is; it is not "missing", and no package would help.
+  void expect_named(const std::function<void()>& action, const std::string& path) {
+    const std::string message = dptrain::testing::expect_throws<DataError>(
+        action, {path + ": is " + std::get<0>(GetParam()).named + ", not a regular file"});
+    for (const char* wrong : {"missing", "install", "does not hold"}) {
+      EXPECT_EQ(message.find(wrong), std::string::npos) << message;
+    }
+  }
+
+  TempDir dir_;
+};
+
+// A FIFO, a device or a directory at a data file's name was reported as missing, with advice
+// to install a package. It is named for what it is, by the directory lookup and by the loader.
+TEST_P(DataOddFile, IsNamedNeverMissing) {
+  const std::string path = plant(kTrainLabelsFile);
+  expect_named([&] { resolve_data_dir(dir_.path()); }, path);
+  {
+    EnvGuard env("DPTRAIN_DATA", dir_.path());
+    expect_named([&] { resolve_data_dir(std::nullopt); }, path);
+  }
+  expect_named([&] { load_fashion_mnist(dir_.path()); }, path);
+}
+
+// Opened without blocking (a FIFO with no writer would hang a plain open for ever).
+TEST_P(DataOddFile, ReadingItDirectlyDoesNotBlock) {
+  const std::string labels = plant(kTestLabelsFile);
+  const std::string images = dir_.file(std::get<1>(GetParam()) ? std::string(kTestImagesFile)
+                                                               : unpacked(kTestImagesFile));
+  expect_data_error([&] { load_split(images, labels); }, {labels});
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    DataFiles, DataOddFile,
+    ::testing::Combine(::testing::Values(OddFile{"fifo", "a FIFO"},
+                                         OddFile{"directory", "a directory"},
+                                         OddFile{"device", "a character device"}),
+                       ::testing::Bool()),
+    [](const ::testing::TestParamInfo<std::tuple<OddFile, bool>>& info) {
+      return std::get<0>(info.param).kind + (std::get<1>(info.param) ? "_gz" : "_unpacked");
+    });
+
+// A symbolic link to a regular file is a data file like any other.
+TEST(DataResolveDir, SymbolicLinksToTheFilesWork) {
+  TempDir real, linked;
+  write_fake_dataset(real.path(), true);
+  for (const char* name : {kTrainImagesFile, kTrainLabelsFile, kTestImagesFile, kTestLabelsFile}) {
+    ASSERT_EQ(::symlink(real.file(name).c_str(), linked.file(name).c_str()), 0) << name;
+  }
+  EXPECT_EQ(resolve_data_dir(linked.path()), linked.path());
+  EXPECT_EQ(load_fashion_mnist(linked.path()).train.size(), 5);
 }
 
 const std::string kDebianDir = "/usr/share/datasets/fashion-mnist";

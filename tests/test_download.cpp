@@ -12,8 +12,10 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <fstream>
+#include <functional>
 #include <iterator>
 #include <map>
 #include <optional>
@@ -57,6 +59,22 @@ bool port_accepts(int port) {
   return ok;
 }
 
+// A socket listening on 127.0.0.1 at a port the kernel picked, written to `port`.
+int listen_on_loopback(int* port) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t length = sizeof address;
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof address) != 0 ||
+      ::listen(fd, 8) != 0 ||
+      ::getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length) != 0) {
+    throw std::runtime_error("cannot listen on loopback");
+  }
+  *port = ntohs(address.sin_port);
+  return fd;
+}
+
 // `python3 -m http.server` serving `directory` on loopback for the life of the object.
 class HttpServer {
  public:
@@ -98,17 +116,7 @@ class HttpServer {
 class SilentServer {
  public:
   SilentServer() {
-    fd_ = ::socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in address{};
-    address.sin_family = AF_INET;
-    address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    socklen_t length = sizeof address;
-    if (::bind(fd_, reinterpret_cast<sockaddr*>(&address), sizeof address) != 0 ||
-        ::listen(fd_, 8) != 0 ||
-        ::getsockname(fd_, reinterpret_cast<sockaddr*>(&address), &length) != 0) {
-      throw std::runtime_error("cannot listen on loopback");
-    }
-    port_ = ntohs(address.sin_port);
+    fd_ = listen_on_loopback(&port_);
   }
   ~SilentServer() { ::close(fd_); }
   SilentServer(const SilentServer&) = delete;
@@ -120,43 +128,35 @@ class SilentServer {
   int port_ = 0;
 };
 
-// An HTTP server on loopback, in a thread of the test, that answers every request with a
-// 100 MB file and sends it `bytes_per_second` at a time, one piece every 100 ms: a mirror
-// that drips. It serves one connection after another until destroyed.
-class DripServer {
+// An HTTP server on loopback, in a thread of the test: it takes one connection after another
+// until destroyed, reads the request and hands the connection to `respond`, which must return
+// soon after `stopping` turns true.
+class LoopbackHttpServer {
  public:
-  explicit DripServer(int64_t bytes_per_second) : bytes_per_tick_(bytes_per_second / 10) {
-    fd_ = ::socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in address{};
-    address.sin_family = AF_INET;
-    address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    socklen_t length = sizeof address;
-    if (::bind(fd_, reinterpret_cast<sockaddr*>(&address), sizeof address) != 0 ||
-        ::listen(fd_, 8) != 0 ||
-        ::getsockname(fd_, reinterpret_cast<sockaddr*>(&address), &length) != 0) {
-      throw std::runtime_error("cannot listen on loopback");
-    }
-    port_ = ntohs(address.sin_port);
-    thread_ = std::thread([this] { serve(); });
+  using Respond = std::function<void(int client, const std::atomic<bool>& stopping)>;
+
+  explicit LoopbackHttpServer(Respond respond) {
+    fd_ = listen_on_loopback(&port_);
+    thread_ = std::thread([this, respond = std::move(respond)] { serve(respond); });
   }
-  ~DripServer() {
+  ~LoopbackHttpServer() {
     stop_ = true;
     thread_.join();
     ::close(fd_);
   }
-  DripServer(const DripServer&) = delete;
-  DripServer& operator=(const DripServer&) = delete;
+  LoopbackHttpServer(const LoopbackHttpServer&) = delete;
+  LoopbackHttpServer& operator=(const LoopbackHttpServer&) = delete;
   std::string url() const { return "http://127.0.0.1:" + std::to_string(port_) + "/"; }
   int connections() const { return connections_; }
 
- private:
   // Waits up to 100 ms for `fd` to be ready for `events`.
   static bool ready(int fd, short events) {
     pollfd entry{fd, events, 0};
     return ::poll(&entry, 1, 100) == 1;
   }
 
-  void serve() {
+ private:
+  void serve(const Respond& respond) {
     while (!stop_) {
       if (!ready(fd_, POLLIN)) continue;
       const int client = ::accept(fd_, nullptr, nullptr);
@@ -164,25 +164,60 @@ class DripServer {
       ++connections_;
       char request[4096];
       if (ready(client, POLLIN)) (void)!::read(client, request, sizeof request);
-      const std::string header =
-          "HTTP/1.1 200 OK\r\nContent-Length: 100000000\r\nContent-Type: "
-          "application/octet-stream\r\n\r\n";
-      bool open = ::send(client, header.data(), header.size(), MSG_NOSIGNAL) > 0;
-      const std::string piece(static_cast<size_t>(bytes_per_tick_), 'x');
-      while (open && !stop_) {
-        std::this_thread::sleep_for(std::chrono::milliseconds(100));
-        open = ::send(client, piece.data(), piece.size(), MSG_NOSIGNAL) > 0;
-      }
+      respond(client, stop_);
       ::close(client);
     }
   }
 
-  int64_t bytes_per_tick_;
   int fd_ = -1;
   int port_ = 0;
   std::atomic<bool> stop_{false};
   std::atomic<int> connections_{0};
   std::thread thread_;
+};
+
+// A mirror that drips: it announces a 4 MB file (under t10k-images' cap) and sends it
+// `bytes_per_second` at a time, one piece every 100 ms.
+class DripServer : public LoopbackHttpServer {
+ public:
+  explicit DripServer(int64_t bytes_per_second)
+      : LoopbackHttpServer([piece = std::string(static_cast<size_t>(bytes_per_second / 10), 'x')](
+                               int client, const std::atomic<bool>& stopping) {
+          const std::string header =
+              "HTTP/1.1 200 OK\r\nContent-Length: 4000000\r\nContent-Type: "
+              "application/octet-stream\r\n\r\n";
+          bool open = ::send(client, header.data(), header.size(), MSG_NOSIGNAL) > 0;
+          while (open && !stopping) {
+            std::this_thread::sleep_for(std::chrono::milliseconds(100));
+            open = ::send(client, piece.data(), piece.size(), MSG_NOSIGNAL) > 0;
+          }
+        }) {}
+};
+
+// A mirror that floods: 200, then bytes as fast as the client takes them, for ever. `chunked`
+// sends them as endless chunks without a Content-Length; otherwise it announces 10^12 bytes.
+class FloodServer : public LoopbackHttpServer {
+ public:
+  explicit FloodServer(bool chunked)
+      : LoopbackHttpServer([chunked](int client, const std::atomic<bool>& stopping) {
+          const std::string header = std::string("HTTP/1.1 200 OK\r\n") +
+                                     (chunked ? "Transfer-Encoding: chunked\r\n"
+                                              : "Content-Length: 1000000000000\r\n") +
+                                     "Content-Type: application/octet-stream\r\n\r\n";
+          const std::string bytes(65536, 'x');
+          const std::string piece = chunked ? "10000\r\n" + bytes + "\r\n" : bytes;  // 0x10000
+          bool open = ::send(client, header.data(), header.size(), MSG_NOSIGNAL) > 0;
+          // Polled, so that a client that stops reading cannot keep the destructor waiting;
+          // each piece goes whole (a short send resumes where it stopped), or the chunks would
+          // not parse.
+          for (size_t done = 0; open && !stopping; done %= piece.size()) {
+            if (!ready(client, POLLOUT)) continue;
+            const ssize_t sent = ::send(client, piece.data() + done, piece.size() - done,
+                                        MSG_NOSIGNAL | MSG_DONTWAIT);
+            if (sent > 0) done += static_cast<size_t>(sent);
+            open = sent > 0 || (sent < 0 && (errno == EAGAIN || errno == EINTR));
+          }
+        }) {}
 };
 
 const std::vector<std::string> kNames = {kTrainImagesFile, kTrainLabelsFile, kTestImagesFile,
@@ -544,6 +579,150 @@ TEST_F(DownloadTest, ExceptionFromTheProgressCallbackAbortsAndLeavesNoFile) {
   expect_nothing_left_but({});
 }
 
+// ---- What stands at the ".part" name ------------------------------------------------------
+
+// A ".part" left by a run that was killed (this user's, with no other name) is replaced.
+TEST_F(DownloadTest, LeftoverPartFileOfAKilledRunIsReplaced) {
+  testing::make_directories(options_.directory);
+  for (const auto& name : kNames) write_file(target(name) + ".part", "half a file");
+  options_.base_url = "file://" + served_.path();
+  download_fashion_mnist(options_);
+  expect_all_present_and_identical();
+}
+
+// Something planted at the ".part" name: how it is made, and what the error says it is.
+struct PlantedPart {
+  std::string kind;
+  std::string says;
+};
+
+std::ostream& operator<<(std::ostream& out, const PlantedPart& c) { return out << c.kind; }
+
+class DownloadPlantedPart : public DownloadTest,
+                            public ::testing::WithParamInterface<PlantedPart> {};
+
+// A hard link at "<name>.part" to another file (~/.bashrc; as root /etc/passwd) had that file
+// truncated and written: O_NOFOLLOW stops only symbolic links. Only a leftover ".part" of this
+// user's is replaced now; anything else stops the download with one line naming the path, and
+// what stood there, and the file behind it, keep their bytes.
+TEST_P(DownloadPlantedPart, IsRefusedNamedAndLeftUntouched) {
+  testing::make_directories(options_.directory);
+  const std::string victim = target_.file("victim");
+  const std::string victim_bytes = "export PATH=/usr/bin\n";
+  write_file(victim, victim_bytes);
+  const std::string part = target(kTestImagesFile) + ".part";  // the first file fetched
+  const std::string& kind = GetParam().kind;
+  int planted = 0;
+  if (kind == "hard_link") planted = ::link(victim.c_str(), part.c_str());
+  if (kind == "symbolic_link") planted = ::symlink(victim.c_str(), part.c_str());
+  if (kind == "fifo") planted = ::mkfifo(part.c_str(), 0600);
+  if (kind == "directory") planted = ::mkdir(part.c_str(), 0755);
+  if (kind == "other_users_file") {
+    if (::geteuid() != 0) GTEST_SKIP() << "only root can give a file to another user";
+    write_file(part, victim_bytes);
+    planted = ::chown(part.c_str(), 65534, 65534);
+  }
+  ASSERT_EQ(planted, 0) << kind << " at " << part;
+  options_.base_url = "file://" + served_.path();
+  const std::string message = testing::expect_throws<DataError>(
+      [&] { download_fashion_mnist(options_); },
+      {"cannot write " + part + ": " + GetParam().says, "; remove it"});
+  EXPECT_EQ(message.find('\n'), std::string::npos) << message;
+  EXPECT_EQ(read_file(victim), victim_bytes);
+  EXPECT_TRUE(path_exists(part));
+  if (testing::is_regular_file(part)) {
+    EXPECT_EQ(read_file(part), victim_bytes);
+  }
+  EXPECT_FALSE(path_exists(target(kTestImagesFile)));
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    DownloadPartName, DownloadPlantedPart,
+    ::testing::Values(PlantedPart{"hard_link",
+                                  "it has 2 hard links; dptrain does not write through a file "
+                                  "shared with another name"},
+                      PlantedPart{"symbolic_link", "it is a symbolic link"},
+                      PlantedPart{"fifo", "it is a FIFO"},
+                      PlantedPart{"directory", "it is a directory"},
+                      PlantedPart{"other_users_file", "it belongs to user 65534"}),
+    [](const ::testing::TestParamInfo<PlantedPart>& info) { return info.param.kind; });
+
+// ---- A mirror that sends too much -----------------------------------------------------------
+
+TEST(DownloadDefaults, CapEachFileAtItsPublishedSize) {
+  const DownloadOptions defaults;
+  EXPECT_EQ(defaults.max_bytes, fashion_mnist_sizes());
+  EXPECT_EQ(defaults.default_max_bytes, 64 << 20);
+  ASSERT_EQ(defaults.max_bytes.size(), defaults.expected_sha256.size());
+  for (const auto& [name, digest] : defaults.expected_sha256) {
+    EXPECT_EQ(defaults.max_bytes.count(name), 1u) << name;
+  }
+}
+
+// A flooding mirror: whether it sends chunks without end (else a Content-Length of 10^12), the
+// file asked for, its cap, and how the error ends.
+struct Flood {
+  std::string label;
+  bool chunked;
+  std::string file;
+  int64_t cap;
+  std::string says;
+};
+
+std::ostream& operator<<(std::ostream& out, const Flood& c) { return out << c.label; }
+
+class DownloadFlood : public DownloadTest, public ::testing::WithParamInterface<Flood> {};
+
+// A mirror that floods was written to until the disk was full, and retried twice. Each file has
+// a known maximum size now: a larger Content-Length is refused before a byte is written, a body
+// that grows past it is stopped there; not retried, and no ".part" is left.
+TEST_P(DownloadFlood, IsRefusedAtTheCapAtOnce) {
+  const Flood& flood = GetParam();
+  FloodServer server(flood.chunked);
+  options_.base_url = server.url();
+  options_.attempts = 3;
+  options_.expected_sha256 = {{flood.file, std::string(64, '0')}};
+  options_.default_max_bytes = 1 << 20;  // for a file of unknown size only
+  // The largest file the download directory ever holds, sampled while the download runs.
+  std::atomic<bool> done{false};
+  std::atomic<int64_t> largest{0};
+  std::thread watcher([&] {
+    while (!done) {
+      for (const auto& name : testing::list_directory(options_.directory)) {
+        const int64_t size = testing::file_size(options_.directory + "/" + name);
+        if (size > largest) largest = size;
+      }
+      std::this_thread::sleep_for(std::chrono::microseconds(200));
+    }
+  });
+  const auto start = std::chrono::steady_clock::now();
+  const std::string message =
+      testing::expect_throws<DataError>([&] { download_fashion_mnist(options_); }, {});
+  const auto took = std::chrono::steady_clock::now() - start;
+  done = true;
+  watcher.join();
+  EXPECT_EQ(message, "download " + server.url() + flood.file + ": the server sent more than the " +
+                         std::to_string(flood.cap) + " bytes " + flood.file + " has " +
+                         flood.says);
+  EXPECT_LT(took, std::chrono::seconds(10));
+  EXPECT_EQ(server.connections(), 1);
+  EXPECT_LE(largest.load(), flood.cap);
+  if (!flood.chunked) {
+    EXPECT_EQ(largest.load(), 0);
+  }
+  EXPECT_EQ(testing::list_directory(options_.directory), std::vector<std::string>{});
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    DownloadFloods, DownloadFlood,
+    ::testing::Values(Flood{"endless_chunks", true, kTestImagesFile, 4422102,
+                            "(more than 4422102 bytes arrived)"},
+                      Flood{"huge_content_length", false, kTrainImagesFile, 26421880,
+                            "(Content-Length 1000000000000)"},
+                      Flood{"endless_chunks_of_a_file_of_unknown_size", true, "extra.bin",
+                            1 << 20, "(more than 1048576 bytes arrived)"}),
+    [](const ::testing::TestParamInfo<Flood>& info) { return info.param.label; });
+
 // ---- The dptrain download command --------------------------------------------------------------
 
 std::vector<std::string> download_command(const std::string& url, const std::string& directory) {
@@ -647,7 +826,10 @@ TEST(DownloadRealData, RebuiltUpstreamFilesPassTheBuiltInChecksums) {
   options.attempts = 1;
   const auto files = download_fashion_mnist(options);
   ASSERT_EQ(files.size(), 4u);
-  for (const auto& file : files) EXPECT_TRUE(file.fetched) << file.name;
+  for (const auto& file : files) {
+    EXPECT_TRUE(file.fetched) << file.name;
+    EXPECT_EQ(file.bytes, fashion_mnist_sizes().at(file.name)) << file.name;  // the caps
+  }
 }
 
 }  // namespace

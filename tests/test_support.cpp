@@ -30,6 +30,7 @@
 #include "dptrain/data/data.h"
 #include "dptrain/errors.h"
 #include "dptrain/parallel/rendezvous.h"
+#include "dptrain/train/checkpoint.h"
 
 namespace dptrain::testing {
 
@@ -183,25 +184,27 @@ bool apply_child_setup(const ChildSetup& setup) {
     }
     close(fd);
   }
-  if (setup.stack_limit_bytes > 0) {
+  // Each limit lowers only the soft value, as `ulimit -S` would.
+  const auto lower_soft_limit = [](decltype(RLIMIT_AS) resource, const char* name, int64_t bytes) {
     rlimit limit{};
-    getrlimit(RLIMIT_STACK, &limit);
-    limit.rlim_cur = static_cast<rlim_t>(setup.stack_limit_bytes);
-    if (setrlimit(RLIMIT_STACK, &limit) != 0) {
-      std::fprintf(stderr, "child setup: RLIMIT_STACK: %s\n", std::strerror(errno));
-      return false;
-    }
+    getrlimit(resource, &limit);
+    limit.rlim_cur = static_cast<rlim_t>(bytes);
+    if (setrlimit(resource, &limit) == 0) return true;
+    std::fprintf(stderr, "child setup: %s: %s\n", name, std::strerror(errno));
+    return false;
+  };
+  if (setup.stack_limit_bytes > 0 &&
+      !lower_soft_limit(RLIMIT_STACK, "RLIMIT_STACK", setup.stack_limit_bytes)) {
+    return false;
   }
   if (setup.file_size_limit_bytes > 0) {
     // SIGXFSZ at its default (death), as for a user's `ulimit -f`: the program must cope.
     ::signal(SIGXFSZ, SIG_DFL);
-    rlimit limit{};
-    getrlimit(RLIMIT_FSIZE, &limit);
-    limit.rlim_cur = static_cast<rlim_t>(setup.file_size_limit_bytes);
-    if (setrlimit(RLIMIT_FSIZE, &limit) != 0) {
-      std::fprintf(stderr, "child setup: RLIMIT_FSIZE: %s\n", std::strerror(errno));
-      return false;
-    }
+    if (!lower_soft_limit(RLIMIT_FSIZE, "RLIMIT_FSIZE", setup.file_size_limit_bytes)) return false;
+  }
+  if (setup.address_space_limit_bytes > 0 &&
+      !lower_soft_limit(RLIMIT_AS, "RLIMIT_AS", setup.address_space_limit_bytes)) {
+    return false;
   }
   if (setup.run_as_uid >= 0) {
     if (setgroups(0, nullptr) != 0 || setgid(static_cast<gid_t>(setup.run_as_gid)) != 0 ||
@@ -225,6 +228,7 @@ pid_t start_child(const std::vector<std::string>& args,
     dup2(err_fd, STDERR_FILENO);
     for (int fd : close_in_child) close(fd);
     if (!apply_child_setup(setup)) _exit(kChildSetupFailed);
+    for (int fd : setup.closed_descriptors) close(fd);  // last: a failure above still reports
     for (const auto& [name, value] : extra_env) setenv(name.c_str(), value.c_str(), 1);
     std::vector<char*> argv;
     for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
@@ -431,6 +435,10 @@ WorldPlan cpu_world(int replicas) {
   world.local_devices.assign(static_cast<size_t>(replicas), torch::Device(torch::kCPU));
   world.world_size = replicas;
   return world;
+}
+
+void load_model_file(ResNet& model, const std::string& path) {
+  load_model_tensors(*model, read_checkpoint(path, "--model").tensors, path);
 }
 
 }  // namespace dptrain::testing

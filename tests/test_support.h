@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "dptrain/data/data.h"
+#include "dptrain/model/model.h"
 #include "dptrain/parallel/distributed.h"
 #include "dptrain/train/train.h"
 
@@ -94,6 +95,9 @@ WorldPlan cpu_world(int replicas);
 // Where the real Fashion-MNIST is (resolve_data_dir without a flag), or nullopt.
 std::optional<std::string> real_data_dir();
 
+// Loads a --save-model file (the checkpoint format) into `model`, which must have its width.
+void load_model_file(ResNet& model, const std::string& path);
+
 struct CommandResult {
   int exit_code = -1;  // the exit status; 128 + N when killed by signal N
   bool timed_out = false;
@@ -108,6 +112,8 @@ struct ChildSetup {
   int run_as_uid = -1;                // switch to this user and group (needs root); -1: stay
   int run_as_gid = -1;
   std::string stdout_path;  // standard output into this file (e.g. /dev/full), not captured
+  int64_t address_space_limit_bytes = 0;  // RLIMIT_AS (soft), as `ulimit -v` sets it
+  std::vector<int> closed_descriptors;    // closed before exec (e.g. 1 for `>&-`)
 };
 // Exit status of a child whose ChildSetup could not be applied (e.g. no right to switch user).
 constexpr int kChildSetupFailed = 126;

@@ -7,7 +7,6 @@
 #include <signal.h>
 #include <sys/socket.h>
 #include <torch/nn/functional/loss.h>
-#include <torch/serialize.h>
 #include <unistd.h>
 
 #include <fstream>
@@ -32,7 +31,7 @@ using namespace dptrain::testing;
 
 std::vector<torch::Tensor> load_parameters(const std::string& path, int64_t width) {
   ResNet model(ResNetOptions{10, 1, width});
-  torch::load(model, path);
+  dptrain::testing::load_model_file(model, path);
   std::vector<torch::Tensor> values;
   for (const auto& p : model->parameters()) values.push_back(p.detach().clone());
   return values;

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cmath>
 #include <cstring>
 #include <limits>
 #include <map>
@@ -23,6 +24,16 @@ constexpr uint64_t kMaxRank = 8;
 constexpr uint64_t kMaxName = 4096;
 constexpr uint64_t kMaxEpochs = 1000000;
 constexpr uint64_t kMaxDigest = 128;  // a hex SHA-256 is 64
+// What a file may claim of the run that wrote it: the command line's own limits (cli.cpp), and
+// for the model's shape what any dptrain could build.
+constexpr int64_t kMaxWidth = 4096;
+constexpr int64_t kMaxClassesOrChannels = 65536;
+constexpr int64_t kMaxCount = (int64_t{1} << 31) - 1;  // --batch-size, the training set
+constexpr int64_t kMaxWorldSize = int64_t{1} << 20;
+constexpr size_t kConfigBytes = 8 * 8;  // width .. world_size, before the digest
+constexpr size_t kStatsBytes = 9 * 8;   // one epoch of history
+// A zip archive's first bytes: TorchScript and torch::save files, which dptrain never opens.
+constexpr uint8_t kZipMagic[4] = {'P', 'K', 3, 4};
 
 // ---- Little-endian encoding --------------------------------------------------------------
 
@@ -56,8 +67,9 @@ class ByteWriter {
 // Every read is bounds-checked; running off the end is a DataError naming the file.
 class ByteReader {
  public:
-  ByteReader(const uint8_t* data, size_t size, const std::string& name)
-      : data_(data), size_(size), name_(name) {}
+  // `label` starts every message: "checkpoint PATH" or "--model PATH".
+  ByteReader(const uint8_t* data, size_t size, const std::string& label)
+      : data_(data), size_(size), label_(label) {}
   uint32_t u32() { return static_cast<uint32_t>(get(4)); }
   uint64_t u64() { return get(8); }
   int64_t i64() { return static_cast<int64_t>(get(8)); }
@@ -83,14 +95,13 @@ class ByteReader {
   }
   size_t remaining() const { return size_ - offset_; }
   [[noreturn]] void fail(const std::string& what) const {
-    throw DataError("checkpoint " + name_ + ": corrupt: " + what + " at byte " +
-                    std::to_string(offset_));
+    throw DataError(label_ + ": corrupt: " + what + " at byte " + std::to_string(offset_));
   }
 
  private:
   void need(uint64_t n) const {
     if (n > size_ - offset_) {
-      throw DataError("checkpoint " + name_ + ": truncated: needs " + std::to_string(n) +
+      throw DataError(label_ + ": truncated: needs " + std::to_string(n) +
                       " more bytes at byte " + std::to_string(offset_) + " of " +
                       std::to_string(size_));
     }
@@ -105,7 +116,7 @@ class ByteReader {
   const uint8_t* data_;
   size_t size_;
   size_t offset_ = 0;
-  const std::string& name_;
+  const std::string& label_;
 };
 
 // The dtypes a model of ours holds; the codes are part of the file format.
@@ -173,17 +184,18 @@ EpochStats read_stats(ByteReader& r) {
 // checked against what the file still holds before anything is allocated.
 std::pair<std::string, torch::Tensor> read_tensor(ByteReader& r) {
   auto name = r.text(kMaxName, "tensor name");
+  const std::string shown = printable(name);  // a name is the file's bytes: escape them
   const auto dtype = dtype_of_code(r.u32());
-  if (!dtype) r.fail("unknown dtype code in tensor " + name);
+  if (!dtype) r.fail("unknown dtype code in tensor " + shown);
   const uint64_t rank = r.u64();
-  if (rank > kMaxRank) r.fail("tensor " + name + " of rank " + std::to_string(rank));
+  if (rank > kMaxRank) r.fail("tensor " + shown + " of rank " + std::to_string(rank));
   std::vector<int64_t> dims;
   uint64_t numel = 1;
   for (uint64_t d = 0; d < rank; ++d) {
     const int64_t size = r.i64();
     if (size < 0 ||
         (size > 0 && numel > std::numeric_limits<uint64_t>::max() / static_cast<uint64_t>(size))) {
-      r.fail("tensor " + name + " with bad dimension " + std::to_string(size));
+      r.fail("tensor " + shown + " with bad dimension " + std::to_string(size));
     }
     numel *= static_cast<uint64_t>(size);
     dims.push_back(size);
@@ -191,7 +203,7 @@ std::pair<std::string, torch::Tensor> read_tensor(ByteReader& r) {
   const uint64_t element = c10::elementSize(*dtype);
   const uint64_t stored = r.u64();
   if (numel > r.remaining() / element || stored != numel * element) {
-    r.fail("tensor " + name + " holds " + std::to_string(stored) + " bytes, its shape " +
+    r.fail("tensor " + shown + " holds " + std::to_string(stored) + " bytes, its shape " +
            std::to_string(numel) + " elements");
   }
   const uint8_t* data = r.raw(stored);
@@ -261,38 +273,109 @@ std::vector<uint8_t> serialize_checkpoint(const Checkpoint& c) {
   return std::move(bytes);
 }
 
-Checkpoint parse_checkpoint(const std::vector<uint8_t>& bytes, const std::string& name) {
-  if (bytes.size() < sizeof kMagic || std::memcmp(bytes.data(), kMagic, sizeof kMagic) != 0) {
-    throw DataError("checkpoint " + name + ": not a dptrain checkpoint (no DPTRNCKP header)");
-  }
-  ByteReader header(bytes.data(), bytes.size(), name);
-  header.raw(sizeof kMagic);
-  const uint32_t version = header.u32();
-  const uint64_t payload_size = header.u64();
-  const uint32_t crc = header.u32();
-  if (payload_size != header.remaining()) {
-    throw DataError("checkpoint " + name + ": truncated or padded: the header promises " +
-                    std::to_string(payload_size) + " bytes of payload, the file has " +
-                    std::to_string(header.remaining()));
-  }
-  const uint8_t* payload = bytes.data() + kHeaderBytes;
-  // zlib takes the length as uInt; a checkpoint of ours is far below 4 GiB, but check anyway.
-  if (payload_size > std::numeric_limits<uInt>::max()) {
-    throw DataError("checkpoint " + name + ": payload of " + std::to_string(payload_size) +
-                    " bytes is larger than dptrain writes");
-  }
-  // The CRC first: only a header that is intact may claim a version this dptrain does not know.
-  // Later versions keep version 2's CRC, which covers the version field.
-  if (file_crc(version == 1 ? 1 : 2, bytes.data(), payload_size) != crc) {
-    throw DataError("checkpoint " + name + ": corrupt: the CRC-32 of the contents does not match");
-  }
-  if (version != 1 && version != kCheckpointFormatVersion) {
-    throw DataError("checkpoint " + name + ": format version " + std::to_string(version) +
-                    ", written by a newer dptrain; this one reads versions 1 to " +
-                    std::to_string(kCheckpointFormatVersion));
-  }
+namespace {
 
-  ByteReader r(payload, payload_size, name);
+// "is 1000000, ..." for the impossible-contents messages.
+std::string value_text(double value) {
+  if (value == std::trunc(value) && std::fabs(value) < 1e18) {
+    return std::to_string(static_cast<int64_t>(value));
+  }
+  std::ostringstream out;
+  out << value;
+  return out.str();
+}
+
+// Note [A checkpoint's contents are checked, not only its CRC]
+// The CRC-32 tells a damaged file from an intact one, not a file dptrain wrote from one made to
+// look like it: a crafted file with a fitting CRC claimed step 10^6 of a 2-step epoch, which
+// trained nothing and reported 0 img/s, or a global step of 2^63 - 1, which wrapped. So every
+// field is checked against what the command line allows and against the others: the position
+// must lie inside the epoch that the batch size and training-set size make, the history must
+// hold exactly the finished epochs, and every figure must lie in its range. A loss may be NaN
+// or +inf besides a number >= 0: a run that diverges writes such losses (the test loss of
+// weights grown huge, under --on-nonfinite skip or before a step's gradient overflows), and its
+// checkpoints must stay readable; a negative loss no run has.
+void check_contents(const Checkpoint& c, ByteReader& r) {
+  const auto impossible = [&](const std::string& field, double value, const std::string& why) {
+    r.fail("impossible contents: " + field + " is " + value_text(value) + " (" + why + ")");
+  };
+  const auto in_range = [&](const char* field, int64_t value, int64_t low, int64_t high) {
+    if (value < low || value > high) {
+      impossible(field, static_cast<double>(value),
+                 "dptrain writes " + std::to_string(low) + " to " + std::to_string(high));
+    }
+  };
+  const auto finite_at_least_zero = [&](const std::string& field, double value) {
+    if (!std::isfinite(value) || value < 0) impossible(field, value, "a finite number >= 0");
+  };
+  const auto loss = [&](const std::string& field, double value) {
+    if (!(std::isnan(value) || value >= 0)) impossible(field, value, "a loss: >= 0, inf or nan");
+  };
+  const auto& config = c.config;
+  in_range("width", config.width, 1, kMaxWidth);
+  in_range("the class count", config.num_classes, 1, kMaxClassesOrChannels);
+  in_range("the input channel count", config.in_channels, 1, kMaxClassesOrChannels);
+  in_range("the batch size", config.batch_size, 1, kMaxCount);
+  in_range("the training-set size", config.train_size, 1, kMaxCount);
+  in_range("the world size", config.world_size, 1, kMaxWorldSize);
+  if (!std::isfinite(config.lr) || config.lr <= 0) {
+    impossible("the learning rate", config.lr, "a finite number > 0");
+  }
+  in_range("the epochs done", c.epochs_done, 0, static_cast<int64_t>(kMaxEpochs));
+  const int64_t steps_per_epoch = (config.train_size + config.batch_size - 1) / config.batch_size;
+  const std::string epoch_shape = "an epoch of " + std::to_string(config.train_size) +
+                                  " images in batches of " + std::to_string(config.batch_size) +
+                                  " has " + std::to_string(steps_per_epoch) + " steps";
+  if (c.step_in_epoch < 0 || c.step_in_epoch >= steps_per_epoch) {
+    impossible("the step in the epoch", static_cast<double>(c.step_in_epoch), epoch_shape);
+  }
+  // At most 10^6 x (2^31 - 1) + 2^31: no overflow.
+  const int64_t global = c.epochs_done * steps_per_epoch + c.step_in_epoch;
+  if (c.global_step != global) {
+    impossible("the global step", static_cast<double>(c.global_step),
+               "epoch " + std::to_string(c.epochs_done) + " step " +
+                   std::to_string(c.step_in_epoch) + " is global step " + std::to_string(global) +
+                   "; " + epoch_shape);
+  }
+  loss("the epoch's loss sum", c.partial_sums.loss_sum);
+  finite_at_least_zero("the epoch's correct count", c.partial_sums.correct);
+  finite_at_least_zero("the epoch's example count", c.partial_sums.count);
+  finite_at_least_zero("the epoch's seconds", c.partial_seconds);
+  if (c.partial_sums.count > static_cast<double>(config.train_size) ||
+      c.partial_sums.correct > c.partial_sums.count) {
+    impossible("the epoch's correct count", c.partial_sums.correct,
+               "of " + value_text(c.partial_sums.count) + " examples, from a training set of " +
+                   std::to_string(config.train_size));
+  }
+  if (c.history.size() != static_cast<size_t>(c.epochs_done)) {
+    impossible("the history's length", static_cast<double>(c.history.size()),
+               "it holds the finished epochs, and " + std::to_string(c.epochs_done) +
+                   " are done");
+  }
+  for (size_t i = 0; i < c.history.size(); ++i) {
+    const auto& s = c.history[i];
+    const std::string at = "epoch " + std::to_string(i + 1) + " of the history: ";
+    if (s.epoch != static_cast<int64_t>(i) + 1) {
+      impossible(at + "its number", static_cast<double>(s.epoch), "the epochs are numbered 1, 2, ...");
+    }
+    loss(at + "train loss", s.train_loss);
+    loss(at + "test loss", s.test_loss);
+    for (const auto& [field, value] :
+         {std::pair<const char*, double>{"seconds", s.seconds},
+          {"images per second", s.images_per_second}, {"steps", static_cast<double>(s.steps)}}) {
+      finite_at_least_zero(at + field, value);
+    }
+    for (const auto& [field, value] :
+         {std::pair<const char*, double>{"train accuracy", s.train_acc}, {"test accuracy", s.test_acc}}) {
+      if (!(value >= 0 && value <= 1)) impossible(at + field, value, "an accuracy from 0 to 1");
+    }
+  }
+}
+
+// The configuration and position at the payload's start, parsed; then the rest.
+Checkpoint parse_payload(const uint8_t* payload, size_t payload_size, uint32_t version,
+                         const std::string& label) {
+  ByteReader r(payload, payload_size, label);
   Checkpoint c;
   c.format_version = version;
   c.config.width = r.i64();
@@ -311,18 +394,94 @@ Checkpoint parse_checkpoint(const std::vector<uint8_t>& bytes, const std::string
   c.partial_sums.correct = r.f64();
   c.partial_sums.count = r.f64();
   c.partial_seconds = r.f64();
-  if (c.config.width <= 0 || c.config.num_classes <= 0 || c.config.in_channels <= 0 ||
-      c.epochs_done < 0 || c.step_in_epoch < 0 || c.global_step < 0) {
-    r.fail("negative or zero setting");
-  }
   const uint64_t epochs = r.u64();
   if (epochs > kMaxEpochs) r.fail("history of " + std::to_string(epochs) + " epochs");
+  if (epochs > r.remaining() / kStatsBytes) r.fail("history of " + std::to_string(epochs) + " epochs");
   for (uint64_t i = 0; i < epochs; ++i) c.history.push_back(read_stats(r));
+  check_contents(c, r);
   const uint64_t count = r.u64();
   if (count > kMaxTensors) r.fail(std::to_string(count) + " tensors");
   for (uint64_t i = 0; i < count; ++i) c.tensors.push_back(read_tensor(r));
   if (r.remaining() != 0) r.fail(std::to_string(r.remaining()) + " stray bytes after the tensors");
   return c;
+}
+
+// The header's fields, checked against the file's size: a file is refused by what its first
+// bytes say before the rest is read. `size` is the whole file's.
+struct Header {
+  uint32_t version = 0;
+  uint64_t payload_size = 0;
+  uint32_t crc = 0;
+};
+Header parse_header(const uint8_t* bytes, size_t available, uint64_t size,
+                    const std::string& label) {
+  if (available >= sizeof kZipMagic && std::memcmp(bytes, kZipMagic, sizeof kZipMagic) == 0) {
+    throw DataError(label +
+                    ": a zip archive (TorchScript or torch.save; --save-model wrote these "
+                    "before it wrote checkpoints), not a dptrain checkpoint; dptrain never opens "
+                    "archives, because loading one runs the code it may carry");
+  }
+  if (available < sizeof kMagic || std::memcmp(bytes, kMagic, sizeof kMagic) != 0) {
+    throw DataError(label + ": not a dptrain checkpoint (no DPTRNCKP header)");
+  }
+  ByteReader header(bytes, available, label);
+  header.raw(sizeof kMagic);
+  Header h;
+  h.version = header.u32();
+  h.payload_size = header.u64();
+  h.crc = header.u32();
+  if (h.payload_size != size - kHeaderBytes) {
+    throw DataError(label + ": truncated or padded: the header promises " +
+                    std::to_string(h.payload_size) + " bytes of payload, the file has " +
+                    std::to_string(size - kHeaderBytes));
+  }
+  // zlib takes the length as uInt; a checkpoint of ours is far below 4 GiB, but check anyway.
+  if (h.payload_size > std::numeric_limits<uInt>::max()) {
+    throw DataError(label + ": payload of " + std::to_string(h.payload_size) +
+                    " bytes is larger than dptrain writes");
+  }
+  return h;
+}
+
+Checkpoint parse_labelled(const uint8_t* bytes, size_t size, const std::string& label) {
+  const Header h = parse_header(bytes, size, size, label);
+  // The CRC first: only a header that is intact may claim a version this dptrain does not know.
+  // Later versions keep version 2's CRC, which covers the version field.
+  if (file_crc(h.version == 1 ? 1 : 2, bytes, h.payload_size) != h.crc) {
+    throw DataError(label + ": corrupt: the CRC-32 of the contents does not match");
+  }
+  if (h.version == 0) {
+    throw DataError(label + ": format version 0, which no dptrain writes (corrupt or foreign)");
+  }
+  if (h.version != 1 && h.version != kCheckpointFormatVersion) {
+    throw DataError(label + ": format version " + std::to_string(h.version) +
+                    ", written by a newer dptrain; this one reads versions 1 to " +
+                    std::to_string(kCheckpointFormatVersion));
+  }
+  return parse_payload(bytes + kHeaderBytes, h.payload_size, h.version, label);
+}
+
+}  // namespace
+
+Checkpoint parse_checkpoint(const std::vector<uint8_t>& bytes, const std::string& name) {
+  return parse_labelled(bytes.data(), bytes.size(), "checkpoint " + name);
+}
+
+uint64_t checkpoint_size_limit(int64_t width, int64_t num_classes, int64_t in_channels,
+                               int64_t epochs_done) {
+  // Elements of the book's ResNet-18 at width w (model.h): about 2729 w^2 in the convolutions
+  // (11,175,818 at w = 64), plus terms linear in w (BatchNorm, the stem, the linear layer).
+  // Bounded generously, at 8 bytes an element (float64 is the widest dtype a file may hold).
+  const auto w = static_cast<uint64_t>(std::clamp<int64_t>(width, 1, kMaxWidth));
+  const auto k = static_cast<uint64_t>(std::clamp<int64_t>(num_classes, 1, kMaxClassesOrChannels));
+  const auto c = static_cast<uint64_t>(std::clamp<int64_t>(in_channels, 1, kMaxClassesOrChannels));
+  const auto e = static_cast<uint64_t>(std::clamp<int64_t>(epochs_done, 0, kMaxEpochs));
+  const uint64_t elements = 2800 * w * w + 64 * w * (16 + k + c) + 4 * k;
+  // Per tensor: its name (at most kMaxName bytes), dtype, rank, dims and byte count; a model
+  // holds about 120 tensors.
+  const uint64_t per_tensor = 8 + kMaxName + 4 + 8 + 8 * kMaxRank + 8;
+  return kConfigBytes + 8 + kMaxDigest + 7 * 8 + 8 + e * kStatsBytes + 8 + 1000 * per_tensor +
+         8 * elements;
 }
 
 // ---- Files -------------------------------------------------------------------------------
@@ -333,8 +492,32 @@ void write_checkpoint_atomically(const Checkpoint& checkpoint, const std::string
                         " (the previous checkpoints are untouched)");
 }
 
-Checkpoint read_checkpoint(const std::string& path) {
-  return parse_checkpoint(read_regular_file(path, "checkpoint"), path);
+Checkpoint read_checkpoint(const std::string& path, const std::string& what) {
+  const RegularFile file(path, what);
+  const std::string label = file.name();
+  // The header and the configuration first, read where they stand; the file is read whole only
+  // when its size is one a checkpoint of the model it claims can have.
+  uint8_t head[kHeaderBytes + kConfigBytes] = {};
+  const auto head_size = static_cast<size_t>(std::min<uint64_t>(file.size(), sizeof head));
+  file.read_at(0, head, head_size);
+  parse_header(head, head_size, file.size(), label);
+  if (head_size == sizeof head) {
+    ByteReader config(head + kHeaderBytes, kConfigBytes, label);
+    const int64_t width = config.i64();
+    const int64_t classes = config.i64();
+    const int64_t channels = config.i64();
+    // The history's length lies beyond the digest; the bound takes the longest one. A damaged
+    // width only loosens the bound: the CRC finds the damage once the file is read.
+    const uint64_t limit = checkpoint_size_limit(width, classes, channels, kMaxEpochs);
+    if (file.size() > limit) {
+      throw DataError(label + ": " + std::to_string(file.size()) +
+                      " bytes, more than a checkpoint of a width-" + std::to_string(width) +
+                      " model can hold (at most " + std::to_string(limit) + "); not read");
+    }
+  }
+  std::vector<uint8_t> bytes(static_cast<size_t>(file.size()));
+  file.read_at(0, bytes.data(), bytes.size());
+  return parse_labelled(bytes.data(), bytes.size(), label);
 }
 
 void check_checkpoint_matches(const CheckpointConfig& saved, const CheckpointConfig& run,

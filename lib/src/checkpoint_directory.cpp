@@ -7,8 +7,12 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <signal.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <ctime>
 #include <tuple>
 
@@ -97,6 +101,114 @@ std::optional<std::pair<std::string, Checkpoint>> newest_valid_checkpoint(
   return std::move(scan.newest);
 }
 
+namespace {
+
+// "checkpoint-e0001-s000000.dpt.1234-0.tmp": a temporary of write_file_atomically's for a
+// checkpoint, and the pid of the process that wrote it (0 when `name` is no such temporary).
+long temporary_writer(const std::string& name) {
+  const std::string suffix = ".tmp";
+  const size_t dpt = name.find(".dpt.");
+  if (dpt == std::string::npos || name.size() <= suffix.size() ||
+      name.compare(name.size() - suffix.size(), suffix.size(), suffix) != 0 ||
+      !is_checkpoint_file_name(name.substr(0, dpt + 4))) {
+    return 0;
+  }
+  const std::string tail = name.substr(dpt + 5, name.size() - suffix.size() - dpt - 5);
+  const size_t dash = tail.find('-');
+  if (dash == 0 || dash == std::string::npos || dash > 9) return 0;
+  for (size_t i = 0; i < tail.size(); ++i) {
+    if (i != dash && (tail[i] < '0' || tail[i] > '9')) return 0;
+  }
+  return std::stol(tail.substr(0, dash));
+}
+
+// Why the entry `path` may not be removed by --fresh, or nothing when it may: a regular file
+// of this user's, one name only, that starts with a checkpoint's magic.
+std::optional<std::string> why_not_removable(const std::string& path) {
+  struct stat info {};
+  if (::lstat(path.c_str(), &info) != 0) return "cannot look at it: " + errno_text();
+  if (!S_ISREG(info.st_mode)) return "it is " + file_kind(info.st_mode);
+  if (info.st_uid != ::geteuid()) {
+    return "it belongs to user " + std::to_string(info.st_uid) + ", not to this one";
+  }
+  if (info.st_nlink != 1) return "it has " + std::to_string(info.st_nlink) + " hard links";
+  try {
+    const RegularFile file(path, "");
+    char magic[8] = {};
+    if (file.size() < sizeof magic) return std::string("it is not a dptrain checkpoint");
+    file.read_at(0, magic, sizeof magic);
+    if (std::memcmp(magic, "DPTRNCKP", sizeof magic) != 0) {
+      return std::string("it is not a dptrain checkpoint (no DPTRNCKP header)");
+    }
+  } catch (const DataError& e) {
+    return std::string(e.what());
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
+std::vector<std::string> remove_checkpoints_for_fresh_start(const std::string& directory) {
+  // Everything is checked before anything is removed: --fresh removes all of the checkpoints or
+  // none, and never a file that is not one (a text file, another user's, a link) that merely
+  // carries the name.
+  const auto names = checkpoint_file_names(directory);
+  std::string refused;
+  size_t refused_count = 0;
+  for (const auto& name : names) {
+    const std::string path = directory + "/" + name;
+    if (const auto why = why_not_removable(path)) {
+      if (refused_count++ == 0) refused = path + ": " + *why;
+    }
+  }
+  if (refused_count > 0) {
+    throw UsageError("--fresh: " + printable(refused) +
+                     (refused_count > 1 ? " (and " + std::to_string(refused_count - 1) +
+                                              " more such file(s))"
+                                        : "") +
+                     "; --fresh removes only dptrain checkpoints of this user's, and this run "
+                     "would later write under such names; nothing was removed: move it away");
+  }
+  std::vector<std::string> removed;
+  for (const auto& name : names) {
+    const std::string path = directory + "/" + name;
+    if (::unlink(path.c_str()) != 0) {
+      throw DataError("--fresh: cannot remove " + path + ": " + errno_text() + " (removed " +
+                      std::to_string(removed.size()) + " of " + std::to_string(names.size()) +
+                      " before it)");
+    }
+    removed.push_back(path);
+  }
+  sync_directory(directory);
+  return removed;
+}
+
+std::vector<std::string> remove_stale_temporaries(const std::string& directory) {
+  DIR* dir = ::opendir(directory.c_str());
+  if (dir == nullptr) return {};
+  std::vector<std::string> names;
+  while (const dirent* entry = ::readdir(dir)) names.emplace_back(entry->d_name);
+  ::closedir(dir);
+  std::vector<std::string> removed;
+  for (const auto& name : names) {
+    const long pid = temporary_writer(name);
+    // The writer is gone: not this process, and no process of that pid on this host (the
+    // directory's lock, held by the caller, keeps every other run out).
+    if (pid <= 0 || pid == ::getpid() || ::kill(static_cast<pid_t>(pid), 0) == 0 ||
+        errno != ESRCH) {
+      continue;
+    }
+    const std::string path = directory + "/" + name;
+    struct stat info {};
+    if (::lstat(path.c_str(), &info) != 0 || !S_ISREG(info.st_mode) ||
+        info.st_uid != ::geteuid() || info.st_nlink != 1) {
+      continue;
+    }
+    if (::unlink(path.c_str()) == 0) removed.push_back(path);
+  }
+  return removed;
+}
+
 CheckpointDirectoryLock::CheckpointDirectoryLock(const std::string& directory) {
   const std::string path = directory + "/" + kLockFileName;
   fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC, 0644);
@@ -104,12 +216,26 @@ CheckpointDirectoryLock::CheckpointDirectoryLock(const std::string& directory) {
     throw DataError("checkpoint directory " + directory + ": cannot open its lock file " + path +
                     ": " + errno_text());
   }
+  // O_NOFOLLOW stops a symbolic link, not a hard link: a second name for the user's own file
+  // planted here would have it truncated and overwritten with the holder's line.
+  struct stat info {};
+  if (::fstat(fd_, &info) != 0 || !S_ISREG(info.st_mode) || info.st_nlink != 1) {
+    const std::string what = !S_ISREG(info.st_mode) ? "is " + file_kind(info.st_mode)
+                                                    : "has " + std::to_string(info.st_nlink) +
+                                                          " hard links (another name shares it)";
+    ::close(fd_);
+    fd_ = -1;
+    throw DataError("checkpoint directory " + directory + ": its lock file " + path + " " + what +
+                    "; dptrain writes into it who holds the lock, so it must be a file of its "
+                    "own: remove it");
+  }
   if (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
     const int error = errno;
     char holder[256] = {0};
     const ssize_t n = ::pread(fd_, holder, sizeof holder - 1, 0);
     std::string who = n > 0 ? std::string(holder, static_cast<size_t>(n)) : "";
     while (!who.empty() && (who.back() == '\n' || who.back() == '\0')) who.pop_back();
+    who = printable(who);  // another program's bytes, maybe: never raw to the terminal
     ::close(fd_);
     fd_ = -1;
     if (error != EWOULDBLOCK) {

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "dptrain/data/idx.h"
+#include "dptrain/io/files.h"
 #include "dptrain/io/sha256.h"
 
 namespace dptrain {
@@ -41,14 +42,18 @@ std::string cannot_look_at(const std::string& path, int error) {
 }
 
 // The published name, or the same without ".gz" (a user may have unpacked the files). A file
-// that is not there is nullopt; one that cannot be looked at (permission denied on the way) is
-// a DataError saying so. POSIX stat (Note [No std::filesystem] in files.cpp).
+// that is not there is nullopt. A name that is there but is not a regular file (a FIFO, a
+// device, a directory), or cannot be looked at (permission denied on the way), is a DataError
+// saying so: it is not missing, and installing the data would not help. stat, not lstat: a
+// symbolic link to a regular file is fine, one to /dev/zero is a device (Note [No
+// std::filesystem] in files.cpp).
 std::optional<std::string> find_file(const std::string& dir, const std::string& gz_name) {
   const std::string gz = dir + "/" + gz_name;
   for (const std::string& path : {gz, gz.substr(0, gz.size() - 3)}) {
     struct stat info {};
     if (::stat(path.c_str(), &info) == 0) {
       if (S_ISREG(info.st_mode)) return path;
+      throw DataError(path + ": is " + file_kind(info.st_mode) + ", not a regular file");
     } else if (errno != ENOENT) {
       throw DataError(cannot_look_at(path, errno));
     }
@@ -57,7 +62,8 @@ std::optional<std::string> find_file(const std::string& dir, const std::string& 
 }
 
 // Whether `dir` holds all four files: false when it or a file is missing. A directory that is
-// not one, or that this user may not enter, is a DataError that starts with `source`.
+// not one, or that this user may not enter, or a file that is not a regular one, is a DataError
+// that starts with `source`.
 bool holds_all_files(const std::string& dir, const std::string& source) {
   struct stat info {};
   if (::stat(dir.c_str(), &info) != 0) {

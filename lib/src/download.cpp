@@ -37,14 +37,26 @@ const char* const kFashionMnistUrl = "http://fashion-mnist.s3-website.eu-central
 // re-written gzip headers (no file name, the 2020 build time), so its files do not match those
 // MD5s. Putting the upstream header back -- FNAME set to the file name, XFL 0, OS 3 (Unix) and
 // mtime 1504176606 (train-*) or 1504176627 (t10k-*), i.e. 2017-08-31 10:50 UTC -- gives files of
-// the upstream sizes whose MD5s equal the README's, and the SHA-256s of those files are the
-// values below. They also agree with the checksums other projects publish for the same URLs.
+// the upstream sizes (fashion_mnist_sizes) whose MD5s equal the README's, and the SHA-256s of
+// those files are the values below. They also agree with the checksums other projects publish
+// for the same URLs.
 std::map<std::string, std::string> fashion_mnist_sha256() {
   return {
       {kTrainImagesFile, "3aede38d61863908ad78613f6a32ed271626dd12800ba2636569512369268a84"},
       {kTrainLabelsFile, "a04f17134ac03560a47e3764e11b92fc97de4d1bfaf8ba1a3aa29af54cc90845"},
       {kTestImagesFile, "346e55b948d973a97e58d2351dde16a484bd415d4595297633bb08f03db6a073"},
       {kTestLabelsFile, "67da17c76eaffca5446c3361aaab5c3cd6d1c2608764d35dfb1850b086bf8dd5"},
+  };
+}
+
+// The upstream sizes of Note [Where the checksums come from]: Debian's file plus the bytes of
+// the FNAME field put back.
+std::map<std::string, int64_t> fashion_mnist_sizes() {
+  return {
+      {kTrainImagesFile, 26421880},
+      {kTrainLabelsFile, 29515},
+      {kTestImagesFile, 4422102},
+      {kTestLabelsFile, 5148},
   };
 }
 
@@ -64,23 +76,47 @@ int64_t size_of(const std::string& path) {
 
 // ---- The ".part" file ------------------------------------------------------------------------
 
+// Removes what stands at `path` when it is the leftover ".part" of an earlier run that was
+// killed: a regular file of this user's with no other name. Anything else is refused, untouched:
+// a hard link would have the file behind it (~/.bashrc, as root /etc/passwd) overwritten.
+void remove_leftover_part(const std::string& path) {
+  struct stat info {};
+  if (::lstat(path.c_str(), &info) != 0) {
+    if (errno == ENOENT) return;  // gone meanwhile
+    throw DataError("cannot write " + path + ": cannot look at it: " + errno_text(errno));
+  }
+  const std::string refused = "cannot write " + path + ": ";
+  if (!S_ISREG(info.st_mode)) {
+    throw DataError(refused + "it is " + file_kind(info.st_mode) +
+                    "; dptrain replaces only a leftover .part file of its own; remove it");
+  }
+  if (info.st_uid != ::geteuid()) {
+    throw DataError(refused + "it belongs to user " + std::to_string(info.st_uid) +
+                    ", not to this one (" + std::to_string(::geteuid()) +
+                    "); dptrain replaces only a leftover .part file of its own; remove it");
+  }
+  if (info.st_nlink != 1) {
+    throw DataError(refused + "it has " + std::to_string(info.st_nlink) +
+                    " hard links; dptrain does not write through a file shared with another "
+                    "name; remove it");
+  }
+  if (::unlink(path.c_str()) != 0 && errno != ENOENT) {
+    throw DataError(refused + "cannot remove the leftover file: " + errno_text(errno));
+  }
+}
+
 // Owns "<name>.part" while an attempt writes it: deleted on destruction unless moved into place.
 class PartFile {
  public:
-  // Never through a link or into a FIFO or device that stands at that name: O_NOFOLLOW fails
-  // on a link, O_NONBLOCK keeps a FIFO from hanging the open, and only a regular file is kept.
+  // Always a new file (O_EXCL), so never a file that has another name too, nor anything that
+  // is not a regular file; what stood there goes only through remove_leftover_part.
   explicit PartFile(std::string path) : path_(std::move(path)) {
-    fd_ = ::open(path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC,
-                 0644);
-    if (fd_ < 0) throw DataError("cannot write " + path_ + ": " + errno_text(errno));
-    struct stat info {};
-    if (::fstat(fd_, &info) != 0 || !S_ISREG(info.st_mode)) {
-      ::close(fd_);
-      fd_ = -1;
-      renamed_ = true;  // not ours: leave it where it is
-      throw DataError("cannot write " + path_ + ": " + file_kind(info.st_mode) +
-                      " stands at that name");
+    fd_ = create();
+    if (fd_ < 0 && errno == EEXIST) {
+      remove_leftover_part(path_);
+      fd_ = create();
     }
+    if (fd_ < 0) throw DataError("cannot write " + path_ + ": " + errno_text(errno));
   }
   ~PartFile() {
     if (fd_ >= 0) ::close(fd_);
@@ -123,6 +159,10 @@ class PartFile {
   const std::string& path() const { return path_; }
 
  private:
+  int create() const {
+    return ::open(path_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
+  }
+
   std::string path_;
   int fd_ = -1;
   bool renamed_ = false;
@@ -166,6 +206,9 @@ struct Transfer {
   Sha256 hash;
   int64_t bytes = 0;
   int write_errno = 0;
+  int64_t max_bytes = 0;         // the most `name` may have; more is refused, never written
+  int64_t announced_bytes = -1;  // a Content-Length above max_bytes, once refused
+  bool too_many_bytes = false;   // the body went past max_bytes
   const DownloadProgressFn* progress = nullptr;
   DownloadProgress report;
   std::chrono::steady_clock::time_point last_report{};
@@ -183,9 +226,33 @@ int check_stop(void* user, curl_off_t, curl_off_t, curl_off_t, curl_off_t) {
 // How often kReceiving is reported at most: enough for a progress bar.
 constexpr std::chrono::milliseconds kProgressInterval{100};
 
+// Called for each header line, after libcurl has read it: a successful response that announces
+// more than the file may have is refused before its first byte (libcurl then ends with
+// CURLE_WRITE_ERROR). Not CURLOPT_MAXFILESIZE: it fails inside libcurl, which does not say the
+// length it refused.
+size_t check_announced_size(char*, size_t size, size_t count, void* user) {
+  auto& transfer = *static_cast<Transfer*>(user);
+  long status = 0;
+  curl_off_t length = -1;
+  if (curl_easy_getinfo(transfer.curl, CURLINFO_RESPONSE_CODE, &status) == CURLE_OK &&
+      status / 100 == 2 &&
+      curl_easy_getinfo(transfer.curl, CURLINFO_CONTENT_LENGTH_DOWNLOAD_T, &length) == CURLE_OK &&
+      length > transfer.max_bytes) {
+    transfer.announced_bytes = static_cast<int64_t>(length);
+    return 0;
+  }
+  return size * count;
+}
+
 size_t write_body(char* data, size_t size, size_t count, void* user) {
   auto& transfer = *static_cast<Transfer*>(user);
   const size_t total = size * count;
+  // Checked before writing, so the disk never holds more than max_bytes (a mirror that floods
+  // without a Content-Length would otherwise fill it).
+  if (transfer.bytes + static_cast<int64_t>(total) > transfer.max_bytes) {
+    transfer.too_many_bytes = true;
+    return 0;  // libcurl then ends with CURLE_WRITE_ERROR
+  }
   transfer.write_errno = transfer.part->write_all(data, total);
   if (transfer.write_errno != 0) return 0;  // libcurl then ends with CURLE_WRITE_ERROR
   transfer.hash.update(data, total);
@@ -214,6 +281,21 @@ bool is_transient_http_status(long status) {
   return status == 408 || status == 429 || status >= 500;
 }
 
+int64_t max_bytes_of(const DownloadOptions& options, const std::string& name) {
+  const auto known = options.max_bytes.find(name);
+  return known != options.max_bytes.end() ? known->second : options.default_max_bytes;
+}
+
+// Why a transfer that went past its cap failed; nullopt when it did not.
+std::optional<std::string> too_many_bytes_text(const Transfer& transfer, const std::string& name) {
+  if (transfer.announced_bytes < 0 && !transfer.too_many_bytes) return std::nullopt;
+  const std::string limit = std::to_string(transfer.max_bytes);
+  return "the server sent more than the " + limit + " bytes " + name + " has " +
+         (transfer.announced_bytes >= 0
+              ? "(Content-Length " + std::to_string(transfer.announced_bytes) + ")"
+              : "(more than " + limit + " bytes arrived)");
+}
+
 std::string deadline_text(const DownloadOptions& options) {
   return "the download's deadline of " + std::to_string(options.deadline.count() / 1000) +
          " s passed";
@@ -238,6 +320,7 @@ std::optional<AttemptFailure> fetch_once(const std::string& url, const std::stri
   transfer.report.file = name;
   transfer.report.attempt = attempt;
   transfer.stop_signal = options.stop_signal;
+  transfer.max_bytes = max_bytes_of(options, name);
   char error_text[CURL_ERROR_SIZE] = {};
 
   CURL* handle = curl.get();
@@ -267,6 +350,8 @@ std::optional<AttemptFailure> fetch_once(const std::string& url, const std::stri
   }
   curl_easy_setopt(handle, CURLOPT_WRITEFUNCTION, write_body);
   curl_easy_setopt(handle, CURLOPT_WRITEDATA, &transfer);
+  curl_easy_setopt(handle, CURLOPT_HEADERFUNCTION, check_announced_size);
+  curl_easy_setopt(handle, CURLOPT_HEADERDATA, &transfer);
   curl_easy_setopt(handle, CURLOPT_XFERINFOFUNCTION, check_stop);
   curl_easy_setopt(handle, CURLOPT_XFERINFODATA, &transfer);
   curl_easy_setopt(handle, CURLOPT_NOPROGRESS, 0L);
@@ -274,6 +359,8 @@ std::optional<AttemptFailure> fetch_once(const std::string& url, const std::stri
   const CURLcode code = curl_easy_perform(handle);
   if (transfer.callback_error) std::rethrow_exception(transfer.callback_error);
   check_stop_request(options);  // `part` is removed on the way out
+  // The mirror is wrong, not slow: another try would only fill the disk again.
+  if (auto too_many = too_many_bytes_text(transfer, name)) return AttemptFailure{*too_many, false};
   if (code == CURLE_OPERATION_TIMEDOUT && Clock::now() >= deadline) {
     return AttemptFailure{deadline_text(options), false};
   }
@@ -374,6 +461,11 @@ void check_options(const DownloadOptions& options) {
   if (options.deadline.count() < 0 || options.low_speed_bytes_per_second < 1 ||
       options.low_speed_timeout.count() < 1) {
     throw UsageError("download: the deadline, the low-speed limit and its time must be positive");
+  }
+  if (options.default_max_bytes < 1 ||
+      std::any_of(options.max_bytes.begin(), options.max_bytes.end(),
+                  [](const auto& entry) { return entry.second < 1; })) {
+    throw UsageError("download: every file's maximum size must be at least 1 byte");
   }
   if (options.attempts < 1) {
     throw UsageError("download: attempts must be at least 1, got " +

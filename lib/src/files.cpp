@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cstdio>
 #include <cstring>
 
 #include "dptrain/errors.h"
@@ -110,26 +111,67 @@ void make_directories(const std::string& directory, const std::string& what) {
   }
 }
 
-std::vector<uint8_t> read_regular_file(const std::string& path, const std::string& what) {
-  const std::string name = what.empty() ? path : what + " " + path;
+RegularFile::RegularFile(const std::string& path, const std::string& what)
+    : name_(what.empty() ? path : what + " " + path) {
   // O_NONBLOCK: opening a FIFO would otherwise wait for a writer, for ever.
-  FileDescriptor fd(::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_NOCTTY | O_CLOEXEC));
-  if (fd.get() < 0) throw DataError(name + ": cannot open: " + errno_text());
+  fd_ = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_NOCTTY | O_CLOEXEC);
+  if (fd_ < 0) throw DataError(name_ + ": cannot open: " + errno_text());
   struct stat info {};
-  if (::fstat(fd.get(), &info) != 0) throw DataError(name + ": cannot stat: " + errno_text());
-  if (!S_ISREG(info.st_mode)) {
-    throw DataError(name + ": not a regular file (" + file_kind(info.st_mode) + ")");
+  if (::fstat(fd_, &info) != 0) {
+    const std::string reason = errno_text();
+    ::close(fd_);
+    throw DataError(name_ + ": cannot stat: " + reason);
   }
-  std::vector<uint8_t> bytes(static_cast<size_t>(info.st_size));
+  if (!S_ISREG(info.st_mode)) {
+    ::close(fd_);
+    throw DataError(name_ + ": not a regular file (" + file_kind(info.st_mode) + ")");
+  }
+  size_ = static_cast<uint64_t>(info.st_size);
+}
+
+RegularFile::~RegularFile() { ::close(fd_); }
+
+void RegularFile::read_at(uint64_t offset, void* out, size_t size) const {
+  auto* bytes = static_cast<uint8_t*>(out);
   size_t done = 0;
-  while (done < bytes.size()) {
-    const ssize_t n = ::read(fd.get(), bytes.data() + done, bytes.size() - done);
+  while (done < size) {
+    const ssize_t n =
+        ::pread(fd_, bytes + done, size - done, static_cast<off_t>(offset + done));
     if (n < 0 && (errno == EINTR || errno == EAGAIN)) continue;
-    if (n < 0) throw DataError(name + ": read error: " + errno_text());
-    if (n == 0) throw DataError(name + ": read error: the file shrank while it was read");
+    if (n < 0) throw DataError(name_ + ": read error: " + errno_text());
+    if (n == 0) throw DataError(name_ + ": read error: the file shrank while it was read");
     done += static_cast<size_t>(n);
   }
+}
+
+std::vector<uint8_t> read_regular_file(const std::string& path, const std::string& what,
+                                       uint64_t max_bytes, const std::string& limit_reason) {
+  const RegularFile file(path, what);
+  if (file.size() > max_bytes) {
+    throw DataError(file.name() + ": " + std::to_string(file.size()) + " bytes, more than " +
+                    limit_reason + " (at most " + std::to_string(max_bytes) + "); not read");
+  }
+  std::vector<uint8_t> bytes(static_cast<size_t>(file.size()));
+  file.read_at(0, bytes.data(), bytes.size());
   return bytes;
+}
+
+std::string printable(const std::string& text) {
+  std::string out;
+  out.reserve(text.size());
+  for (const char c : text) {
+    const auto byte = static_cast<unsigned char>(c);
+    if (byte == '\\') {
+      out += "\\\\";
+    } else if (byte >= 0x20 && byte < 0x7f) {
+      out += c;
+    } else {
+      char escaped[5];
+      std::snprintf(escaped, sizeof escaped, "\\x%02x", byte);
+      out += escaped;
+    }
+  }
+  return out;
 }
 
 void check_output_file(const std::string& path, const std::string& flag) {

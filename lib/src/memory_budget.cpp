@@ -1,6 +1,10 @@
 // The memory estimate and the host-memory check. See memory_budget.h.
 #include "dptrain/train/memory_budget.h"
 
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include <algorithm>
 #include <cstdio>
 #include <fstream>
 #include <string>
@@ -38,28 +42,70 @@ int64_t estimate_training_bytes(int64_t width, int64_t shard_batch) {
   return total > 9.0e18 ? INT64_MAX : static_cast<int64_t>(total);
 }
 
-std::optional<int64_t> available_host_bytes() {
+std::optional<AvailableMemory> available_host_memory() {
+  std::optional<AvailableMemory> available;
   std::ifstream meminfo("/proc/meminfo");
   std::string key;
   int64_t kilobytes = 0;
   std::string unit;
   while (meminfo >> key >> kilobytes >> unit) {
-    if (key == "MemAvailable:") return kilobytes * 1024;
+    if (key == "MemAvailable:") {
+      available = AvailableMemory{kilobytes * 1024, false};
+      break;
+    }
   }
-  return std::nullopt;
+  // `ulimit -v` (RLIMIT_AS) caps the address space whatever the host has free: what is left of
+  // it is what the process can still allocate.
+  if (const auto room = address_space_room(); room && (!available || *room < available->bytes)) {
+    return AvailableMemory{*room, true};
+  }
+  return available;
+}
+
+std::optional<int64_t> available_host_bytes() {
+  const auto available = available_host_memory();
+  return available ? std::optional<int64_t>(available->bytes) : std::nullopt;
+}
+
+std::optional<int64_t> address_space_room() {
+  struct rlimit limit {};
+  if (::getrlimit(RLIMIT_AS, &limit) != 0 || limit.rlim_cur == RLIM_INFINITY) return std::nullopt;
+  std::ifstream statm("/proc/self/statm");  // the first field: the address space's size in pages
+  int64_t pages = 0;
+  if (!(statm >> pages)) return std::nullopt;
+  const int64_t used = pages * static_cast<int64_t>(::sysconf(_SC_PAGESIZE));
+  const auto cap = static_cast<int64_t>(std::min<rlim_t>(limit.rlim_cur, INT64_MAX));
+  return std::max<int64_t>(cap - used, 0);
 }
 
 void check_host_memory(int64_t width, int64_t shard_batch, int replicas_on_host,
-                       int64_t available_bytes) {
+                       const AvailableMemory& available, const std::string& sizes) {
   const double needed =
       static_cast<double>(estimate_training_bytes(width, shard_batch)) * replicas_on_host;
-  if (needed <= static_cast<double>(available_bytes)) return;
+  if (needed <= static_cast<double>(available.bytes)) return;
+  // A model too wide for the machine at one example per replica cannot be helped by the batch.
+  const bool width_alone =
+      static_cast<double>(estimate_training_bytes(width, 1)) * replicas_on_host >
+      static_cast<double>(available.bytes);
+  const std::string advice =
+      width_alone ? "even one example per replica does not fit: this machine cannot hold a width-" +
+                        std::to_string(width) + " model"
+      : sizes.find(" and ") != std::string::npos ? "lower one of them"
+                                                 : "lower --batch-size";
   throw UsageError(
-      "--batch-size and --width too large for this machine: " + std::to_string(replicas_on_host) +
+      sizes + " too large for this machine: " + std::to_string(replicas_on_host) +
       " replica(s) of width " + std::to_string(width) + " on " + std::to_string(shard_batch) +
       " examples each need about " + gibibytes(needed) + ", and " +
-      gibibytes(static_cast<double>(available_bytes)) +
-      " of memory is available; lower --batch-size or --width");
+      gibibytes(static_cast<double>(available.bytes)) +
+      (available.address_space_limit ? " of address space is left under its limit (ulimit -v)"
+                                     : " of memory is available") +
+      "; " + advice);
+}
+
+void check_host_memory(int64_t width, int64_t shard_batch, int replicas_on_host,
+                       int64_t available_bytes, const std::string& sizes) {
+  check_host_memory(width, shard_batch, replicas_on_host, AvailableMemory{available_bytes, false},
+                    sizes);
 }
 
 }  // namespace dptrain

@@ -189,9 +189,12 @@ MetricsWriter::~MetricsWriter() {
   if (fd_ >= 0) ::close(fd_);
 }
 
-void MetricsWriter::write(const EpochRecord& record) {
+void MetricsWriter::write(const EpochRecord& record) { write(std::vector<EpochRecord>{record}); }
+
+void MetricsWriter::write(const std::vector<EpochRecord>& records) {
+  if (records.empty()) return;
   std::string text = needs_header_ ? metrics_csv_header() + "\n" : "";
-  text += format_metrics_record(record, format_);
+  for (const auto& record : records) text += format_metrics_record(record, format_);
   write_all(fd_, text, path_);
   if (::fsync(fd_) != 0) throw DataError("cannot sync metrics file " + path_ + ": " + errno_text());
   needs_header_ = false;

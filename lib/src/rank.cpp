@@ -5,7 +5,6 @@
 #include <ATen/Parallel.h>
 #include <c10/core/DeviceGuard.h>
 #include <torch/nn/functional/loss.h>
-#include <torch/serialize.h>
 
 #include <algorithm>
 #include <atomic>
@@ -13,7 +12,6 @@
 #include <cmath>
 #include <functional>
 #include <optional>
-#include <sstream>
 
 #include "dptrain/data/batch_input.h"
 #include "dptrain/data/batching.h"
@@ -107,17 +105,27 @@ Totals evaluate(ResNet& model, const DeviceSplit& test, int64_t batch_size,
   return tally.reduce(communicator, "evaluation counts");
 }
 
-void save_model_atomically(ResNet& model, const std::string& path) {
-  // A CPU copy is saved: the replica's parameters live in the reducer's buckets and stay put.
-  // torch::save writes into memory, and the one atomic writer puts the bytes on disk, so a full
-  // disk or a file-size limit is an error line and leaves no temporary file (LibTorch's own
-  // file writer fails inside a destructor, which ends the process).
-  ResNet copy(model->options());
-  load_model_tensors(*copy, model_tensors(*model), "in memory");
-  std::ostringstream bytes;
-  torch::save(copy, bytes);
-  const std::string data = bytes.str();
-  write_file_atomically(path, data.data(), data.size(), "--save-model " + path);
+// Note [A model file is a checkpoint]
+// --save-model writes the checkpoint format (checkpoint.h) at the run's final position: plain
+// tensors with their names, shapes and dtypes, read back by a strict reader that runs nothing.
+// It used to be torch::save's TorchScript archive, which torch::load compiles and runs: a
+// crafted file's code (its __setstate__ included) hung `eval`, allocated gigabytes or printed
+// a forged result line. scripts/read_checkpoint.py turns a model file into a PyTorch state_dict.
+void save_model_atomically(ResNet& model, const CheckpointConfig& config, int64_t epochs_done,
+                           int64_t step_in_epoch, int64_t global_step,
+                           const std::vector<EpochStats>& history, const std::string& path) {
+  Checkpoint weights;
+  weights.config = config;
+  weights.epochs_done = epochs_done;
+  weights.step_in_epoch = step_in_epoch;
+  weights.global_step = global_step;
+  // The finished epochs only: a run cut short by --max-steps also reports its partial epoch.
+  weights.history.assign(history.begin(),
+                         history.begin() + std::min<int64_t>(epochs_done, history.size()));
+  // CPU copies: the replica's parameters live in the reducer's buckets and stay put.
+  weights.tensors = model_tensors(*model);
+  const auto bytes = serialize_checkpoint(weights);
+  write_file_atomically(path, bytes.data(), bytes.size(), "--save-model " + path);
 }
 
 // The largest signal number any rank was asked to stop with, or 0: every rank gets the same
@@ -229,6 +237,7 @@ class Checkpointer {
         device_(device) {}
 
   bool enabled() const { return directory_.has_value(); }
+  const CheckpointConfig& config() const { return config_; }
 
   // The run after `epochs_done` epochs and `step_in_epoch` steps of the next, with that epoch's
   // sums and seconds so far; `history` holds the finished epochs. Returns the path written.
@@ -718,7 +727,8 @@ TrainResult run_rank(const FashionMnist& data, const TrainOptions& options, cons
   }
   if (plan.rank == 0 && options.save_model && result.stopped_by == 0) {
     communicator.wait_host("the saved model's copy of the weights");
-    save_model_atomically(model, *options.save_model);
+    save_model_atomically(model, checkpointer.config(), at.epoch, at.step, at.global_step,
+                          result.epochs, *options.save_model);
   }
   result.skipped_steps = guard.skipped();
   result.graph_replays = graph ? graph->replays() : 0;

@@ -58,6 +58,9 @@ struct RankPlan {
   bool first_local = true;            // the first replica of this process: it calls the callbacks
   const Checkpoint* start = nullptr;  // the checkpoint a resumed training starts from
   std::string start_name;             // where `start` came from, for messages
+  // For the memory messages: the file whose weights set the width (eval), or empty when
+  // --width did (train).
+  std::string width_from;
   // The weights to begin with instead of the seed's (a checkpoint's, or those to evaluate).
   const std::vector<std::pair<std::string, torch::Tensor>>* weights = nullptr;
   LocalReplicas* local = nullptr;  // this process's replicas, when there are several

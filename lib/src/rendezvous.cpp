@@ -2,9 +2,12 @@
 #include "dptrain/parallel/rendezvous.h"
 
 #include <netdb.h>
+#include <poll.h>
 #include <sys/socket.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstdlib>
 #include <thread>
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
@@ -105,9 +108,65 @@ void check_master_address(const LaunchEnvironment& launch) {
                         "); it must name the machine of rank 0, e.g. its host name or IP address");
 }
 
+namespace {
+
+// Whether something accepts a TCP connection at `address` within `wait`.
+bool accepts_connection(const addrinfo& address, std::chrono::milliseconds wait) {
+  const int fd = ::socket(address.ai_family, address.ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC,
+                          address.ai_protocol);
+  if (fd < 0) return false;
+  bool connected = ::connect(fd, address.ai_addr, address.ai_addrlen) == 0;
+  if (!connected && errno == EINPROGRESS) {
+    pollfd waiting{fd, POLLOUT, 0};
+    int error = 0;
+    socklen_t length = sizeof error;
+    connected = ::poll(&waiting, 1, static_cast<int>(wait.count())) == 1 &&
+                ::getsockopt(fd, SOL_SOCKET, SO_ERROR, &error, &length) == 0 && error == 0;
+  }
+  ::close(fd);
+  return connected;
+}
+
+}  // namespace
+
+// Note [A client waits for the store quietly]
+// LibTorch's TCPStore client retries a refused connection itself, and logs a W... socket.cpp
+// line for every retry, before dptrain can say anything. So a connecting rank first waits,
+// with a probe of its own, until something accepts connections at MASTER_ADDR:MASTER_PORT;
+// LibTorch's client then connects at once. Nothing listening within the timeout is one line.
+void wait_for_store_server(const LaunchEnvironment& launch, std::chrono::milliseconds timeout) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* found = nullptr;
+  const std::string port = std::to_string(launch.master_port);
+  if (::getaddrinfo(launch.master_addr.c_str(), port.c_str(), &hints, &found) != 0) {
+    return;  // check_master_address names it
+  }
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  bool listening = false;
+  while (!listening) {
+    for (const addrinfo* a = found; a != nullptr && !listening; a = a->ai_next) {
+      listening = accepts_connection(*a, std::chrono::milliseconds(500));
+    }
+    if (listening || std::chrono::steady_clock::now() >= deadline) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  ::freeaddrinfo(found);
+  if (listening) return;
+  throw CollectiveError("rank " + std::to_string(launch.rank) + ": rendezvous at " +
+                        launch.master_addr + ":" + port +
+                        " (connecting) failed: nothing accepted a connection there within " +
+                        std::to_string(timeout.count() / 1000) +
+                        " s (--timeout); is rank 0 (or torchrun's agent) running there, with "
+                        "this MASTER_PORT?");
+}
+
 c10::intrusive_ptr<c10d::Store> connect_tcp_store(const LaunchEnvironment& launch,
                                                   std::chrono::milliseconds timeout) {
   check_master_address(launch);
+  const bool serving = launch.rank == 0 && !launch.agent_store;
+  if (!serving) wait_for_store_server(launch, timeout);
   c10d::TCPStoreOptions options;
   options.port = static_cast<uint16_t>(launch.master_port);
   options.isServer = launch.rank == 0 && !launch.agent_store;

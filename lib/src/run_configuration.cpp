@@ -1,6 +1,7 @@
 // The settings the ranks of a world compare at the rendezvous. See run_configuration.h.
 #include "dptrain/parallel/run_configuration.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <map>
@@ -41,6 +42,12 @@ std::vector<RunSetting> parse_settings(const std::string& text) {
 
 }  // namespace
 
+namespace {
+bool has(const std::vector<std::string>& names, const std::string& name) {
+  return std::find(names.begin(), names.end(), name) != names.end();
+}
+}  // namespace
+
 std::vector<RunSetting> run_settings(const TrainOptions& options, const std::string& train_set,
                                      const std::string& test_set, const std::string& start) {
   return {
@@ -59,6 +66,10 @@ std::vector<RunSetting> run_settings(const TrainOptions& options, const std::str
       {"--on-nonfinite", options.on_nonfinite == NonFinite::kSkip ? "skip" : "stop"},
       {"--check-replicas", std::to_string(options.check_replicas_every)},
       {"--checkpoint-dir", options.checkpoint_dir ? "given" : "none"},
+      // Only rank 0 writes these; one given to another rank alone would be ignored in silence.
+      {"--save-model", options.save_model ? "given" : "none"},
+      {"--metrics", on_off(has(options.driver_outputs, "--metrics"))},
+      {"--plot", on_off(has(options.driver_outputs, "--plot"))},
       {"--checkpoint-every", std::to_string(options.checkpoint_every)},
       {"--checkpoint-every-steps", std::to_string(options.checkpoint_every_steps)},
       {"--resume", on_off(options.resume)},

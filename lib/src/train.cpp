@@ -7,7 +7,6 @@
 #include <ATen/Parallel.h>
 #include <c10/core/DeviceGuard.h>
 #include <torch/nn/functional/loss.h>
-#include <torch/serialize.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -94,6 +93,38 @@ void check_placements(const std::vector<RankPlacement>& placements, Backend back
   }
 }
 
+// Note [OMP_NUM_THREADS is checked like --threads]
+// LibTorch sizes its OpenMP pool from OMP_NUM_THREADS at the first parallel region (the data
+// load), before any flag applies: 64 on 2 cores made a step 30 times slower, 100000 crashed
+// inside libgomp and 0 ended in a c10 backtrace. So the variable gets the checks of --threads
+// before anything runs in parallel, and start_intra_op_threads then sets the count itself.
+void check_omp_num_threads(const char* value, int cores, int64_t most_threads) {
+  if (value == nullptr || *value == '\0') return;
+  const std::string text = value;
+  const bool digits = text.size() <= 9 && std::all_of(text.begin(), text.end(), [](char c) {
+                        return c >= '0' && c <= '9';
+                      });
+  const std::string shown = "OMP_NUM_THREADS=" + printable(text.substr(0, 40)) + ": ";
+  const std::string fix = "; set it to a number of threads from 1 to " +
+                          std::to_string(most_threads) + ", or unset it and pass --threads";
+  if (!digits || std::stol(text) < 1) {
+    throw UsageError(shown + "not a whole number of threads" + fix);
+  }
+  if (std::stol(text) > most_threads) {
+    throw UsageError(shown + "this process may run on " + std::to_string(cores) +
+                     " CPU core(s) (more threads than cores only make every step slower)" + fix);
+  }
+}
+
+int intra_op_thread_count(const TrainOptions& options) {
+  return options.threads > 0 ? static_cast<int>(options.threads)
+                             : default_intra_op_threads(std::getenv("OMP_NUM_THREADS"));
+}
+
+void start_intra_op_threads(const TrainOptions& options) {
+  at::set_num_threads(std::max(1, intra_op_thread_count(options)));
+}
+
 void check_world(const TrainOptions& options, const WorldPlan& world) {
   if (world.local_devices.empty()) throw UsageError("no device to train on");
   if (options.batch_size < world.world_size) {
@@ -113,6 +144,7 @@ void check_world(const TrainOptions& options, const WorldPlan& world) {
                      std::to_string(most_threads) +
                      " (more threads than cores only make every step slower)");
   }
+  check_omp_num_threads(std::getenv("OMP_NUM_THREADS"), cores, most_threads);
   if (options.backend == Backend::kNccl && !backend_available(Backend::kNccl)) {
     throw UsageError(
         "--backend nccl: this build of dptrain has no NCCL (it needs a CUDA LibTorch with NCCL "
@@ -154,23 +186,35 @@ namespace {
 template <typename Result>
 using RankJob = std::function<Result(const TrainOptions& options, const RankPlan& plan)>;
 
+// "--batch-size 256 and --width 64; lower one of them", or for weights from a file, whose
+// width no flag sets, "--batch-size 256 (the weights of F have width 64); lower it".
+std::string sizes_to_lower(const TrainOptions& options, const RankPlan& plan) {
+  const std::string batch = "--batch-size " + std::to_string(options.batch_size);
+  const std::string width = std::to_string(options.width);
+  if (plan.width_from.empty()) return batch + " and --width " + width + "; lower one of them";
+  return batch + " (" + plan.width_from + " has width " + width + "); lower --batch-size";
+}
+
 // A rank's job, with an allocator's failure turned into one line that says what to change.
 template <typename Result>
 Result run_reporting_memory(const RankJob<Result>& job, const TrainOptions& options,
                             const RankPlan& plan) {
+  const std::string where =
+      "rank " + std::to_string(plan.rank) + " on " + device_name(plan.device) + ": out of memory";
   try {
     return job(options, plan);
   } catch (const c10::Error& e) {
     const std::string what = e.what_without_backtrace();
+    // CUDA's allocator says "out of memory", the CPU's "not enough memory" (1.13 and 2.x).
     if (what.find("out of memory") == std::string::npos &&
+        what.find("not enough memory") == std::string::npos &&
         what.find("can't allocate memory") == std::string::npos) {
       throw;
     }
-    throw std::runtime_error("rank " + std::to_string(plan.rank) + " on " +
-                             device_name(plan.device) + ": out of memory with --batch-size " +
-                             std::to_string(options.batch_size) + " and --width " +
-                             std::to_string(options.width) + "; lower one of them (" +
+    throw std::runtime_error(where + " with " + sizes_to_lower(options, plan) + " (LibTorch: " +
                              what.substr(0, what.find('\n')) + ")");
+  } catch (const std::bad_alloc&) {
+    throw std::runtime_error(where + " with " + sizes_to_lower(options, plan));
   }
 }
 
@@ -252,19 +296,20 @@ Result run_world(const FashionMnist& data, const TrainOptions& options, const Wo
   const auto local = static_cast<int>(world.local_devices.size());
   // Impossible sizes are refused before any allocation (the estimate covers CPU replicas; a
   // GPU's allocator reports its own failure, turned into one line below).
-  if (const auto available = available_host_bytes(); available && world.local_devices[0].is_cpu()) {
+  if (const auto available = available_host_memory();
+      available && world.local_devices[0].is_cpu()) {
     const int64_t shard =
         shard_range(std::min(options.batch_size, std::max<int64_t>(data.train.size(), 1)),
                     world.world_size, 0)
             .second;
-    check_host_memory(options.width, shard, local, *available);
+    check_host_memory(options.width, shard, local, *available,
+                      base.width_from.empty() ? "--batch-size and --width"
+                                              : "--batch-size with " + base.width_from);
   }
   if (world.local_devices.front().is_cuda()) {
     at::globalContext().setBenchmarkCuDNN(options.cudnn_benchmark);
   }
-  const int total_threads = options.threads > 0
-                                ? static_cast<int>(options.threads)
-                                : default_intra_op_threads(std::getenv("OMP_NUM_THREADS"));
+  const int total_threads = intra_op_thread_count(options);
   base.world_size = world.world_size;
   base.threads = std::max(1, total_threads / local);
   base.loopback = !world.multi_process;
@@ -327,16 +372,16 @@ std::optional<std::pair<std::string, Checkpoint>> choose_start(const TrainOption
   };
   const std::string fresh_hint =
       "move it away, or pass --fresh to start over (which removes the directory's checkpoints)";
+  if (writer && (options.fresh || options.resume)) {
+    for (const auto& path : remove_stale_temporaries(directory)) {
+      notice("removed " + path + ", left by a writer that was killed during a write");
+    }
+  }
   if (options.fresh) {
     if (!writer) return std::nullopt;
-    for (const auto& name : checkpoint_file_names(directory)) {
-      const std::string path = directory + "/" + name;
-      if (::unlink(path.c_str()) != 0) {
-        throw DataError("--fresh: cannot remove " + path + ": " + errno_text());
-      }
+    for (const auto& path : remove_checkpoints_for_fresh_start(directory)) {
       notice("--fresh: removed " + path);
     }
-    sync_directory(directory);
     return std::nullopt;
   }
   if (!options.resume) {
@@ -406,7 +451,8 @@ void check_resumable(const Checkpoint& checkpoint, const std::string& path,
     }
     return;
   }
-  differ("the training set of SHA-256", checkpoint.config.train_digest, run.train_digest);
+  differ("the training set of SHA-256", printable(checkpoint.config.train_digest),
+         run.train_digest);
 }
 
 // "60000 images, SHA-256 ...": a data set as the ranks compare it.
@@ -470,11 +516,13 @@ TrainResult train(const FashionMnist& data, const TrainOptions& options, const W
 
 EvalResult evaluate_weights(const FashionMnist& data, const TrainOptions& options,
                             const WorldPlan& world,
-                            const std::vector<std::pair<std::string, torch::Tensor>>& weights) {
+                            const std::vector<std::pair<std::string, torch::Tensor>>& weights,
+                            const std::string& name) {
   check_not_empty(data.test, "test");
   RankPlan base;
   base.weights = &weights;
-  base.start_name = "to evaluate";
+  base.start_name = name;
+  base.width_from = "the weights of " + name;
   base.settings = settings_text(
       run_settings(options, describe_set(data.train, dataset_digest(data.train)),
                    describe_set(data.test, dataset_digest(data.test)), "the weights to evaluate"));

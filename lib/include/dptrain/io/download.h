@@ -21,6 +21,13 @@ extern const char* const kFashionMnistUrl;  // "http://fashion-mnist.s3-website.
 // the values were checked).
 std::map<std::string, std::string> fashion_mnist_sha256();
 
+// File name -> size in bytes of the same four files: what a mirror may send at most.
+std::map<std::string, int64_t> fashion_mnist_sizes();
+
+// The cap on a file whose size is not known (not in DownloadOptions::max_bytes): 64 MiB, over
+// twice the largest Fashion-MNIST file.
+constexpr int64_t kDefaultMaxDownloadBytes = int64_t{64} << 20;
+
 struct DownloadOptions {
   std::string base_url = kFashionMnistUrl;        // each file is base_url + "/" + name
   std::string directory;                          // created (with its parents) when missing
@@ -41,6 +48,10 @@ struct DownloadOptions {
   bool force = false;  // fetch even when a file with the right checksum is there
   // The files to fetch and their checksums; tests serve small files of their own.
   std::map<std::string, std::string> expected_sha256 = fashion_mnist_sha256();
+  // The most bytes each file may have; a name not listed gets default_max_bytes. A server that
+  // announces or sends more is refused at once (a flooding mirror would otherwise fill the disk).
+  std::map<std::string, int64_t> max_bytes = fashion_mnist_sizes();
+  int64_t default_max_bytes = kDefaultMaxDownloadBytes;
 };
 
 enum class DownloadStage {
@@ -88,11 +99,14 @@ std::string redact_url(const std::string& url);
 // renamed into place; a failed attempt deletes the ".part" file. A failure that a retry could
 // cure (no connection, timeout, HTTP 408/429/5xx, checksum mismatch, write error) is retried
 // up to options.attempts times with a doubling backoff; one that cannot (other HTTP 4xx, a
-// missing file:// file) ends at once. Throws UsageError for a bad option (URL scheme,
-// attempts < 1, a malformed checksum) and DataError -- one line naming the URL or path and the
-// cause, e.g. "download http://host/t10k-labels-idx1-ubyte.gz: HTTP 404" -- when the directory
-// cannot be written, a file fails, or the deadline passes (not retried). No message holds the
-// URL's credentials (redact_url). `progress`, when set, is called on the calling thread; an
+// missing file:// file, more bytes than options.max_bytes allows) ends at once. The ".part"
+// file is always created new: a leftover one (this user's regular file, one link) is removed
+// first, anything else at that name (a hard link, another user's file, a FIFO) is refused and
+// left untouched. Throws UsageError for a bad option (URL scheme, attempts < 1, a malformed
+// checksum, a size below 1) and DataError -- one line naming the URL or path and the cause,
+// e.g. "download http://host/t10k-labels-idx1-ubyte.gz: HTTP 404" -- when the directory cannot
+// be written, a file fails, or the deadline passes (not retried). No message holds the URL's
+// credentials (redact_url). `progress`, when set, is called on the calling thread; an
 // exception from it aborts the download (and is rethrown).
 std::vector<DownloadedFile> download_fashion_mnist(const DownloadOptions& options,
                                                    const DownloadProgressFn& progress = {});

@@ -27,10 +27,39 @@ std::string file_kind(unsigned mode);
 // directory". EEXIST is fine: another rank may be creating the same directory.
 void make_directories(const std::string& directory, const std::string& what);
 
-// The whole of a regular file. Anything else (a FIFO, a device, a directory) is a DataError
-// "<what> PATH: not a regular file (a FIFO)" at once (without `what`: "PATH: ..."): the file
-// is opened without blocking, so a FIFO with no writer cannot hang the reader.
-std::vector<uint8_t> read_regular_file(const std::string& path, const std::string& what);
+// A regular file open for reading, read piece by piece where it stands, so that a reader can
+// check a header before it reads (or allocates for) what the header declares. Anything but a
+// regular file (a FIFO, a device, a directory) is a DataError "<what> PATH: not a regular file
+// (a FIFO)" at once (without `what`: "PATH: ..."): the file is opened without blocking, so a
+// FIFO with no writer cannot hang the reader.
+class RegularFile {
+ public:
+  RegularFile(const std::string& path, const std::string& what);
+  ~RegularFile();
+  RegularFile(const RegularFile&) = delete;
+  RegularFile& operator=(const RegularFile&) = delete;
+
+  uint64_t size() const { return size_; }  // as fstat saw it when opened
+  const std::string& name() const { return name_; }  // "<what> PATH", for messages
+  // Reads exactly `size` bytes at `offset`; a DataError if the file ends first (it shrank).
+  void read_at(uint64_t offset, void* out, size_t size) const;
+
+ private:
+  int fd_ = -1;
+  uint64_t size_ = 0;
+  std::string name_;
+};
+
+// The whole of a regular file (RegularFile's refusals), refused unread when it is larger than
+// `max_bytes`: "<what> PATH: N bytes, more than <limit_reason>".
+std::vector<uint8_t> read_regular_file(const std::string& path, const std::string& what,
+                                       uint64_t max_bytes = UINT64_MAX,
+                                       const std::string& limit_reason = "");
+
+// `text` with every byte that is not printable ASCII written as \xNN (and a backslash as \\),
+// for bytes from a file that reach a message: a name holding escape sequences must not drive
+// the terminal.
+std::string printable(const std::string& text);
 
 // Checks, before a run, that `path` can later be written by write_file_atomically: it is a new
 // name or a regular file (never a device, FIFO, directory or symbolic link), and its directory

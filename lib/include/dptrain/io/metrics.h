@@ -63,6 +63,8 @@ class MetricsWriter {
 
   // Appends `record` and syncs it to disk. Throws DataError naming the path on failure.
   void write(const EpochRecord& record);
+  // Appends `records` in one write and one sync (a resumed run's history).
+  void write(const std::vector<EpochRecord>& records);
 
   const std::string& path() const { return path_; }
   MetricsFormat format() const { return format_; }

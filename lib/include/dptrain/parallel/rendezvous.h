@@ -37,6 +37,11 @@ std::optional<LaunchEnvironment> read_launch_environment(
 // The same, from this process's environment.
 std::optional<LaunchEnvironment> read_launch_environment();
 
+// Waits until something accepts TCP connections at MASTER_ADDR:MASTER_PORT, so that LibTorch's
+// client connects at once instead of logging each retry; CollectiveError naming the address
+// after `timeout`. connect_tcp_store calls it on every rank that does not serve the store.
+void wait_for_store_server(const LaunchEnvironment& launch, std::chrono::milliseconds timeout);
+
 // A store in memory, for ranks that are threads of one process.
 c10::intrusive_ptr<c10d::Store> make_in_process_store(std::chrono::milliseconds timeout);
 

@@ -62,14 +62,25 @@ struct Checkpoint {
 };
 
 std::vector<uint8_t> serialize_checkpoint(const Checkpoint& checkpoint);
-// Throws DataError naming `name` and what is wrong: foreign, truncated, corrupt, newer format.
+// Throws DataError "checkpoint NAME: ..." saying what is wrong: foreign (a zip archive
+// included), truncated, corrupt, a newer format, or contents no run can have (a position
+// outside its epoch, a history of another length, a non-finite figure: Note [A checkpoint's
+// contents are checked, not only its CRC] in checkpoint.cpp).
 Checkpoint parse_checkpoint(const std::vector<uint8_t>& bytes, const std::string& name);
+
+// The most bytes a checkpoint of this model and history can take, names at their longest:
+// a file larger than this is refused before it is read.
+uint64_t checkpoint_size_limit(int64_t width, int64_t num_classes, int64_t in_channels,
+                               int64_t epochs_done);
 
 // Writes `path` through a temporary file in the same directory, fsync and rename, so that a
 // crash or a full disk never leaves a half-written file under `path` or harms an older
 // checkpoint. Throws DataError with the path and the cause.
 void write_checkpoint_atomically(const Checkpoint& checkpoint, const std::string& path);
-Checkpoint read_checkpoint(const std::string& path);
+// Reads the header and the configuration first and refuses a file larger than the model it
+// claims can fill (checkpoint_size_limit), unread; then the whole file, once. Messages start
+// "<what> PATH" ("checkpoint PATH", "--model PATH").
+Checkpoint read_checkpoint(const std::string& path, const std::string& what = "checkpoint");
 
 // Throws UsageError listing every model setting in which `saved` differs from `run`
 // ("checkpoint F was written for --width 8, this run has --width 16").

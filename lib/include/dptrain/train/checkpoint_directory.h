@@ -45,6 +45,17 @@ CheckpointScan scan_checkpoint_directory(const std::string& directory);
 std::optional<std::pair<std::string, Checkpoint>> newest_valid_checkpoint(
     const std::string& directory, std::vector<std::string>* skipped);
 
+// --fresh: removes every checkpoint file of `directory` and returns their paths, or removes
+// nothing and throws UsageError naming the first entry that is not a dptrain checkpoint of this
+// user's (a text file of that name, another user's file, a link, a FIFO). DataError when a
+// removal fails after all were checked (it says how many went before).
+std::vector<std::string> remove_checkpoints_for_fresh_start(const std::string& directory);
+
+// Removes the temporary files ("checkpoint-*.dpt.<pid>-<n>.tmp") that writers killed during a
+// write left in `directory` (their pid no longer runs here); returns their paths. Only under
+// the directory's lock.
+std::vector<std::string> remove_stale_temporaries(const std::string& directory);
+
 // Note [One run per checkpoint directory]
 // Two runs writing into one directory would replace each other's checkpoints, and a resume would
 // then mix them. The process that holds global rank 0 (the only writer) takes an exclusive

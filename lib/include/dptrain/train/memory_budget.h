@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <optional>
+#include <string>
 
 namespace dptrain {
 
@@ -14,12 +15,27 @@ namespace dptrain {
 // in float32. An estimate within a factor of two, used only to refuse impossible runs.
 int64_t estimate_training_bytes(int64_t width, int64_t shard_batch);
 
-// MemAvailable from /proc/meminfo, or nothing where it cannot be read.
-std::optional<int64_t> available_host_bytes();
+// What the process may still allocate: MemAvailable from /proc/meminfo, or what
+// address_space_room leaves where that is less (then `address_space_limit`).
+struct AvailableMemory {
+  int64_t bytes = 0;
+  bool address_space_limit = false;
+};
+std::optional<AvailableMemory> available_host_memory();  // nothing where neither can be read
+std::optional<int64_t> available_host_bytes();           // its bytes
+
+// What RLIMIT_AS (`ulimit -v`) still lets this process map: the limit less the address space
+// in use; nothing without a limit.
+std::optional<int64_t> address_space_room();
 
 // Throws UsageError when `replicas_on_host` CPU replicas of this size cannot fit in
-// `available_bytes`, naming --batch-size and --width and both amounts.
+// `available_bytes`: "<sizes> too large for this machine: ... need about X GiB, and Y GiB of
+// memory is available; lower ...". `sizes` names where the width and batch came from, e.g.
+// "--batch-size and --width", or a checkpoint's width for eval.
 void check_host_memory(int64_t width, int64_t shard_batch, int replicas_on_host,
-                       int64_t available_bytes);
+                       const AvailableMemory& available, const std::string& sizes);
+void check_host_memory(int64_t width, int64_t shard_batch, int replicas_on_host,
+                       int64_t available_bytes,
+                       const std::string& sizes = "--batch-size and --width");
 
 }  // namespace dptrain

@@ -59,7 +59,11 @@ struct TrainOptions {
   std::chrono::milliseconds timeout{std::chrono::minutes(5)};
   // Stop after this many steps in total (for tests and benchmarks); 0 = run every epoch fully.
   int64_t max_steps = 0;
-  std::optional<std::string> save_model;  // rank 0 writes the final weights here (torch::save)
+  // Rank 0 writes the final weights here, in the checkpoint format (checkpoint.h).
+  std::optional<std::string> save_model;
+  // The flags of the files the driver writes on rank 0 (e.g. "--metrics", "--plot"): compared
+  // across the ranks like the other settings, so that one given to another rank alone is named.
+  std::vector<std::string> driver_outputs;
 
   // Checkpoints (checkpoint.h): rank 0 writes one into this directory every `checkpoint_every`
   // epochs, after the last epoch, when a stop is requested, and, if `checkpoint_every_steps` is
@@ -148,11 +152,24 @@ TrainResult train(const FashionMnist& data, const TrainOptions& options, const W
 TrainResult train(const FashionMnist& data, const TrainOptions& options, const WorldPlan& world,
                   const EpochCallback& on_epoch = nullptr, const StepCallback& on_step = nullptr);
 
+// Throws UsageError unless OMP_NUM_THREADS (`value`; null or empty: unset) is a whole number
+// from 1 to `most_threads` (the usable cores, or the local replicas where more), as --threads
+// must be. check_world runs it.
+void check_omp_num_threads(const char* value, int cores, int64_t most_threads);
+
+// The intra-op threads of this process: --threads, else OMP_NUM_THREADS, else the physical cores.
+int intra_op_thread_count(const TrainOptions& options);
+// Sets them now, before the first parallel region (the data load) sizes LibTorch's OpenMP pool
+// from the environment. After check_world.
+void start_intra_op_threads(const TrainOptions& options);
+
 // Evaluates the given weights (checkpoint tensors, named as in the model) on the test set,
 // sharded over the replicas of `world` as after each training epoch. Uses the width, threads,
-// timeout, memory format and autocast of `options`.
+// timeout, memory format and autocast of `options`. `name` says where the weights came from in
+// messages ("checkpoint PATH: has no tensor ...").
 EvalResult evaluate_weights(const FashionMnist& data, const TrainOptions& options,
                             const WorldPlan& world,
-                            const std::vector<std::pair<std::string, torch::Tensor>>& weights);
+                            const std::vector<std::pair<std::string, torch::Tensor>>& weights,
+                            const std::string& name = "in memory");
 
 }  // namespace dptrain
