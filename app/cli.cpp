@@ -12,7 +12,7 @@
 #include <map>
 #include <optional>
 
-#include "dptrain/errors.h"
+#include "dptrain/core/errors.h"
 
 namespace dptrain {
 namespace {
@@ -448,7 +448,6 @@ void read_train_flags(const cxxopts::ParseResult& result, TrainCommand& train) {
   }
   o.resume = result["resume"].as<bool>();
   o.fresh = result["fresh"].as<bool>();
-  check_checkpoint_options(o);  // at parse time, so that a mistake costs no data load
   train.quiet = result["quiet"].as<bool>();
   train.log_every = parse_integer_flag("log-every", text("log-every"), 1, kMax);
   if (result.count("metrics")) train.metrics = path_text(result, "metrics");

@@ -6,8 +6,8 @@
 #include <string>
 #include <vector>
 
-#include "dptrain/train/cpu_allocator.h"
-#include "dptrain/train/train.h"
+#include "dptrain/core/cpu_allocator.h"
+#include "dptrain/train/options.h"
 
 namespace dptrain {
 

@@ -17,15 +17,15 @@
 
 #include "cli.h"
 #include "dptrain/data/data.h"
-#include "dptrain/errors.h"
-#include "dptrain/io/download.h"
-#include "dptrain/io/files.h"
-#include "dptrain/io/plot.h"
-#include "dptrain/io/report.h"
+#include "dptrain/core/errors.h"
+#include "dptrain/data/download.h"
+#include "dptrain/core/files.h"
+#include "dptrain/report/plot.h"
+#include "dptrain/report/report.h"
 #include "dptrain/model/memory_format.h"
 #include "dptrain/model/model.h"
 #include "dptrain/model/numerics.h"
-#include "dptrain/parallel/devices.h"
+#include "dptrain/core/devices.h"
 #include "dptrain/parallel/rendezvous.h"
 #include "dptrain/parallel/world_plan.h"
 #include "dptrain/train/checkpoint.h"
@@ -170,29 +170,31 @@ int run_train(dptrain::TrainCommand command, CheckedStdout& out) {
                                             dptrain::backend_available(dptrain::Backend::kNccl));
   // A backend named on the command line runs even for one replica (e.g. NCCL on one GPU).
   options.process_group_for_one = command.backend.has_value();
-  dptrain::check_world(options, world);  // usage mistakes before the data is loaded
-  // Before the first parallel region (the data load): --threads, else OMP_NUM_THREADS checked.
-  dptrain::start_intra_op_threads(options);
-  if (world.multi_process) dptrain::check_master_address(world.launch);
   const bool records_writer = world.first_rank == 0;
   if (command.metrics) options.driver_outputs.push_back("--metrics");
   if (command.plot) options.driver_outputs.push_back("--plot");
-  check_train_outputs(command, records_writer);
-  // From here a stop request is answered: before the first step by the watchdog, which ends the
-  // process (nothing has trained), then by the training loop, which saves a checkpoint.
-  options.stop_signal = &dptrain::install_stop_handlers();
-  const auto watchdog = make_watchdog(world, options.timeout, *options.stop_signal);
   const bool reporter = world.first_rank == 0 || command.verbose;
   const bool talk = reporter && !command.quiet;
   // With every rank of a launch printing, each line says whose it is.
   const std::string prefix = world.multi_process && command.verbose
                                  ? "[rank " + std::to_string(world.first_rank) + "] "
                                  : "";
+  dptrain::ProgressPrinter progress(isatty(STDERR_FILENO) == 1, command.quiet || !reporter,
+                                    command.log_every, prefix);
+  options.progress_every = progress.steps_between_updates();
+  // From here a stop request is answered: before the first step by the watchdog, which ends the
+  // process (nothing has trained), then by the training loop, which saves a checkpoint.
+  options.stop_signal = &dptrain::install_stop_handlers();
+  // The options are complete; from here they are read, never written.
+  const auto run = dptrain::check_world(options, world);  // usage mistakes before the data load
+  // Before the first parallel region (the data load): --threads, else OMP_NUM_THREADS checked.
+  dptrain::start_intra_op_threads(run);
+  if (world.multi_process) dptrain::check_master_address(world.launch);
+  check_train_outputs(command, records_writer);
+  const auto watchdog = make_watchdog(world, options.timeout, *options.stop_signal);
 
   const auto data_dir = dptrain::resolve_data_dir(command.data_dir);
   const auto data = dptrain::load_fashion_mnist(data_dir, command.train_limit, command.test_limit);
-  dptrain::ProgressPrinter progress(isatty(STDERR_FILENO) == 1, command.quiet || !reporter,
-                                    command.log_every, prefix);
   const std::function<void(const std::string&)> print = [&](const std::string& line) {
     progress.clear();
     out.line(prefix + line);
@@ -214,7 +216,6 @@ int run_train(dptrain::TrainCommand command, CheckedStdout& out) {
           dptrain::describe_arithmetic(device, layout, options.amp, options.cudnn_benchmark));
   }
 
-  options.progress_every = progress.steps_between_updates();
   dptrain::RunRecords records(command.metrics, command.plot, options.lr, options.batch_size,
                               options.epochs);
   dptrain::TrainCallbacks callbacks;
@@ -241,7 +242,7 @@ int run_train(dptrain::TrainCommand command, CheckedStdout& out) {
   };
   const auto result = [&] {
     try {
-      return dptrain::train(data, options, world, callbacks);
+      return dptrain::train(data, run, callbacks);
     } catch (...) {
       // A stop request interrupts the rendezvous's socket calls ("Interrupted system call"):
       // before the first step that is the stop, not a failure.
@@ -258,23 +259,28 @@ int run_train(dptrain::TrainCommand command, CheckedStdout& out) {
 
 // The weights to evaluate, from a checkpoint or a --save-model file: both are dptrain's
 // checkpoint format and know their width (Note [A model file is a checkpoint] in rank.cpp).
-std::vector<std::pair<std::string, torch::Tensor>> load_weights(dptrain::EvalCommand& command) {
+// The weights `eval` reads, and the width of the model they fit (the file records it).
+struct LoadedWeights {
+  std::vector<std::pair<std::string, torch::Tensor>> tensors;
+  int64_t width = 0;
+};
+
+LoadedWeights load_weights(const dptrain::EvalCommand& command) {
   const bool from_model = command.model.has_value();
   const std::string& path = from_model ? *command.model : *command.checkpoint;
   auto checkpoint = dptrain::read_checkpoint(path, from_model ? "--model" : "checkpoint");
-  auto& width = command.common.options.width;
+  const int64_t width = command.common.options.width;
   if (command.width_given && width != checkpoint.config.width) {
     throw UsageError("--width " + std::to_string(width) + ": --model " + path +
                      " holds a model of width " + std::to_string(checkpoint.config.width) +
                      " (leave --width out: the file records it)");
   }
-  width = checkpoint.config.width;
   dptrain::CheckpointConfig model;  // what this dptrain builds, at the file's width
   model.width = checkpoint.config.width;
   model.num_classes = dptrain::kNumClasses;
   model.in_channels = 1;
   dptrain::check_checkpoint_matches(checkpoint.config, model, path);
-  return std::move(checkpoint.tensors);
+  return {std::move(checkpoint.tensors), checkpoint.config.width};
 }
 
 int run_download(const dptrain::DownloadCommand& command, CheckedStdout& out) {
@@ -332,15 +338,15 @@ int run_eval(dptrain::EvalCommand command, CheckedStdout& out) {
   options.backend = dptrain::choose_backend(command.common.backend, world,
                                             dptrain::backend_available(dptrain::Backend::kNccl));
   options.process_group_for_one = command.common.backend.has_value();
-  dptrain::check_world(options, world);
-  dptrain::start_intra_op_threads(options);
+  const auto run = dptrain::check_world(options, world);
+  dptrain::start_intra_op_threads(run);
   if (world.multi_process) dptrain::check_master_address(world.launch);
   const auto weights = load_weights(command);
   const auto data_dir = dptrain::resolve_data_dir(command.common.data_dir);
   // Only the test set is evaluated; one training image keeps the data set's shape valid.
   const auto data = dptrain::load_fashion_mnist(data_dir, 1, command.common.test_limit);
   const auto result = dptrain::evaluate_weights(
-      data, options, world, weights, command.model ? *command.model : *command.checkpoint);
+      data, run, weights.tensors, weights.width, command.model ? *command.model : *command.checkpoint);
   if (world.first_rank == 0 || command.common.verbose) {
     out.line(dptrain::format_eval_line(result));
   }

@@ -4,7 +4,7 @@
 #include <cstdio>
 #include <utility>
 
-#include "dptrain/io/report.h"
+#include "dptrain/report/report.h"
 
 namespace dptrain {
 namespace {

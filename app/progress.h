@@ -6,7 +6,7 @@
 #include <cstdint>
 #include <string>
 
-#include "dptrain/train/train.h"
+#include "dptrain/train/epoch_stats.h"
 
 namespace dptrain {
 

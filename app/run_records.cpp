@@ -4,8 +4,8 @@
 #include <cmath>
 #include <utility>
 
-#include "dptrain/io/plot.h"
-#include "dptrain/io/report.h"
+#include "dptrain/report/plot.h"
+#include "dptrain/report/report.h"
 
 namespace dptrain {
 

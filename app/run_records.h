@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "dptrain/io/metrics.h"
+#include "dptrain/report/metrics.h"
 #include "dptrain/train/epoch_stats.h"
 
 namespace dptrain {

@@ -33,7 +33,7 @@ from torch.utils.data.distributed import DistributedSampler
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-sys.path.insert(0, os.path.join(HERE, "..", "tests"))
+sys.path.insert(0, os.path.join(HERE, "..", "tests", "support"))
 from pytorch_peer import init_weights, load_set  # noqa: E402
 from pytorch_resnet import resnet18  # noqa: E402
 

@@ -9,7 +9,7 @@
 #   peer-tuned-fp32, -bf16    90, 75  bench/pytorch_peer.py tuned, 10 epochs, each precision
 #   graph-bf16                    75  book-bf16 with --cuda-graph
 #   build-tests, test-graph  180, 45  dptrain_tests; then the CUDA graph tests on their own
-#   cuda-tests                   120  tests/test_cuda.cpp's and the communicator's tests
+#   cuda-tests                   120  tests/integration/test_cuda.cpp's and the communicator's tests
 #   nccl-one, syncbn-on, -off 45, 40, 40  a world of one on NCCL; sync-bn against none (bf16)
 #   faults, test-stuck        90, 30  killed ranks; the stuck collective, alone and last
 #   peer-book                     60  the peer as the book writes it, 3 epochs
@@ -418,7 +418,7 @@ BOOK=(--batch-size 256 --lr 0.1 --epochs "$BOOK_EPOCHS" --data-dir "$DATA")
 PEER+=(--data-dir "$DATA")
 PEER_TUNED=(--channels-last --cudnn-benchmark --gpu-data)
 STUCK=NcclWorldOfOne.StuckCollectiveEndsInACollectiveErrorWithinTheTimeout
-# tests/test_cuda_graph.cpp: the parameterised suite is instantiated as Steps/CudaGraph.*, which
+# tests/train/test_cuda_graph.cpp: the parameterised suite is instantiated as Steps/CudaGraph.*, which
 # the plain 'CudaGraph.*' does not match (gtest matches the whole name), and the usage checks.
 GRAPH_TESTS='*CudaGraph.*:CudaGraphUsage.*'
 CUDA_TESTS="Cuda*.*:NcclWorldOfOne.*:Reducer.EveryParameterAndGradientIs256ByteAligned:Communicator.*"

@@ -3,7 +3,7 @@
 ResNet-18 (11,175,818 parameters, 44.7 MB of fp32 gradients):
 
 - the gradient buckets dptrain's reducer makes (reverse parameter order, --bucket-mb 25: the
-  same rule as lib/src/reducer.cpp's assign_buckets);
+  same rule as lib/src/parallel/reducer.cpp's assign_buckets);
 - backward: when each bucket's last gradient is ready, from the start of backward (the model in
   PyTorch on the same LibTorch, hooks on every parameter), at a small per-replica batch;
 - Gloo: the all-reduce time of a tensor of each bucket's size between two processes over
@@ -33,7 +33,7 @@ from torch.nn import functional as F
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-sys.path.insert(0, os.path.join(HERE, "..", "tests"))
+sys.path.insert(0, os.path.join(HERE, "..", "tests", "support"))
 from book_runs import machine  # noqa: E402
 from pytorch_peer import init_weights  # noqa: E402
 from pytorch_resnet import resnet18  # noqa: E402

@@ -9,7 +9,7 @@
 #include <cstdlib>
 #include <vector>
 
-#include "dptrain/errors.h"
+#include "dptrain/core/errors.h"
 #include "dptrain/train/checkpoint.h"
 
 namespace {

@@ -1,14 +1,14 @@
 // libFuzzer target for the command-line parser: the input, split at NUL bytes, is argv after
 // "dptrain". Every command line must either parse or throw UsageError; another exception, a
 // crash, a sanitizer report or a hang is a bug. What a good command line parses to is
-// tests/test_cli.cpp's job.
+// tests/app/test_cli.cpp's job.
 #include <cstddef>
 #include <cstdint>
 #include <string>
 #include <vector>
 
 #include "cli.h"
-#include "dptrain/errors.h"
+#include "dptrain/core/errors.h"
 
 namespace {
 

@@ -1,7 +1,7 @@
 // libFuzzer target for the IDX reader: any bytes must either parse into a consistent array or
 // throw DataError. Another exception, a crash, a sanitizer report or a hang is a bug.
 // Input that starts with the gzip magic goes through read_idx_file (via an in-memory file), so
-// that the gunzip path is fuzzed too; what a good file parses to is tests/test_idx.cpp's job.
+// that the gunzip path is fuzzed too; what a good file parses to is tests/data/test_idx.cpp's job.
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "dptrain/data/idx.h"
-#include "dptrain/errors.h"
+#include "dptrain/core/errors.h"
 
 namespace {
 

@@ -18,7 +18,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.dont_write_bytecode = True  # the import leaves no __pycache__ in the source tree
 from read_checkpoint import CheckpointError, read_checkpoint, shown  # noqa: E402
 
-# What marks a tensor as a BatchNorm buffer rather than a parameter (lib/src/batch_norm.cpp).
+# What marks a tensor as a BatchNorm buffer rather than a parameter (lib/src/model/batch_norm.cpp).
 BUFFER_NAMES = ("running_mean", "running_var", "num_batches_tracked")
 
 

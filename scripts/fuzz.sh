@@ -10,7 +10,7 @@ build_dir="${DPTRAIN_FUZZ_BUILD_DIR:-build-fuzz}"
 # clang, libFuzzer with clang's sanitizer runtimes, and llvm-symbolizer for readable stacks.
 bash scripts/install-deps.sh clang libclang-rt-14-dev llvm
 
-cmake -S . -B "$build_dir" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_COMPILER=clang++ \
+cmake -S . -B "$build_dir" -DCMAKE_BUILD_TYPE=Debug -DCMAKE_CXX_FLAGS_DEBUG="-O1 -g1" -DCMAKE_CXX_COMPILER=clang++ \
   -DDPTRAIN_FUZZ=ON -DBUILD_TESTING=OFF -DDPTRAIN_WERROR=ON >/dev/null
 targets=()
 for source in fuzz/fuzz_*.cpp; do targets+=("$(basename "$source" .cpp)"); done

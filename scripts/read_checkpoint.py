@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Reads a dptrain checkpoint (checkpoint-*.dpt, or the model file of `train --save-model`) in
 Python: its configuration, position, epoch history and a PyTorch state_dict, checked as dptrain
-checks it. Not here: writing checkpoints (lib/src/checkpoint.cpp) or unpickling anything.
+checks it. Not here: writing checkpoints (lib/src/train/checkpoint.cpp) or unpickling anything.
 
     python3 scripts/read_checkpoint.py ck/checkpoint-e0002-s000000.dpt            # a summary
     python3 scripts/read_checkpoint.py F --json                                   # all but tensors
@@ -14,14 +14,14 @@ With --json, a loss that is nan or inf (a run that diverged writes such losses) 
 The format is lib/include/dptrain/train/checkpoint.h's: little-endian, a 24-byte header (magic
 "DPTRNCKP", format version, payload size, CRC-32), then the payload. Versions 1 and 2 are read.
 In Python: `from read_checkpoint import read_checkpoint; c = read_checkpoint(path)`, then
-`model.load_state_dict(c["state_dict"])` on the book's ResNet-18 (tests/pytorch_resnet.py).
+`model.load_state_dict(c["state_dict"])` on the book's ResNet-18 (tests/support/pytorch_resnet.py).
 
 Anything else is refused with one line, `error: checkpoint F: why`, and exit status 1 (2 for a
 usage mistake): a path that is not a regular file (a FIFO is never waited on), a zip archive
 (TorchScript, torch.save), a payload that differs from the header or exceeds what dptrain writes
-(checked before it is read), and contents that are corrupt or impossible, as lib/src/checkpoint.cpp
+(checked before it is read), and contents that are corrupt or impossible, as lib/src/train/checkpoint.cpp
 checks them. Names from the file are shown with every byte but printable ASCII as \\xNN.
-Tested by tests/test_read_checkpoint.py.
+Tested by tests/integration/test_read_checkpoint.py.
 """
 import argparse
 import hashlib
@@ -47,7 +47,7 @@ POSITION = struct.Struct("<qqqdddd")  # epochs_done, step_in_epoch, global_step,
 DTYPES = {1: ("float32", 4), 2: ("float64", 8), 3: ("int64", 8), 4: ("bfloat16", 2),
           5: ("float16", 2)}  # code: (name, bytes per element); the codes are the file format's
 
-# The C++ reader's limits (lib/src/checkpoint.cpp), so that both refuse the same files.
+# The C++ reader's limits (lib/src/train/checkpoint.cpp), so that both refuse the same files.
 MAX_PAYLOAD = 2**32 - 1  # zlib's uInt there; dptrain's checkpoints are far smaller
 MAX_TENSORS = 100000
 MAX_RANK = 8
@@ -205,7 +205,7 @@ def check_header(head, file_size, name):
 
 def size_limit(width, num_classes, in_channels, epochs_done):
     """The most bytes a checkpoint of this model and history can take, names at their longest
-    (lib/src/checkpoint.cpp's checkpoint_size_limit, which says where each term comes from)."""
+    (lib/src/train/checkpoint.cpp's checkpoint_size_limit, which says where each term comes from)."""
     w = min(max(width, 1), MAX_WIDTH)
     k = min(max(num_classes, 1), MAX_CLASSES_OR_CHANNELS)
     c = min(max(in_channels, 1), MAX_CLASSES_OR_CHANNELS)
@@ -269,7 +269,7 @@ def a_loss(value):
 
 
 def check_contents(c, r):
-    """Note [A checkpoint's contents are checked, not only its CRC] in lib/src/checkpoint.cpp:
+    """Note [A checkpoint's contents are checked, not only its CRC] in lib/src/train/checkpoint.cpp:
     a crafted file can carry a fitting CRC, so every field must be one a run can have, in the
     C++ reader's order and words."""
     def impossible(field, value, why):

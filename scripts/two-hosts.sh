@@ -93,7 +93,7 @@ train_flags=(--width 8 --epochs 2 --batch-size 64 --train-limit 2048 --test-limi
 
 # torchrun on host A or B: 2 ranks of `dptrain train` with the flags given, logs under $1/logs-X.
 # Underscored flags and explicit --redirects: Debian's torchrun 1.13 under Python 3.11 knows
-# only those and misreads its own defaults (see tests/test_train.cpp).
+# only those and misreads its own defaults (see tests/train/test_train.cpp).
 torchrun_on() {
   local host=$1 dir=$2 restarts=$3 port=$4; shift 4
   local ns veth name

@@ -188,7 +188,7 @@ if(BUILD_TESTING)
     endif()
   endif()
   include(GoogleTest)
-  # libpng: the plot test decodes headless Chromium's PNG screenshots (tests/png_check.h).
+  # libpng: the plot test decodes headless Chromium's PNG screenshots (tests/support/png_check.h).
   # The device build (bench/gpu_check.sh), which has neither Chromium nor libpng, turns it off.
   option(DPTRAIN_PLOT_RENDER_TEST "Build the test that renders the plot in Chromium (libpng)" ON)
   if(DPTRAIN_PLOT_RENDER_TEST)

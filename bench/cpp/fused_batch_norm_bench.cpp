@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "dptrain/model/fused_batch_norm.h"
-#include "dptrain/train/cpu_allocator.h"
+#include "dptrain/core/cpu_allocator.h"
 
 namespace {
 

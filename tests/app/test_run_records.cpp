@@ -7,11 +7,11 @@
 #include <string>
 #include <vector>
 
-#include "cli_support.h"
-#include "dptrain/io/metrics.h"
-#include "dptrain/io/report.h"
+#include "support/cli_support.h"
+#include "dptrain/report/metrics.h"
+#include "dptrain/report/report.h"
 #include "run_records.h"
-#include "test_support.h"
+#include "support/test_support.h"
 
 namespace dptrain {
 namespace {

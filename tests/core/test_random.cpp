@@ -12,7 +12,7 @@
 #include <set>
 #include <vector>
 
-#include "dptrain/data/random.h"
+#include "dptrain/core/random.h"
 
 namespace {
 

@@ -7,9 +7,9 @@
 #include <string>
 #include <vector>
 
-#include "dptrain/errors.h"
-#include "dptrain/io/sha256.h"
-#include "test_support.h"
+#include "dptrain/core/errors.h"
+#include "dptrain/core/sha256.h"
+#include "support/test_support.h"
 
 namespace dptrain {
 namespace {

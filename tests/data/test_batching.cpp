@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "dptrain/data/batching.h"
-#include "dptrain/data/random.h"
+#include "dptrain/core/random.h"
 
 namespace {
 

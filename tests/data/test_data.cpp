@@ -18,8 +18,8 @@
 #include <vector>
 
 #include "dptrain/data/data.h"
-#include "dptrain/errors.h"
-#include "test_support.h"
+#include "dptrain/core/errors.h"
+#include "support/test_support.h"
 
 namespace {
 

@@ -25,10 +25,10 @@
 #include <vector>
 
 #include "dptrain/data/data.h"
-#include "dptrain/errors.h"
-#include "dptrain/io/download.h"
-#include "dptrain/io/sha256.h"
-#include "test_support.h"
+#include "dptrain/core/errors.h"
+#include "dptrain/data/download.h"
+#include "dptrain/core/sha256.h"
+#include "support/test_support.h"
 
 namespace dptrain {
 namespace {

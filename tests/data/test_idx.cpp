@@ -12,8 +12,8 @@
 #include <vector>
 
 #include "dptrain/data/idx.h"
-#include "dptrain/errors.h"
-#include "test_support.h"
+#include "dptrain/core/errors.h"
+#include "support/test_support.h"
 
 namespace {
 

@@ -20,11 +20,11 @@
 #include <vector>
 
 #include "dptrain/model/model.h"
-#include "dptrain/parallel/devices.h"
+#include "dptrain/core/devices.h"
 #include "dptrain/parallel/distributed.h"
 #include "dptrain/parallel/rendezvous.h"
 #include "dptrain/train/train.h"
-#include "test_support.h"
+#include "support/test_support.h"
 
 #if defined(DPTRAIN_WITH_CUDA)
 #include <ATen/cuda/Sleep.h>

@@ -16,11 +16,11 @@
 #include <thread>
 #include <vector>
 
-#include "cli_support.h"
+#include "support/cli_support.h"
 #include "dptrain/model/model.h"
 #include "dptrain/train/checkpoint.h"
 #include "dptrain/train/checkpoint_directory.h"
-#include "test_support.h"
+#include "support/test_support.h"
 
 namespace dptrain {
 namespace {

@@ -72,7 +72,7 @@ Fixture load_fixture(const std::string& path) {
   if (!in) {
     throw std::runtime_error(path +
                              ": cannot open (regenerate with "
-                             "/usr/bin/python3 tests/make_pytorch_fixture.py)");
+                             "/usr/bin/python3 tests/support/make_pytorch_fixture.py)");
   }
   ByteReader reader(std::vector<unsigned char>(std::istreambuf_iterator<char>(in), {}), path);
   const unsigned char* magic = reader.take(8, "magic");

@@ -5,8 +5,8 @@ a 20 s limit (a hang fails) and, unless torch is loaded, 1 GiB of address space 
 read of a 4 GiB file fails). Then a valid file's round trip, and a deterministic mutation test of
 the parser in-process. Torch is needed only where --save-state-dict writes (skipped without it).
 
-    /usr/bin/python3 tests/test_read_checkpoint.py [-v]
-    READ_CHECKPOINT_SCRIPT=/tmp/old.py /usr/bin/python3 tests/test_read_checkpoint.py  # a copy
+    /usr/bin/python3 tests/integration/test_read_checkpoint.py [-v]
+    READ_CHECKPOINT_SCRIPT=/tmp/old.py /usr/bin/python3 tests/integration/test_read_checkpoint.py  # a copy
 
 The checkpoints are written by the small serialiser below, independent of the script's reader;
 the format is lib/include/dptrain/train/checkpoint.h's.
@@ -28,7 +28,7 @@ import zipfile
 import zlib
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-SCRIPT = os.environ.get("READ_CHECKPOINT_SCRIPT") or os.path.join(HERE, "..", "scripts",
+SCRIPT = os.environ.get("READ_CHECKPOINT_SCRIPT") or os.path.join(HERE, "..", "..", "scripts",
                                                                   "read_checkpoint.py")
 TIMEOUT_S = 20  # per run of the script: far above its real time, far below a test's limit
 MEMORY_BYTES = 1 << 30  # a run without torch needs a few tens of MiB
@@ -250,7 +250,7 @@ class Sizes(ScriptTest):
                           "than dptrain writes")
 
     def test_a_file_larger_than_its_model_is_refused_unread(self):
-        # lib/src/checkpoint.cpp's checkpoint_size_limit(width 4, 10 classes, 1 channel, 10^6
+        # lib/src/train/checkpoint.cpp's checkpoint_size_limit(width 4, 10 classes, 1 channel, 10^6
         # epochs): 264 bytes of settings, 72,000,000 of history, 1000 tensors' headers of 4,188,
         # 8 bytes for each of the 51,752 elements a width-4 ResNet-18 has at most.
         limit = 264 + 72000000 + 8 + 1000 * 4188 + 8 * 51752
@@ -632,7 +632,7 @@ def mutations(data):
             yield refit_header(data[:size])
 
 
-CORPUS = os.path.join(HERE, "..", "fuzz", "corpus", "fuzz_checkpoint")
+CORPUS = os.path.join(HERE, "..", "..", "fuzz", "corpus", "fuzz_checkpoint")
 
 
 class Mutations(ScriptTest):

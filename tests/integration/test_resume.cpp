@@ -15,11 +15,11 @@
 #include <string>
 #include <vector>
 
-#include "dptrain/errors.h"
+#include "dptrain/core/errors.h"
 #include "dptrain/train/checkpoint.h"
 #include "dptrain/train/checkpoint_directory.h"
 #include "dptrain/train/train.h"
-#include "test_support.h"
+#include "support/test_support.h"
 
 namespace {
 

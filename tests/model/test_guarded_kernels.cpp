@@ -15,7 +15,7 @@
 
 #include "dptrain/model/memory_format.h"
 #include "dptrain/model/model.h"
-#include "dptrain/train/cpu_allocator.h"
+#include "dptrain/core/cpu_allocator.h"
 
 namespace dptrain {
 namespace {

@@ -6,7 +6,7 @@
 #include <optional>
 #include <string>
 
-#include "dptrain/errors.h"
+#include "dptrain/core/errors.h"
 #include "dptrain/model/memory_format.h"
 
 namespace {

@@ -13,8 +13,8 @@
 #include <thread>
 #include <vector>
 
-#include "dptrain/errors.h"
-#include "dptrain/parallel/devices.h"
+#include "dptrain/core/errors.h"
+#include "dptrain/core/devices.h"
 #include "dptrain/parallel/rendezvous.h"
 #include "dptrain/parallel/world_plan.h"
 

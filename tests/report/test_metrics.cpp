@@ -12,9 +12,9 @@
 #include <string>
 #include <vector>
 
-#include "dptrain/errors.h"
-#include "dptrain/io/metrics.h"
-#include "test_support.h"
+#include "dptrain/core/errors.h"
+#include "dptrain/report/metrics.h"
+#include "support/test_support.h"
 
 namespace dptrain {
 namespace {

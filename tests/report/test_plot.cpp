@@ -14,12 +14,12 @@
 #include <string>
 #include <vector>
 
-#include "dptrain/errors.h"
-#include "dptrain/io/plot.h"
+#include "dptrain/core/errors.h"
+#include "dptrain/report/plot.h"
 #if defined(DPTRAIN_PLOT_RENDER_TEST)
-#include "png_check.h"
+#include "support/png_check.h"
 #endif
-#include "test_support.h"
+#include "support/test_support.h"
 
 namespace dptrain {
 namespace {

@@ -2,7 +2,7 @@
 // lines, and no control characters in anything meant for logs.
 #include <gtest/gtest.h>
 
-#include "dptrain/io/report.h"
+#include "dptrain/report/report.h"
 
 namespace dptrain {
 namespace {

@@ -1,5 +1,5 @@
 // Helpers for the tests that run the dptrain binary. See cli_support.h.
-#include "cli_support.h"
+#include "support/cli_support.h"
 
 #include <gtest/gtest.h>
 

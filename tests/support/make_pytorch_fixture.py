@@ -1,13 +1,13 @@
 #!/usr/bin/python3
-"""Reference outputs of the book's ResNet-18 in PyTorch, for tests/test_pytorch_equivalence.cpp.
+"""Reference outputs of the book's ResNet-18 in PyTorch, for tests/integration/test_pytorch_equivalence.cpp.
 
 The C++ test loads the parameters written here into dptrain::ResNet, repeats one training-mode
 forward/backward and one eval-mode forward, and checks that logits, loss, gradients and
 BatchNorm running statistics agree with PyTorch's.
 
 Regenerate (Debian's Python, which has torch; the `python3` on PATH may not):
-    /usr/bin/python3 tests/make_pytorch_fixture.py
-which rewrites tests/data/resnet18_w8_pytorch.bin. The output depends only on the seed below
+    /usr/bin/python3 tests/support/make_pytorch_fixture.py
+which rewrites tests/fixtures/resnet18_w8_pytorch.bin. The output depends only on the seed below
 and the PyTorch version (1.13 was used), so regenerate only when the model or format changes.
 
 File format, all little-endian:
@@ -30,7 +30,7 @@ WIDTH = 8          # small, so the fixture stays small; the structure is the sam
 BATCH = 8
 NUM_CLASSES = 10
 BOOK_PARAMETER_COUNT = 11_175_818  # resnet18(10, in_channels=1, width=64)
-OUTPUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data",
+OUTPUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "fixtures",
                       "resnet18_w8_pytorch.bin")
 
 

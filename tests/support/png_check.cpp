@@ -1,5 +1,5 @@
 // The PNG reader and ink counter for the plot test, on libpng's simplified API; see png_check.h.
-#include "png_check.h"
+#include "support/png_check.h"
 
 #include <png.h>
 

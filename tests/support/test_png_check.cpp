@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "png_check.h"
+#include "support/png_check.h"
 
 namespace dptrain::testing {
 namespace {

@@ -1,5 +1,5 @@
 // Shared test helpers; see test_support.h.
-#include "test_support.h"
+#include "support/test_support.h"
 
 #include <arpa/inet.h>
 #include <dirent.h>
@@ -28,11 +28,32 @@
 #include <thread>
 
 #include "dptrain/data/data.h"
-#include "dptrain/errors.h"
+#include "dptrain/core/errors.h"
 #include "dptrain/parallel/rendezvous.h"
 #include "dptrain/train/checkpoint.h"
 
 namespace dptrain::testing {
+
+TrainResult train(const FashionMnist& data, const TrainOptions& options, const WorldPlan& world,
+                  const TrainCallbacks& callbacks) {
+  return dptrain::train(data, check_world(options, world), callbacks);
+}
+
+TrainResult train(const FashionMnist& data, const TrainOptions& options, const WorldPlan& world,
+                  const EpochCallback& on_epoch, const StepCallback& on_step) {
+  TrainCallbacks callbacks;
+  callbacks.on_epoch = on_epoch;
+  callbacks.on_step = on_step;
+  return train(data, options, world, callbacks);
+}
+
+EvalResult evaluate_weights(const FashionMnist& data, const TrainOptions& options,
+                            const WorldPlan& world,
+                            const std::vector<std::pair<std::string, torch::Tensor>>& weights,
+                            const std::string& name) {
+  return dptrain::evaluate_weights(data, check_world(options, world), weights, options.width,
+                                   name);
+}
 
 TempDir::TempDir() {
   const char* base = std::getenv("TMPDIR");

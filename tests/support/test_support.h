@@ -19,6 +19,17 @@
 
 namespace dptrain::testing {
 
+// The tests' train() and evaluate_weights(): the world checked (check_world), then the run, as
+// the driver does; on_step is the per-step callback, which makes the host wait every step.
+TrainResult train(const FashionMnist& data, const TrainOptions& options, const WorldPlan& world,
+                  const TrainCallbacks& callbacks);
+TrainResult train(const FashionMnist& data, const TrainOptions& options, const WorldPlan& world,
+                  const EpochCallback& on_epoch = nullptr, const StepCallback& on_step = nullptr);
+EvalResult evaluate_weights(const FashionMnist& data, const TrainOptions& options,
+                            const WorldPlan& world,
+                            const std::vector<std::pair<std::string, torch::Tensor>>& weights,
+                            const std::string& name = "in memory");
+
 // A fresh directory under $TMPDIR, removed with everything in it on destruction.
 class TempDir {
  public:
@@ -35,7 +46,7 @@ class TempDir {
 
 void write_bytes(const std::string& path, const std::vector<uint8_t>& bytes);
 
-// Small file-system helpers on POSIX calls (Note [No std::filesystem] in lib/src/files.cpp).
+// Small file-system helpers on POSIX calls (Note [No std::filesystem] in lib/src/core/files.cpp).
 bool path_exists(const std::string& path);
 bool is_regular_file(const std::string& path);
 int64_t file_size(const std::string& path);  // -1 when missing

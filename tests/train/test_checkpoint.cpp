@@ -30,13 +30,13 @@
 #include <vector>
 
 #include "dptrain/data/data.h"
-#include "dptrain/errors.h"
-#include "dptrain/io/files.h"
-#include "dptrain/io/sha256.h"
+#include "dptrain/core/errors.h"
+#include "dptrain/core/files.h"
+#include "dptrain/core/sha256.h"
 #include "dptrain/model/model.h"
 #include "dptrain/train/checkpoint.h"
 #include "dptrain/train/checkpoint_directory.h"
-#include "test_support.h"
+#include "support/test_support.h"
 
 namespace {
 

@@ -10,17 +10,18 @@
 #include <utility>
 #include <vector>
 
-#include "dptrain/errors.h"
+#include "dptrain/core/errors.h"
 #include "dptrain/model/model.h"
-#include "dptrain/parallel/devices.h"
+#include "dptrain/core/devices.h"
 #include "dptrain/train/cuda_graph_step.h"
 #include "dptrain/train/train.h"
-#include "test_support.h"
+#include "support/test_support.h"
 
 namespace dptrain {
 namespace {
 
 using testing::TempDir;
+using testing::train;
 
 const torch::Device kGpu0(torch::kCUDA, 0);
 const torch::Device kGpu1(torch::kCUDA, 1);

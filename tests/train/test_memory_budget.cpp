@@ -4,9 +4,9 @@
 
 #include <string>
 
-#include "dptrain/errors.h"
+#include "dptrain/core/errors.h"
 #include "dptrain/train/memory_budget.h"
-#include "test_support.h"
+#include "support/test_support.h"
 
 namespace dptrain {
 namespace {

@@ -6,10 +6,10 @@
 #include <string>
 #include <vector>
 
-#include "dptrain/errors.h"
-#include "dptrain/parallel/run_configuration.h"
+#include "dptrain/core/errors.h"
+#include "dptrain/train/run_configuration.h"
 #include "dptrain/train/train.h"
-#include "test_support.h"
+#include "support/test_support.h"
 
 namespace dptrain {
 namespace {

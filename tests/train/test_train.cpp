@@ -16,13 +16,13 @@
 #include <thread>
 
 #include "dptrain/data/batching.h"
-#include "dptrain/errors.h"
+#include "dptrain/core/errors.h"
 #include "dptrain/model/model.h"
-#include "dptrain/parallel/devices.h"
+#include "dptrain/core/devices.h"
 #include "dptrain/train/checkpoint.h"
 #include "dptrain/train/checkpoint_directory.h"
 #include "dptrain/train/train.h"
-#include "test_support.h"
+#include "support/test_support.h"
 
 namespace {
 
@@ -366,6 +366,21 @@ TEST(Replicas, GlobalBatchSmallerThanWorldStillSteps) {
 }
 
 // ---- What the world and the data must be ----------------------------------------------------
+
+// The checkpoint flags that need a directory, or exclude each other: check_world's first check
+// (it used to be the parser's, which parse_command_line no longer repeats), before any data load.
+TEST(CheckWorld, CheckpointFlagsWithoutADirectoryAreUsageErrors) {
+  auto options = small_options();
+  options.resume = true;
+  dptrain::testing::expect_throws<UsageError>([&] { (void)check_world(options, cpu_world(1)); },
+                                              {"--resume needs --checkpoint-dir"});
+  options.resume = false;
+  options.checkpoint_every_steps = 5;
+  dptrain::testing::expect_throws<UsageError>([&] { (void)check_world(options, cpu_world(1)); },
+                                              {"--checkpoint-every-steps needs --checkpoint-dir"});
+  options.checkpoint_dir = "ck";
+  EXPECT_NO_THROW((void)check_world(options, cpu_world(1)));
+}
 
 // --threads 4096 on 2 cores was accepted and one step never finished (OpenMP's threads wait
 // for each other at every parallel region). At most the usable cores, or one per replica.

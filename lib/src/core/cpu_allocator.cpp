@@ -1,5 +1,5 @@
 // LibTorch CPU allocators: caching (the default) and guarded (checks). See cpu_allocator.h.
-#include "dptrain/train/cpu_allocator.h"
+#include "dptrain/core/cpu_allocator.h"
 
 #include <c10/core/impl/alloc_cpu.h>
 #include <c10/util/Exception.h>
@@ -17,7 +17,7 @@
 #include <new>
 #include <stdexcept>
 
-#include "dptrain/errors.h"
+#include "dptrain/core/errors.h"
 
 namespace dptrain {
 

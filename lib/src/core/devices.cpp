@@ -1,5 +1,5 @@
 // Device lists for --devices and --gpus. See devices.h.
-#include "dptrain/parallel/devices.h"
+#include "dptrain/core/devices.h"
 
 #include <ATen/Parallel.h>
 #include <sched.h>
@@ -17,7 +17,7 @@
 #include <ATen/cuda/CUDAContext.h>
 #endif
 
-#include "dptrain/errors.h"
+#include "dptrain/core/errors.h"
 
 namespace dptrain {
 

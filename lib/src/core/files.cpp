@@ -6,7 +6,7 @@
 // libstdc++ CXX11 ABI symbols"). Linked into dptrain they stand in for the system libstdc++'s,
 // and calls compiled against our headers then ran their code on our objects and crashed. So
 // every file operation in dptrain is a POSIX call, here or beside its one user.
-#include "dptrain/io/files.h"
+#include "dptrain/core/files.h"
 
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -16,7 +16,7 @@
 #include <cstdio>
 #include <cstring>
 
-#include "dptrain/errors.h"
+#include "dptrain/core/errors.h"
 
 namespace dptrain {
 namespace {

@@ -1,5 +1,5 @@
 // SplitMix64, Box-Muller normals and Fisher-Yates permutations; see random.h for why our own.
-#include "dptrain/data/random.h"
+#include "dptrain/core/random.h"
 
 #include <cmath>
 #include <stdexcept>

@@ -1,5 +1,5 @@
 // SHA-256 through OpenSSL's EVP digest interface. See sha256.h.
-#include "dptrain/io/sha256.h"
+#include "dptrain/core/sha256.h"
 
 #include <fcntl.h>
 #include <openssl/err.h>
@@ -10,7 +10,7 @@
 #include <cstring>
 #include <stdexcept>
 
-#include "dptrain/errors.h"
+#include "dptrain/core/errors.h"
 
 namespace dptrain {
 

@@ -4,7 +4,7 @@
 #include <algorithm>
 #include <stdexcept>
 
-#include "dptrain/data/random.h"
+#include "dptrain/core/random.h"
 
 namespace dptrain {
 

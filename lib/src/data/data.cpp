@@ -10,8 +10,8 @@
 #include <vector>
 
 #include "dptrain/data/idx.h"
-#include "dptrain/io/files.h"
-#include "dptrain/io/sha256.h"
+#include "dptrain/core/files.h"
+#include "dptrain/core/sha256.h"
 
 namespace dptrain {
 

@@ -1,7 +1,7 @@
 // Fetching Fashion-MNIST with libcurl: one file at a time, to "<name>.part", verified by its
 // SHA-256 (OpenSSL's), then renamed into place. See download.h. Not here: decompressing or
 // parsing the files (idx.h, data.h) and any output to the terminal.
-#include "dptrain/io/download.h"
+#include "dptrain/data/download.h"
 
 #if defined(DPTRAIN_WITH_CURL)
 #include <curl/curl.h>
@@ -21,9 +21,9 @@
 #include <thread>
 
 #include "dptrain/data/data.h"
-#include "dptrain/errors.h"
-#include "dptrain/io/files.h"
-#include "dptrain/io/sha256.h"
+#include "dptrain/core/errors.h"
+#include "dptrain/core/files.h"
+#include "dptrain/core/sha256.h"
 
 namespace dptrain {
 

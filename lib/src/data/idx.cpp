@@ -10,7 +10,7 @@
 #include <limits>
 #include <sstream>
 
-#include "dptrain/io/files.h"
+#include "dptrain/core/files.h"
 
 namespace dptrain {
 namespace {

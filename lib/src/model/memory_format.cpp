@@ -5,7 +5,7 @@
 #include <cctype>
 #include <cstdlib>
 
-#include "dptrain/errors.h"
+#include "dptrain/core/errors.h"
 
 namespace dptrain {
 
@@ -25,7 +25,7 @@ namespace dptrain {
 // which stops oneDNN's generated code too. It stops the AVX2 overrun above at the faulting
 // write, and it trains the book's model in channels-last on the AVX-512 kernels at every width
 // from 1 to 16, at batches of 256 and 96, on 1 and 2 threads, and at width 64, without a fault
-// (tests/test_guarded_kernels.cpp, on every machine that has AVX-512). At odd batches the
+// (tests/model/test_guarded_kernels.cpp, on every machine that has AVX-512). At odd batches the
 // AVX-512 kernels did break, in both layouts and both LibTorch versions, in the same strided
 // 1x1 convolution (the weight gradient of the stage-2 shortcut came back as 2.2e21 at width 4,
 // batch 31); dptrain no longer runs that kernel on the CPU (Note [The strided 1x1 convolution

@@ -8,7 +8,7 @@
 #include <cmath>
 #include <string>
 
-#include "dptrain/data/random.h"
+#include "dptrain/core/random.h"
 #include "dptrain/model/projection.h"
 
 namespace dptrain {

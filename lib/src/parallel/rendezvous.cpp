@@ -14,7 +14,7 @@
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
-#include "dptrain/errors.h"
+#include "dptrain/core/errors.h"
 
 extern char** environ;
 

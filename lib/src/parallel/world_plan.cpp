@@ -1,8 +1,8 @@
 // Planning this process's replicas and backend. See world_plan.h.
 #include "dptrain/parallel/world_plan.h"
 
-#include "dptrain/errors.h"
-#include "dptrain/parallel/devices.h"
+#include "dptrain/core/errors.h"
+#include "dptrain/core/devices.h"
 
 namespace dptrain {
 
@@ -57,6 +57,30 @@ Backend choose_backend(const std::optional<std::string>& named, const WorldPlan&
                        bool nccl_built) {
   if (named) return *named == "nccl" ? Backend::kNccl : Backend::kGloo;
   return world.local_devices.front().is_cuda() && nccl_built ? Backend::kNccl : Backend::kGloo;
+}
+
+void check_placements(const std::vector<RankPlacement>& placements, Backend backend) {
+  if (backend != Backend::kNccl) return;
+  for (size_t i = 0; i < placements.size(); ++i) {
+    for (size_t j = 0; j < i; ++j) {
+      const auto& a = placements[j];
+      const auto& b = placements[i];
+      // The UUID names the GPU whatever CUDA_VISIBLE_DEVICES did to its index; without one (a
+      // build without CUDA) the host and device name are the best guess.
+      const bool same = a.gpu.empty() || b.gpu.empty()
+                            ? a.host == b.host && a.device == b.device && a.device != "cpu"
+                            : a.gpu == b.gpu;
+      if (!same) continue;
+      throw UsageError("--backend nccl: ranks " + std::to_string(j) + " and " + std::to_string(i) +
+                       " both use the GPU " + (a.gpu.empty() ? "" : a.gpu + " ") + "(" + a.device +
+                       " on " + a.host +
+                       (b.device == a.device
+                            ? ""
+                            : ", " + b.device + " in rank " + std::to_string(i) + "'s process") +
+                       "); NCCL needs one GPU per rank: give each rank its own GPU, or use "
+                       "--backend gloo");
+    }
+  }
 }
 
 }  // namespace dptrain

@@ -1,6 +1,6 @@
 // Writing the per-epoch metrics file. See metrics.h.
 // File access is plain POSIX (open, write, fsync; files.h): not iostreams, which cannot fsync.
-#include "dptrain/io/metrics.h"
+#include "dptrain/report/metrics.h"
 
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -12,8 +12,8 @@
 #include <cstdlib>
 #include <cstring>
 
-#include "dptrain/errors.h"
-#include "dptrain/io/files.h"
+#include "dptrain/core/errors.h"
+#include "dptrain/core/files.h"
 
 namespace dptrain {
 

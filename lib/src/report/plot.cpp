@@ -1,7 +1,7 @@
 // Drawing the training figure as SVG text and writing it atomically. See plot.h.
 // The SVG is built by hand as a string: no graphics library, no fonts measured, so text widths
 // are estimates and the layout leaves room for them. Files go through POSIX calls (fsync, rename).
-#include "dptrain/io/plot.h"
+#include "dptrain/report/plot.h"
 
 #include <algorithm>
 #include <cmath>
@@ -9,9 +9,9 @@
 #include <cstring>
 #include <map>
 
-#include "dptrain/errors.h"
-#include "dptrain/io/files.h"
-#include "dptrain/parallel/devices.h"
+#include "dptrain/core/errors.h"
+#include "dptrain/core/files.h"
+#include "dptrain/core/devices.h"
 
 namespace dptrain {
 

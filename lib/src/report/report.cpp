@@ -1,10 +1,10 @@
 // Formatting of the per-epoch and final lines. See report.h.
-#include "dptrain/io/report.h"
+#include "dptrain/report/report.h"
 
 #include <algorithm>
 #include <cstdio>
 
-#include "dptrain/parallel/devices.h"
+#include "dptrain/core/devices.h"
 
 namespace dptrain {
 

@@ -11,8 +11,8 @@
 #include <map>
 #include <sstream>
 
-#include "dptrain/errors.h"
-#include "dptrain/io/files.h"
+#include "dptrain/core/errors.h"
+#include "dptrain/core/files.h"
 
 namespace dptrain {
 namespace {

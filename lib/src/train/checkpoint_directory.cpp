@@ -16,9 +16,9 @@
 #include <ctime>
 #include <tuple>
 
-#include "dptrain/errors.h"
-#include "dptrain/io/files.h"
-#include "dptrain/parallel/devices.h"
+#include "dptrain/core/errors.h"
+#include "dptrain/core/files.h"
+#include "dptrain/core/devices.h"
 
 namespace dptrain {
 namespace {

@@ -9,8 +9,8 @@
 #include <thread>
 #include <utility>
 
-#include "dptrain/errors.h"
-#include "dptrain/parallel/devices.h"
+#include "dptrain/core/errors.h"
+#include "dptrain/core/devices.h"
 
 #if defined(DPTRAIN_WITH_CUDA)
 #include <ATen/autocast_mode.h>

@@ -9,7 +9,7 @@
 #include <fstream>
 #include <string>
 
-#include "dptrain/errors.h"
+#include "dptrain/core/errors.h"
 
 namespace dptrain {
 namespace {

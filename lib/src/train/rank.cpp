@@ -15,15 +15,15 @@
 
 #include "dptrain/data/batch_input.h"
 #include "dptrain/data/batching.h"
-#include "dptrain/errors.h"
-#include "dptrain/io/files.h"
+#include "dptrain/core/errors.h"
+#include "dptrain/core/files.h"
 #include "dptrain/model/autocast.h"
 #include "dptrain/model/batch_norm.h"
 #include "dptrain/model/model.h"
-#include "dptrain/parallel/devices.h"
+#include "dptrain/core/devices.h"
 #include "dptrain/parallel/rendezvous.h"
 #include "dptrain/parallel/replicas.h"
-#include "dptrain/parallel/run_configuration.h"
+#include "dptrain/train/run_configuration.h"
 #include "dptrain/train/checkpoint_directory.h"
 #include "dptrain/train/cuda_graph_step.h"
 #include "dptrain/train/finite.h"
@@ -33,9 +33,9 @@ namespace {
 
 namespace F = torch::nn::functional;
 
-// A rank's options have their layout resolved for its device (run_world): never kAuto here.
-bool channels_last(const TrainOptions& options) {
-  return options.memory_format == MemoryFormat::kChannelsLast;
+// Whether a rank's replica runs channels-last (RankPlan::memory_format, resolved for its device).
+bool channels_last(const RankPlan& plan) {
+  return plan.memory_format == MemoryFormat::kChannelsLast;
 }
 
 // A split of the data moved to a rank's device once, as bytes (55 MB for both splits), so that
@@ -81,8 +81,9 @@ struct Tally {
 
 // The evaluation after each epoch: every rank takes a contiguous shard of the test set. Returns
 // the sums over all ranks.
-Totals evaluate(ResNet& model, const DeviceSplit& test, int64_t batch_size,
-                const TrainOptions& options, Communicator& communicator) {
+Totals evaluate(ResNet& model, const DeviceSplit& test, const TrainOptions& options,
+                const RankPlan& plan, Communicator& communicator) {
+  const int64_t batch_size = options.batch_size;
   torch::NoGradGuard no_grad;
   model->eval();
   const auto [begin, end] =
@@ -91,7 +92,7 @@ Totals evaluate(ResNet& model, const DeviceSplit& test, int64_t batch_size,
   for (int64_t i = begin; i < end; i += batch_size) {
     const int64_t n = std::min(batch_size, end - i);
     auto x = to_model_input(test.images.narrow(0, i, n));  // (n, 1, 28, 28)
-    if (channels_last(options)) x = x.contiguous(at::MemoryFormat::ChannelsLast);
+    if (channels_last(plan)) x = x.contiguous(at::MemoryFormat::ChannelsLast);
     auto y = test.labels.narrow(0, i, n);  // (n)
     torch::Tensor logits;                  // (n, 10)
     {
@@ -211,11 +212,11 @@ class JoinedWorld {
 // The replica: the same seed on every rank (or the start's weights), laid out for its device,
 // and rank 0's state broadcast to make sure.
 ResNet make_replica(const TrainOptions& options, const RankPlan& plan, Communicator& communicator) {
-  ResNet model(ResNetOptions{kNumClasses, /*in_channels=*/1, options.width});
+  ResNet model(ResNetOptions{kNumClasses, /*in_channels=*/1, plan.width});
   init_reference_weights(*model, options.seed);
   if (plan.weights) load_model_tensors(*model, *plan.weights, plan.start_name);
   model->to(plan.device);
-  if (channels_last(options)) convert_to_channels_last(*model);
+  if (channels_last(plan)) convert_to_channels_last(*model);
   if (options.sync_bn) set_batch_norm_sync(*model, &communicator);
   broadcast_from_rank0(*model, communicator);
   return model;
@@ -223,63 +224,27 @@ ResNet make_replica(const TrainOptions& options, const RankPlan& plan, Communica
 
 // ---- Checkpoints and the non-finite guard ------------------------------------------------------
 
-// Every checkpoint of a rank's run is saved through here (rank 0 writes; every rank learns
-// whether the write worked, so that a failure is an error everywhere instead of rank 0 leaving
-// while the others wait for it in the next collective).
-class Checkpointer {
- public:
-  Checkpointer(const TrainOptions& options, const CheckpointConfig& config, ResNet& model,
-               Communicator& communicator, const torch::Device& device)
-      : directory_(options.checkpoint_dir),
-        config_(config),
-        model_(model),
-        communicator_(communicator),
-        device_(device) {}
-
-  bool enabled() const { return directory_.has_value(); }
-  const CheckpointConfig& config() const { return config_; }
-
-  // The run after `epochs_done` epochs and `step_in_epoch` steps of the next, with that epoch's
-  // sums and seconds so far; `history` holds the finished epochs. Returns the path written.
-  std::string save(int64_t epochs_done, int64_t step_in_epoch, int64_t global_step,
-                   const Totals& partial_sums, double partial_seconds,
-                   const std::vector<EpochStats>& history) {
-    communicator_.wait_host("the checkpoint's copy of the weights");
-    Checkpoint checkpoint;
-    checkpoint.config = config_;
-    checkpoint.epochs_done = epochs_done;
-    checkpoint.step_in_epoch = step_in_epoch;
-    checkpoint.global_step = global_step;
-    checkpoint.partial_sums = partial_sums;
-    checkpoint.partial_seconds = partial_seconds;
-    checkpoint.history = history;
-    checkpoint.tensors = model_tensors(*model_);
-    const std::string path = *directory_ + "/" + checkpoint_file_name(epochs_done, step_in_epoch);
-    std::string error;
-    if (communicator_.rank() == 0) {
-      try {
-        write_checkpoint_atomically(checkpoint, path);
-      } catch (const DataError& e) {
-        error = e.what();
-      }
+// Writes `checkpoint` to `path` on rank 0, and every rank learns whether the write worked, so that
+// a failure is an error everywhere instead of rank 0 leaving while the others wait for it in the
+// next collective.
+void write_checkpoint_everywhere(const Checkpoint& checkpoint, const std::string& path,
+                                 Communicator& communicator, const torch::Device& device) {
+  std::string error;
+  if (communicator.rank() == 0) {
+    try {
+      write_checkpoint_atomically(checkpoint, path);
+    } catch (const DataError& e) {
+      error = e.what();
     }
-    auto failed =
-        torch::full({1}, error.empty() ? 0 : 1, torch::dtype(torch::kInt64).device(device_));
-    communicator_.allreduce_max(failed, "checkpoint agreement");
-    if (!error.empty()) throw DataError(error);
-    if (failed.item<int64_t>() != 0) {
-      throw DataError("rank 0 could not write checkpoint " + path + " (see rank 0's error)");
-    }
-    return path;
   }
-
- private:
-  std::optional<std::string> directory_;
-  CheckpointConfig config_;
-  ResNet& model_;
-  Communicator& communicator_;
-  torch::Device device_;
-};
+  auto failed =
+      torch::full({1}, error.empty() ? 0 : 1, torch::dtype(torch::kInt64).device(device));
+  communicator.allreduce_max(failed, "checkpoint agreement");
+  if (!error.empty()) throw DataError(error);
+  if (failed.item<int64_t>() != 0) {
+    throw DataError("rank 0 could not write checkpoint " + path + " (see rank 0's error)");
+  }
+}
 
 // Note [Non-finite steps]
 // The decision is taken on the all-reduced gradient, which is the same on every rank, so the
@@ -352,84 +317,7 @@ class NonFiniteGuard {
   int64_t skipped_ = 0;
 };
 
-// ---- The step and the epoch
-// ----------------------------------------------------------------------
-
-// What one rank trains with, for the step and the epoch.
-struct Replica {
-  const TrainOptions& options;
-  const RankPlan& plan;
-  Communicator& communicator;
-  ResNet& model;
-  Reducer& reducer;
-  BatchAssembler& assembler;
-  const DeviceSplit& train;
-  const DeviceSplit& test;
-  int64_t batches_per_epoch;
-  CudaGraphStep* graph;  // --cuda-graph: every step goes through it; null without the flag
-};
-
-// The book's step on this rank's shard x (n, 1, 28, 28), y (n) of a global batch of
-// `global_batch` examples: zero grad -> forward -> loss -> backward (buckets all-reduce as they
-// fill) -> wait. Returns the shard's summed loss () and logits (n, 10); the SGD step is the
-// caller's, once the gradient is known to be finite.
-std::pair<torch::Tensor, torch::Tensor> train_step(Replica& r, const torch::Tensor& x,
-                                                   const torch::Tensor& y, int64_t global_batch) {
-  r.reducer.zero_grad();
-  torch::Tensor loss_sum, logits;
-  if (x.size(0) > 0 || r.options.sync_bn) {
-    {
-      const AutocastGuard autocast(r.plan.device, r.options.amp);
-      logits = r.model->forward(x);  // (n, 10)
-    }
-    logits = logits.to(torch::kFloat32);  // the loss in float32 whatever the forward's type
-    loss_sum = F::cross_entropy(logits, y, F::CrossEntropyFuncOptions().reduction(torch::kSum));
-  } else {
-    // A replica with no examples (a global batch smaller than the world) still joins every
-    // gradient all-reduce, with zeros. (With sync-bn it runs the empty forward instead, to join
-    // the statistics all-reduces too.)
-    loss_sum = torch::zeros({}, torch::dtype(torch::kFloat32).device(r.plan.device));
-    for (const auto& p : r.model->parameters()) loss_sum = loss_sum + p.sum() * 0.0;
-    logits = torch::zeros({0, kNumClasses}, loss_sum.options());
-  }
-  // Each replica divides its summed loss by the GLOBAL batch size, so the all-reduced sum of
-  // gradients is exactly the gradient of the mean loss over the global batch, however unevenly
-  // the batch splits over the replicas.
-  const auto loss = loss_sum / static_cast<double>(global_batch);
-  r.reducer.prepare_for_backward();
-  loss.backward();
-  r.reducer.finalize_backward();
-  return {loss_sum, logits};
-}
-
-// Whether the SGD update is part of the graphed step. Under kStop a step always updates (a bad
-// one is reported at the next host check), so the graph captures the update with the step; kSkip
-// must read the gradient's verdict on the host first. Eager steps keep the update after the
-// non-finite check, in the order (and so with the allocations) they always had.
-bool update_in_step(const Replica& r) {
-  return r.graph != nullptr && r.options.on_nonfinite == NonFinite::kStop;
-}
-
-// The step as the loop runs it: train_step and, where it belongs to the step, the update;
-// captured once and replayed with --cuda-graph (Note [Capturing the whole step] in
-// cuda_graph_step.cpp). Returns the shard's summed loss () and logits (n, 10).
-std::pair<torch::Tensor, torch::Tensor> run_step(Replica& r, const torch::Tensor& x,
-                                                 const torch::Tensor& y, int64_t global_batch) {
-  const auto body = [&r, global_batch](const torch::Tensor& bx, const torch::Tensor& by) {
-    auto [loss_sum, logits] = train_step(r, bx, by, global_batch);
-    if (update_in_step(r)) r.reducer.sgd_step(r.options.lr);
-    return std::vector<torch::Tensor>{loss_sum, logits};
-  };
-  const auto outputs = r.graph ? r.graph->run(x, y, body) : body(x, y);
-  return {outputs.at(0), outputs.at(1)};
-}
-
-// Before the host reads what the steps wrote: the last graph replay (whose collectives the
-// communicator cannot see), then the communicator's own collectives, each within the timeout.
-void wait_host(Replica& r, const std::string& what) {
-  if (r.graph) r.graph->wait_host(what);
-  r.communicator.wait_host(what);
-}
+// ---- One rank's training ----------------------------------------------------------------------
 
 // Where a rank is in its run.
 struct Position {
@@ -439,216 +327,381 @@ struct Position {
   int64_t images = 0;       // training images of this epoch so far, over all ranks
 };
 
-// How an epoch's steps ended.
-struct EpochSteps {
-  int stop = 0;        // the agreed stop signal, when one ended it early
-  double seconds = 0;  // training seconds of the epoch, those before a resume included
-};
-
-// A step checkpoint inside the epoch, given the epoch's tally and training seconds so far.
-using SaveInsideEpoch = std::function<void(Tally& tally, double seconds)>;
-
-// The steps of one epoch from `at.step` on, adding to `tally`, until the epoch ends, --max-steps
-// is reached or the ranks agree on a stop. Side concerns are one block each.
-EpochSteps train_epoch(Replica& r, Position& at, Tally& tally, double seconds_before,
-                       NonFiniteGuard& guard, const TrainCallbacks& callbacks,
-                       const std::optional<std::string>& last_checkpoint,
-                       const SaveInsideEpoch& save_inside_epoch) {
-  const auto& options = r.options;
-  const int64_t num_train = r.train.labels.size(0);
-  const auto order_host = epoch_order(num_train, options.seed, at.epoch);
-  const auto order = torch::tensor(order_host, torch::kInt64).to(r.plan.device);  // (N_train)
-  // Host check points: where the ranks agree on a stop request and kStop reads the non-finite
-  // record. Every step on the CPU, where reading costs nothing; sparser on a GPU.
-  const int64_t check_every = r.plan.device.is_cpu() ? 1 : 25;
-  const bool reporter = r.plan.first_local;
-  r.model->train();
-  synchronize(r.plan.device);
-  const auto start_time = std::chrono::steady_clock::now();
-  double saving_seconds = 0;  // step checkpoints' writing, which is not training time
-  const auto elapsed = [&] {
-    return seconds_before - saving_seconds +
-           std::chrono::duration<double>(std::chrono::steady_clock::now() - start_time).count();
+// The reducer, made on the CUDA graph's stream where there is a graph (--cuda-graph). It also
+// takes over the parameters' storage, for its one-update-per-bucket SGD.
+std::unique_ptr<Reducer> make_reducer(ResNet& model, Communicator& communicator,
+                                      int64_t bucket_bytes, CudaGraphStep* graph) {
+  std::unique_ptr<Reducer> reducer;
+  const auto make = [&] {
+    reducer = std::make_unique<Reducer>(model->parameters(), communicator, bucket_bytes);
   };
-  EpochSteps result;
-  while (at.step < r.batches_per_epoch) {
-    if (options.max_steps > 0 && at.global_step >= options.max_steps) break;
-    const auto [begin, end] = batch_range(num_train, options.batch_size, at.step);
-    const int64_t global_batch = end - begin;
-    const auto [shard_begin, shard_end] = shard_range(global_batch, r.plan.world_size, r.plan.rank);
-    const auto index = order.narrow(0, begin + shard_begin, shard_end - shard_begin);  // (n)
-    // x: (n, 1, 28, 28), y: (n), in buffers reused by every step.
-    const auto [x, y] = r.assembler.gather(r.train.images, r.train.labels, index);
-    const auto [loss_sum, logits] = run_step(r, x, y, global_batch);
-    ++at.global_step;
-    if (r.graph && !update_in_step(r)) r.graph->wait_host("the non-finite check");
-    if (guard.allow_update(r.reducer, at.global_step, r.communicator)) {
-      if (!update_in_step(r)) r.reducer.sgd_step(options.lr);
-      tally.add(loss_sum, logits, y);
-      guard.keep_buffers();
-    }
-    ++at.step;
-    at.images += global_batch;
+  if (graph) {
+    graph->on_graph_stream(make);
+  } else {
+    make();
+  }
+  return reducer;
+}
 
-    // Each side concern, one block: the step callback, the progress report, the replica check,
-    // and the host check point (a stop request, a non-finite step).
-    if (reporter && callbacks.on_step) {
-      wait_host(r, "the step callback");
-      callbacks.on_step(StepStats{at.epoch + 1, at.step, r.batches_per_epoch,
-                                  loss_sum.item<double>() / std::max<int64_t>(index.size(0), 1)});
-    }
-    if (reporter && callbacks.on_progress && options.progress_every > 0 &&
-        (at.step % options.progress_every == 0 || at.step == r.batches_per_epoch)) {
-      wait_host(r, "the progress report");
-      const auto running = means_of(tally.read());
-      callbacks.on_progress(ProgressStats{at.epoch + 1, options.epochs, at.step,
-                                          r.batches_per_epoch, at.images, elapsed(), running.loss,
-                                          running.accuracy});
-    }
-    if (options.check_replicas_every > 0 && at.global_step % options.check_replicas_every == 0) {
-      wait_host(r, "the replica check");
-      check_replicas_identical(*r.model, r.communicator, at.global_step);
-    }
-    if (at.global_step % check_every == 0 && at.step < r.batches_per_epoch) {
-      wait_host(r, "the step's host check");
-      guard.throw_if_bad_step(last_checkpoint);
-      result.stop = agreed_stop_signal(options.stop_signal, r.communicator, r.plan.device);
-      if (result.stop != 0) break;
-    }
-    // A step checkpoint (--checkpoint-every-steps) inside the epoch; at its end, or at the
-    // --max-steps cut, train_epochs saves.
-    const bool cut = options.max_steps > 0 && at.global_step >= options.max_steps;
-    if (save_inside_epoch && at.global_step % options.checkpoint_every_steps == 0 &&
-        at.step < r.batches_per_epoch && !cut) {
-      guard.throw_if_bad_step(last_checkpoint);  // never save a non-finite step's weights
-      const auto save_start = std::chrono::steady_clock::now();
-      save_inside_epoch(tally, elapsed());
-      saving_seconds +=
-          std::chrono::duration<double>(std::chrono::steady_clock::now() - save_start).count();
+// --cuda-graph: made before the reducer, which must be made on the graph's stream.
+std::unique_ptr<CudaGraphStep> make_graph(const TrainOptions& options, const RankPlan& plan,
+                                          Communicator& communicator) {
+  if (!options.cuda_graph) return nullptr;
+  const auto [begin, end] = shard_range(options.batch_size, plan.world_size, plan.rank);
+  return std::make_unique<CudaGraphStep>(plan.device, communicator, end - begin);
+}
+
+// One rank's training: the replica and everything that trains it, and the loop. run() is the
+// whole story: the book's step, then the end of a step, then the end of an epoch, where each side
+// concern (report, check, stop, save, evaluate) is one block, decided there and nowhere else.
+class RankTraining {
+ public:
+  RankTraining(const FashionMnist& data, const TrainOptions& options, const RankPlan& plan,
+               const TrainCallbacks& callbacks, JoinedWorld& world)
+      : options_(options),
+        plan_(plan),
+        callbacks_(callbacks),
+        communicator_(world.communicator()),
+        model_(make_replica(options, plan, communicator_)),
+        train_(to_device(data.train, plan.device)),
+        test_(to_device(data.test, plan.device)),
+        graph_(make_graph(options, plan, communicator_)),
+        reducer_(make_reducer(model_, communicator_, options.bucket_bytes, graph_.get())),
+        assembler_(shard_range(std::min(options.batch_size, data.train.size()), plan.world_size, 0)
+                       .second,
+                   plan.device, channels_last(plan)),
+        batches_per_epoch_(num_batches(data.train.size(), options.batch_size)),
+        config_(checkpoint_config(options, data.train.size(), plan.world_size, plan.train_digest)),
+        tally_(plan.device) {
+    result_.world_size = plan.world_size;
+    result_.devices = world.devices();
+    result_.parameter_count = count_parameters(*model_);
+    if (plan.start) {  // a resumed run carries on at the checkpoint's epoch and step
+      at_ = Position{plan.start->epochs_done, plan.start->step_in_epoch, plan.start->global_step, 0};
+      result_.epochs = plan.start->history;
+      result_.resumed_from = plan.start_name;
     }
   }
-  wait_host(r, "the end of the epoch");
-  synchronize(r.plan.device);
-  result.seconds = elapsed();
-  guard.throw_if_bad_step(last_checkpoint);
-  return result;
+
+  TrainResult run();
+
+ private:
+  bool reporter() const { return plan_.first_local; }  // calls the callbacks
+  bool checkpoints() const { return options_.checkpoint_dir.has_value(); }
+  bool max_steps_reached() const {
+    return options_.max_steps > 0 && at_.global_step >= options_.max_steps;
+  }
+  void start_epoch();
+  struct StepLoss {
+    torch::Tensor sum;       // () the shard's summed loss
+    int64_t shard_size = 0;  // the examples of this rank's shard
+  };
+  StepLoss take_step(NonFiniteGuard& guard);
+  std::pair<torch::Tensor, torch::Tensor> step(const torch::Tensor& x, const torch::Tensor& y,
+                                               int64_t global_batch);
+  bool update_in_step() const;
+  void wait_host(const std::string& what);
+  double epoch_seconds() const;
+  Totals settle_partial_epoch(const std::string& what);
+  EpochStats finish_epoch(double seconds);
+  void save_checkpoint(int64_t epochs_done, int64_t step_in_epoch, const Totals& sums,
+                       double seconds);
+
+  const TrainOptions& options_;
+  const RankPlan& plan_;
+  const TrainCallbacks& callbacks_;
+  Communicator& communicator_;
+  ResNet model_;
+  const DeviceSplit train_;
+  const DeviceSplit test_;
+  std::unique_ptr<CudaGraphStep> graph_;  // --cuda-graph: every step goes through it
+  std::unique_ptr<Reducer> reducer_;
+  BatchAssembler assembler_;
+  const int64_t batches_per_epoch_;
+  const CheckpointConfig config_;
+  Position at_;
+  torch::Tensor order_;  // (N_train) this epoch's order of the training set, on the device
+  Tally tally_;          // this epoch's sums so far
+  std::chrono::steady_clock::time_point epoch_start_;
+  double seconds_before_ = 0;  // of a resumed epoch, trained before the resume
+  double saving_seconds_ = 0;  // step checkpoints' writing, which is not training time
+  TrainResult result_;
+};
+
+TrainResult RankTraining::run() {
+  if (reporter() && callbacks_.on_start) {
+    callbacks_.on_start(result_.devices, result_.epochs, result_.resumed_from);
+  }
+  NonFiniteGuard guard(options_, model_, plan_.device, batches_per_epoch_);
+  // Host check points: where the ranks agree on a stop request and kStop reads the non-finite
+  // record. Every step on the CPU, where reading costs nothing; sparser on a GPU.
+  const int64_t check_every = plan_.device.is_cpu() ? 1 : 25;
+  for (; at_.epoch < options_.epochs && !max_steps_reached(); ++at_.epoch, at_.step = 0) {
+    start_epoch();
+    int stop = 0;  // the agreed stop signal, when one ends the epoch early
+    while (at_.step < batches_per_epoch_ && !max_steps_reached()) {
+      const StepLoss loss = take_step(guard);
+
+      // ---- The end of a step: one block per side concern.
+      const bool inside_epoch = at_.step < batches_per_epoch_;
+      if (reporter() && callbacks_.on_step) {
+        wait_host("the step callback");
+        callbacks_.on_step(StepStats{at_.epoch + 1, at_.step, batches_per_epoch_,
+                                     loss.sum.item<double>() / std::max<int64_t>(loss.shard_size, 1)});
+      }
+      if (reporter() && callbacks_.on_progress && options_.progress_every > 0 &&
+          (at_.step % options_.progress_every == 0 || !inside_epoch)) {
+        wait_host("the progress report");
+        const auto running = means_of(tally_.read());
+        callbacks_.on_progress(ProgressStats{at_.epoch + 1, options_.epochs, at_.step,
+                                             batches_per_epoch_, at_.images, epoch_seconds(),
+                                             running.loss, running.accuracy});
+      }
+      if (options_.check_replicas_every > 0 &&
+          at_.global_step % options_.check_replicas_every == 0) {
+        wait_host("the replica check");
+        check_replicas_identical(*model_, communicator_, at_.global_step);
+      }
+      if (inside_epoch && at_.global_step % check_every == 0) {
+        wait_host("the step's host check");
+        guard.throw_if_bad_step(result_.last_checkpoint);
+        stop = agreed_stop_signal(options_.stop_signal, communicator_, plan_.device);
+        if (stop != 0) break;
+      }
+      // A step checkpoint (--checkpoint-every-steps); at the epoch's end, or at the --max-steps
+      // cut, the end of the epoch saves.
+      if (checkpoints() && options_.checkpoint_every_steps > 0 && inside_epoch &&
+          !max_steps_reached() && at_.global_step % options_.checkpoint_every_steps == 0) {
+        guard.throw_if_bad_step(result_.last_checkpoint);  // never save a non-finite step's weights
+        const auto save_start = std::chrono::steady_clock::now();
+        save_checkpoint(at_.epoch, at_.step,
+                        settle_partial_epoch("the epoch's sums for a step checkpoint"),
+                        epoch_seconds());
+        saving_seconds_ +=
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - save_start).count();
+      }
+    }
+    wait_host("the end of the epoch");
+    synchronize(plan_.device);
+    const double seconds = epoch_seconds();
+    guard.throw_if_bad_step(result_.last_checkpoint);
+
+    // ---- The end of an epoch, or of the steps it got: one block per side concern.
+    if (stop != 0) {  // a stop inside the epoch: save where it stands, for the resume
+      result_.stopped_by = stop;
+      if (checkpoints()) {
+        save_checkpoint(at_.epoch, at_.step, settle_partial_epoch("partial epoch sums"), seconds);
+      }
+      break;
+    }
+    const EpochStats stats = finish_epoch(seconds);
+    result_.epochs.push_back(stats);
+    if (reporter() && callbacks_.on_epoch) callbacks_.on_epoch(stats);
+    if (at_.step < batches_per_epoch_) {
+      // --max-steps cut this epoch short: its checkpoint records the position inside it and the
+      // sums so far (all-reduced by finish_epoch), so that a resume finishes the epoch.
+      if (checkpoints()) save_checkpoint(at_.epoch, at_.step, tally_.read(), seconds);
+      break;
+    }
+    const bool last = at_.epoch + 1 == options_.epochs;
+    const bool scheduled = (at_.epoch + 1) % options_.checkpoint_every == 0 || last ||
+                           (options_.checkpoint_every_steps > 0 &&
+                            at_.global_step % options_.checkpoint_every_steps == 0);
+    if (checkpoints() && scheduled) save_checkpoint(at_.epoch + 1, 0, Totals{}, 0);
+    // A stop requested during the epoch's last step, the evaluation or the checkpoint ends the
+    // run here, keeping the finished epoch even between scheduled checkpoints.
+    if (last) continue;
+    result_.stopped_by = agreed_stop_signal(options_.stop_signal, communicator_, plan_.device);
+    if (result_.stopped_by != 0) {
+      if (checkpoints() && !scheduled) save_checkpoint(at_.epoch + 1, 0, Totals{}, 0);
+      break;
+    }
+  }
+
+  // ---- The end of the run.
+  if (options_.check_replicas_every > 0) {
+    check_replicas_identical(*model_, communicator_, at_.global_step);
+  }
+  if (plan_.rank == 0 && options_.save_model && result_.stopped_by == 0) {
+    communicator_.wait_host("the saved model's copy of the weights");
+    save_model_atomically(model_, config_, at_.epoch, at_.step, at_.global_step, result_.epochs,
+                          *options_.save_model);
+  }
+  result_.skipped_steps = guard.skipped();
+  result_.graph_replays = graph_ ? graph_->replays() : 0;
+  return result_;
+}
+
+// An epoch's start, or a resumed epoch's: its data order, and its sums and seconds so far (rank 0
+// holds a resumed epoch's sums, as they are global).
+void RankTraining::start_epoch() {
+  const auto order_host = epoch_order(train_.labels.size(0), options_.seed, at_.epoch);
+  order_ = torch::tensor(order_host, torch::kInt64).to(plan_.device);  // (N_train)
+  tally_ = Tally(plan_.device);
+  seconds_before_ = 0;
+  saving_seconds_ = 0;
+  at_.images = at_.step * options_.batch_size;
+  if (at_.step > 0 && plan_.start) {
+    seconds_before_ = plan_.start->partial_seconds;
+    if (plan_.rank == 0) tally_.set(plan_.start->partial_sums);
+  }
+  model_->train();
+  synchronize(plan_.device);
+  epoch_start_ = std::chrono::steady_clock::now();
+}
+
+// This rank's shard of the next global batch through the step, the update where the gradient
+// allows it, and the position moved on.
+RankTraining::StepLoss RankTraining::take_step(NonFiniteGuard& guard) {
+  const int64_t num_train = train_.labels.size(0);
+  const auto [begin, end] = batch_range(num_train, options_.batch_size, at_.step);
+  const int64_t global_batch = end - begin;
+  const auto [shard_begin, shard_end] = shard_range(global_batch, plan_.world_size, plan_.rank);
+  const auto index = order_.narrow(0, begin + shard_begin, shard_end - shard_begin);  // (n)
+  // x: (n, 1, 28, 28), y: (n), in buffers reused by every step.
+  const auto [x, y] = assembler_.gather(train_.images, train_.labels, index);
+  // With --cuda-graph the step is captured once and replayed (Note [Capturing the whole step] in
+  // cuda_graph_step.cpp), the update with it where it belongs to the step.
+  const auto body = [this, global_batch](const torch::Tensor& bx, const torch::Tensor& by) {
+    auto [loss_sum, logits] = step(bx, by, global_batch);
+    if (update_in_step()) reducer_->sgd_step(options_.lr);
+    return std::vector<torch::Tensor>{loss_sum, logits};
+  };
+  const auto outputs = graph_ ? graph_->run(x, y, body) : body(x, y);
+  const torch::Tensor& loss_sum = outputs.at(0);  // ()
+  const torch::Tensor& logits = outputs.at(1);    // (n, 10)
+  ++at_.global_step;
+  if (graph_ && !update_in_step()) graph_->wait_host("the non-finite check");
+  if (guard.allow_update(*reducer_, at_.global_step, communicator_)) {
+    if (!update_in_step()) reducer_->sgd_step(options_.lr);
+    tally_.add(loss_sum, logits, y);
+    guard.keep_buffers();
+  }
+  ++at_.step;
+  at_.images += global_batch;
+  return {loss_sum, index.size(0)};
+}
+
+// The book's step on this rank's shard x (n, 1, 28, 28), y (n) of a global batch of
+// `global_batch` examples: zero grad -> forward -> loss -> backward (buckets all-reduce as they
+// fill) -> wait. Returns the shard's summed loss () and logits (n, 10); the SGD step is the
+// caller's, once the gradient is known to be finite.
+std::pair<torch::Tensor, torch::Tensor> RankTraining::step(const torch::Tensor& x,
+                                                           const torch::Tensor& y,
+                                                           int64_t global_batch) {
+  reducer_->zero_grad();
+  torch::Tensor loss_sum, logits;
+  if (x.size(0) > 0 || options_.sync_bn) {
+    {
+      const AutocastGuard autocast(plan_.device, options_.amp);
+      logits = model_->forward(x);  // (n, 10)
+    }
+    logits = logits.to(torch::kFloat32);  // the loss in float32 whatever the forward's type
+    loss_sum = F::cross_entropy(logits, y, F::CrossEntropyFuncOptions().reduction(torch::kSum));
+  } else {
+    // A replica with no examples (a global batch smaller than the world) still joins every
+    // gradient all-reduce, with zeros. (With sync-bn it runs the empty forward instead, to join
+    // the statistics all-reduces too.)
+    loss_sum = torch::zeros({}, torch::dtype(torch::kFloat32).device(plan_.device));
+    for (const auto& p : model_->parameters()) loss_sum = loss_sum + p.sum() * 0.0;
+    logits = torch::zeros({0, kNumClasses}, loss_sum.options());
+  }
+  // Each replica divides its summed loss by the GLOBAL batch size, so the all-reduced sum of
+  // gradients is exactly the gradient of the mean loss over the global batch, however unevenly
+  // the batch splits over the replicas.
+  const auto loss = loss_sum / static_cast<double>(global_batch);
+  reducer_->prepare_for_backward();
+  loss.backward();
+  reducer_->finalize_backward();
+  return {loss_sum, logits};
+}
+
+// Whether the SGD update is part of the graphed step. Under kStop a step always updates (a bad
+// one is reported at the next host check), so the graph captures the update with the step; kSkip
+// must read the gradient's verdict on the host first. Eager steps keep the update after the
+// non-finite check, in the order (and so with the allocations) they always had.
+bool RankTraining::update_in_step() const {
+  return graph_ != nullptr && options_.on_nonfinite == NonFinite::kStop;
+}
+
+// Before the host reads what the steps wrote: the last graph replay (whose collectives the
+// communicator cannot see), then the communicator's own collectives, each within the timeout.
+void RankTraining::wait_host(const std::string& what) {
+  if (graph_) graph_->wait_host(what);
+  communicator_.wait_host(what);
+}
+
+// The epoch's training seconds so far: those before a resume included, checkpoint writing not.
+double RankTraining::epoch_seconds() const {
+  return seconds_before_ - saving_seconds_ +
+         std::chrono::duration<double>(std::chrono::steady_clock::now() - epoch_start_).count();
+}
+
+// Note [Step checkpoints resume bit for bit]
+// A checkpoint inside an epoch holds one set of BatchNorm statistics and the epoch's sums so
+// far, and a resume gives every replica those statistics and rank 0 those sums (the others
+// start from zero). So the run that writes a step checkpoint puts itself into that very
+// state: the replicas' statistics are averaged in place and the sums are gathered on rank 0.
+// Whether a run is interrupted after a step checkpoint or not, it then continues from the
+// same bits, weights, statistics and sums alike. (The momentum update is linear, so the mean
+// after the epoch's end is the same, to rounding, as without the checkpoint; rank 0's alone
+// would move it by (1 - momentum)^k times the replicas' spread.) Returns the sums.
+Totals RankTraining::settle_partial_epoch(const std::string& what) {
+  average_buffers(*model_, communicator_);
+  const Totals sums = tally_.reduce(communicator_, what);
+  if (plan_.rank != 0) tally_.set(Totals{});
+  return sums;
 }
 
 // The end of a whole (or a --max-steps-cut) epoch: its sums reduced over the ranks, the
 // replicas' BatchNorm statistics averaged so that every rank evaluates the same model, the
 // evaluation, and the epoch's figures.
-EpochStats finish_epoch(Replica& r, const Position& at, Tally& tally, double seconds) {
+EpochStats RankTraining::finish_epoch(double seconds) {
   EpochStats stats;
-  stats.epoch = at.epoch + 1;
-  stats.epochs = r.options.epochs;
-  stats.steps = at.step;
+  stats.epoch = at_.epoch + 1;
+  stats.epochs = options_.epochs;
+  stats.steps = at_.step;
   stats.seconds = seconds;
-  const auto train = means_of(tally.reduce(r.communicator, "training loss and accuracy"));
+  const auto train = means_of(tally_.reduce(communicator_, "training loss and accuracy"));
   stats.train_loss = train.loss;
   stats.train_acc = train.accuracy;
   stats.images_per_second = seconds > 0 ? train.count / seconds : 0;
   if (!std::isfinite(stats.train_loss)) {
     throw std::runtime_error(
-        "epoch " + std::to_string(at.epoch + 1) + ": the training loss is not finite (" +
+        "epoch " + std::to_string(at_.epoch + 1) + ": the training loss is not finite (" +
         std::to_string(stats.train_loss) + "); the learning rate may be too high");
   }
-  average_buffers(*r.model, r.communicator);
-  const auto test =
-      means_of(evaluate(r.model, r.test, r.options.batch_size, r.options, r.communicator));
+  average_buffers(*model_, communicator_);
+  const auto test = means_of(evaluate(model_, test_, options_, plan_, communicator_));
   stats.test_loss = test.loss;
   stats.test_acc = test.accuracy;
   return stats;
 }
 
-// ---- One rank ----------------------------------------------------------------------------
-
-// Epoch after epoch from `at` until the last, --max-steps or an agreed stop, adding each to
-// `result`; each kind of checkpoint is saved in one place.
-void train_epochs(Replica& r, Position& at, Checkpointer& checkpointer, NonFiniteGuard& guard,
-                  const TrainCallbacks& callbacks, TrainResult& result) {
-  const auto& options = r.options;
-  const auto& plan = r.plan;
-  const auto save = [&](int64_t epochs_done, int64_t step, const Totals& sums, double seconds) {
-    result.last_checkpoint =
-        checkpointer.save(epochs_done, step, at.global_step, sums, seconds, result.epochs);
-    if (plan.first_local && callbacks.on_checkpoint) {
-      callbacks.on_checkpoint(*result.last_checkpoint);
-    }
-  };
-  // Note [Step checkpoints resume bit for bit]
-  // A checkpoint inside an epoch holds one set of BatchNorm statistics and the epoch's sums so
-  // far, and a resume gives every replica those statistics and rank 0 those sums (the others
-  // start from zero). So the run that writes a step checkpoint puts itself into that very
-  // state: the replicas' statistics are averaged in place and the sums are gathered on rank 0.
-  // Whether a run is interrupted after a step checkpoint or not, it then continues from the
-  // same bits, weights, statistics and sums alike.
-  SaveInsideEpoch save_inside_epoch;
-  if (checkpointer.enabled() && options.checkpoint_every_steps > 0) {
-    save_inside_epoch = [&](Tally& tally, double seconds) {
-      average_buffers(*r.model, r.communicator);
-      const Totals sums = tally.reduce(r.communicator, "the epoch's sums for a step checkpoint");
-      if (plan.rank != 0) tally.set(Totals{});
-      save(at.epoch, at.step, sums, seconds);
-    };
-  }
-  for (; at.epoch < options.epochs; ++at.epoch, at.step = 0) {
-    if (options.max_steps > 0 && at.global_step >= options.max_steps) break;
-    // A resumed epoch carries on with its sums and seconds so far (rank 0 holds the sums, as
-    // they are global).
-    Tally tally(plan.device);
-    double seconds_before = 0;
-    at.images = at.step * options.batch_size;
-    if (at.step > 0 && plan.start) {
-      seconds_before = plan.start->partial_seconds;
-      if (plan.rank == 0) tally.set(plan.start->partial_sums);
-    }
-    const auto steps = train_epoch(r, at, tally, seconds_before, guard, callbacks,
-                                   result.last_checkpoint, save_inside_epoch);
-    if (steps.stop != 0) {
-      // Stopped inside the epoch: keep its sums so far, summed over the ranks, for the resume.
-      // The checkpoint holds one set of BatchNorm statistics, but mid-epoch each replica's have
-      // followed its own shard: save their mean. The momentum update is linear, so the mean
-      // after the epoch's end is the same (to rounding) as without the stop; rank 0's alone
-      // would move it by (1 - momentum)^k times the replicas' spread.
-      result.stopped_by = steps.stop;
-      if (checkpointer.enabled()) {
-        average_buffers(*r.model, r.communicator);
-        save(at.epoch, at.step, tally.reduce(r.communicator, "partial epoch sums"), steps.seconds);
-      }
-      return;
-    }
-    const EpochStats stats = finish_epoch(r, at, tally, steps.seconds);
-    result.epochs.push_back(stats);
-    if (plan.first_local && callbacks.on_epoch) callbacks.on_epoch(stats);
-    if (at.step < r.batches_per_epoch) {
-      // --max-steps cut this epoch short: its checkpoint records the position inside it (and
-      // the sums so far, all-reduced by finish_epoch), so that a resume finishes the epoch. Its
-      // history holds finished epochs only.
-      if (checkpointer.enabled()) {
-        result.epochs.pop_back();
-        save(at.epoch, at.step, tally.read(), steps.seconds);
-        result.epochs.push_back(stats);
-      }
-      return;
-    }
-    const bool last = at.epoch + 1 == options.epochs;
-    const bool scheduled = (at.epoch + 1) % options.checkpoint_every == 0 || last ||
-                           (options.checkpoint_every_steps > 0 &&
-                            at.global_step % options.checkpoint_every_steps == 0);
-    if (checkpointer.enabled() && scheduled) save(at.epoch + 1, 0, Totals{}, 0);
-    // A stop requested during the epoch's last step, the evaluation or the checkpoint ends the
-    // run here, keeping the finished epoch even between scheduled checkpoints.
-    if (last) continue;
-    result.stopped_by = agreed_stop_signal(options.stop_signal, r.communicator, plan.device);
-    if (result.stopped_by != 0) {
-      if (checkpointer.enabled() && !scheduled) save(at.epoch + 1, 0, Totals{}, 0);
-      return;
-    }
-  }
+// Every checkpoint of the run: the position after `epochs_done` epochs and `step_in_epoch` steps
+// of the next, with that epoch's sums and seconds so far, and the finished epochs' history.
+void RankTraining::save_checkpoint(int64_t epochs_done, int64_t step_in_epoch, const Totals& sums,
+                                   double seconds) {
+  communicator_.wait_host("the checkpoint's copy of the weights");
+  Checkpoint checkpoint;
+  checkpoint.config = config_;
+  checkpoint.epochs_done = epochs_done;
+  checkpoint.step_in_epoch = step_in_epoch;
+  checkpoint.global_step = at_.global_step;
+  checkpoint.partial_sums = sums;
+  checkpoint.partial_seconds = seconds;
+  // The finished epochs only: an epoch cut short by --max-steps is reported, not recorded.
+  checkpoint.history.assign(
+      result_.epochs.begin(),
+      result_.epochs.begin() + std::min<int64_t>(epochs_done, result_.epochs.size()));
+  checkpoint.tensors = model_tensors(*model_);
+  const std::string path =
+      *options_.checkpoint_dir + "/" + checkpoint_file_name(epochs_done, step_in_epoch);
+  write_checkpoint_everywhere(checkpoint, path, communicator_, plan_.device);
+  result_.last_checkpoint = path;
+  if (reporter() && callbacks_.on_checkpoint) callbacks_.on_checkpoint(path);
 }
 
-// One rank's whole training: join the world, make the replica and what trains it, pick up where
-// a checkpoint left off, train the epochs, then save the model and leave together.
 }  // namespace
 
 CheckpointConfig checkpoint_config(const TrainOptions& options, int64_t train_size, int world_size,
@@ -671,67 +724,8 @@ TrainResult run_rank(const FashionMnist& data, const TrainOptions& options, cons
   at::set_num_threads(plan.threads);  // intra-op threads are per calling thread under OpenMP
   // This thread's current device: new tensors, NCCL and cuDNN handles go where the replica is.
   const c10::DeviceGuard device_guard(plan.device);
-  TrainResult result;
-  result.world_size = plan.world_size;
   JoinedWorld world(options, plan);
-  result.devices = world.devices();
-  auto& communicator = world.communicator();
-  ResNet model = make_replica(options, plan, communicator);
-  result.parameter_count = count_parameters(*model);
-  const DeviceSplit train = to_device(data.train, plan.device);
-  const DeviceSplit test = to_device(data.test, plan.device);
-  const int64_t num_train = data.train.size();
-  // --cuda-graph: made before the reducer, which must be made on the graph's stream.
-  std::unique_ptr<CudaGraphStep> graph;
-  if (options.cuda_graph) {
-    const auto [begin, end] = shard_range(options.batch_size, plan.world_size, plan.rank);
-    graph = std::make_unique<CudaGraphStep>(plan.device, communicator, end - begin);
-  }
-  // The reducer also takes over the parameters' storage, for its one-update-per-bucket SGD.
-  std::unique_ptr<Reducer> reducer_owner;
-  const auto make_reducer = [&] {
-    reducer_owner =
-        std::make_unique<Reducer>(model->parameters(), communicator, options.bucket_bytes);
-  };
-  if (graph) {
-    graph->on_graph_stream(make_reducer);
-  } else {
-    make_reducer();
-  }
-  Reducer& reducer = *reducer_owner;
-  BatchAssembler assembler(
-      shard_range(std::min(options.batch_size, num_train), plan.world_size, 0).second, plan.device,
-      channels_last(options));
-  Replica replica{options,    plan,    communicator,
-                  model,      reducer, assembler,
-                  train,      test,    num_batches(num_train, options.batch_size),
-                  graph.get()};
-  Checkpointer checkpointer(
-      options, checkpoint_config(options, num_train, plan.world_size, plan.train_digest), model,
-      communicator, plan.device);
-
-  Position at;  // a resumed run carries on at the checkpoint's epoch and step
-  if (plan.start) {
-    at = Position{plan.start->epochs_done, plan.start->step_in_epoch, plan.start->global_step, 0};
-    result.epochs = plan.start->history;
-    result.resumed_from = plan.start_name;
-  }
-  if (plan.first_local && callbacks.on_start) {
-    callbacks.on_start(result.devices, result.epochs, result.resumed_from);
-  }
-  NonFiniteGuard guard(options, model, plan.device, replica.batches_per_epoch);
-  train_epochs(replica, at, checkpointer, guard, callbacks, result);
-
-  if (options.check_replicas_every > 0) {
-    check_replicas_identical(*model, communicator, at.global_step);
-  }
-  if (plan.rank == 0 && options.save_model && result.stopped_by == 0) {
-    communicator.wait_host("the saved model's copy of the weights");
-    save_model_atomically(model, checkpointer.config(), at.epoch, at.step, at.global_step,
-                          result.epochs, *options.save_model);
-  }
-  result.skipped_steps = guard.skipped();
-  result.graph_replays = graph ? graph->replays() : 0;
+  TrainResult result = RankTraining(data, options, plan, callbacks, world).run();
   world.leave();
   return result;
 }
@@ -744,8 +738,8 @@ EvalResult evaluate_rank(const FashionMnist& data, const TrainOptions& options,
   const c10::DeviceGuard device_guard(plan.device);
   JoinedWorld world(options, plan);
   ResNet model = make_replica(options, plan, world.communicator());
-  const auto totals = evaluate(model, to_device(data.test, plan.device), options.batch_size,
-                               options, world.communicator());
+  const auto totals =
+      evaluate(model, to_device(data.test, plan.device), options, plan, world.communicator());
   const auto test = means_of(totals);
   EvalResult result{test.loss, test.accuracy, static_cast<int64_t>(totals.count), world.devices()};
   world.leave();

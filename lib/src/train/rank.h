@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "dptrain/data/data.h"
+#include "dptrain/model/memory_format.h"
 #include "dptrain/parallel/distributed.h"
 #include "dptrain/train/checkpoint.h"
 #include "dptrain/train/train.h"
@@ -52,14 +53,17 @@ struct RankPlan {
   int rank = 0;
   int world_size = 1;
   torch::Device device{torch::kCPU};
+  // The layout of its replica: the options' choice resolved for `device` (run_world), never kAuto.
+  MemoryFormat memory_format = MemoryFormat::kContiguous;
   int threads = 1;
   c10::intrusive_ptr<c10d::Store> store;  // null for a world of one
   bool loopback = true;
   bool first_local = true;            // the first replica of this process: it calls the callbacks
   const Checkpoint* start = nullptr;  // the checkpoint a resumed training starts from
   std::string start_name;             // where `start` came from, for messages
-  // For the memory messages: the file whose weights set the width (eval), or empty when
-  // --width did (train).
+  // The replica's width: --width when training, the file's when evaluating its weights; and for
+  // the memory messages, that file ("the weights of F"), or empty when --width set it.
+  int64_t width = 0;
   std::string width_from;
   // The weights to begin with instead of the seed's (a checkpoint's, or those to evaluate).
   const std::vector<std::pair<std::string, torch::Tensor>>* weights = nullptr;

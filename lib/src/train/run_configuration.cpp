@@ -1,12 +1,12 @@
 // The settings the ranks of a world compare at the rendezvous. See run_configuration.h.
-#include "dptrain/parallel/run_configuration.h"
+#include "dptrain/train/run_configuration.h"
 
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <map>
 
-#include "dptrain/errors.h"
+#include "dptrain/core/errors.h"
 #include "dptrain/train/train.h"
 
 namespace dptrain {

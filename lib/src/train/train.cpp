@@ -1,6 +1,6 @@
-// The training run as a whole: the world checked, where it starts (the checkpoint directory),
-// the ranks started, a thread each where a process has several. One rank's run is rank.cpp.
-// See train.h.
+// The training run as a whole: where it starts (the checkpoint directory), the ranks started, a
+// thread each where a process has several. The world was checked before (checked_world.cpp);
+// one rank's run is rank.cpp. See train.h.
 #include "dptrain/train/train.h"
 
 #include <ATen/Context.h>
@@ -25,15 +25,15 @@
 
 #include "dptrain/data/batch_input.h"
 #include "dptrain/data/batching.h"
-#include "dptrain/errors.h"
-#include "dptrain/io/files.h"
+#include "dptrain/core/errors.h"
+#include "dptrain/core/files.h"
 #include "dptrain/model/autocast.h"
 #include "dptrain/model/batch_norm.h"
 #include "dptrain/model/model.h"
-#include "dptrain/parallel/devices.h"
+#include "dptrain/core/devices.h"
 #include "dptrain/parallel/rendezvous.h"
 #include "dptrain/parallel/replicas.h"
-#include "dptrain/parallel/run_configuration.h"
+#include "dptrain/train/run_configuration.h"
 #include "dptrain/train/checkpoint.h"
 #include "dptrain/train/checkpoint_directory.h"
 #include "dptrain/train/cuda_graph_step.h"
@@ -42,155 +42,17 @@
 
 namespace dptrain {
 
-// ---- The world ------------------------------------------------------------------
-
-namespace {
-
-// Note [Sync-bn needs a GPU per replica]
-// Autograd runs the backward pass of each CUDA device on one worker thread of its own
-// (torch/csrc/autograd/engine.h: Engine::start_device_threads, one ReadyQueue per device in
-// device_ready_queues_); CPU work runs on the calling thread. Two replicas on one GPU in one
-// process therefore share that thread, and sync-bn's AllReduceSum::backward, which blocks until
-// every replica has contributed, would block it while the other replica's backward waits in the
-// same queue: a deadlock. Separate processes have separate engines, so one GPU shared by two
-// ranks under a launcher (with --backend gloo) is fine.
-void check_sync_bn_devices(const std::vector<torch::Device>& devices) {
-  for (size_t i = 0; i < devices.size(); ++i) {
-    for (size_t j = 0; j < i; ++j) {
-      if (devices[i].is_cuda() && devices[i] == devices[j]) {
-        throw UsageError("--sync-bn cannot run two replicas on " + device_name(devices[i]) +
-                         " in one process: autograd runs one GPU's backward pass on one thread, "
-                         "where their statistics all-reduces would wait for each other; give "
-                         "each replica its own GPU, or start one process per replica (torchrun)");
-      }
-    }
-  }
-}
-
-}  // namespace
-
-void check_placements(const std::vector<RankPlacement>& placements, Backend backend) {
-  if (backend != Backend::kNccl) return;
-  for (size_t i = 0; i < placements.size(); ++i) {
-    for (size_t j = 0; j < i; ++j) {
-      const auto& a = placements[j];
-      const auto& b = placements[i];
-      // The UUID names the GPU whatever CUDA_VISIBLE_DEVICES did to its index; without one (a
-      // build without CUDA) the host and device name are the best guess.
-      const bool same = a.gpu.empty() || b.gpu.empty()
-                            ? a.host == b.host && a.device == b.device && a.device != "cpu"
-                            : a.gpu == b.gpu;
-      if (!same) continue;
-      throw UsageError("--backend nccl: ranks " + std::to_string(j) + " and " + std::to_string(i) +
-                       " both use the GPU " + (a.gpu.empty() ? "" : a.gpu + " ") + "(" + a.device +
-                       " on " + a.host +
-                       (b.device == a.device
-                            ? ""
-                            : ", " + b.device + " in rank " + std::to_string(i) + "'s process") +
-                       "); NCCL needs one GPU per rank: give each rank its own GPU, or use "
-                       "--backend gloo");
-    }
-  }
-}
-
-// Note [OMP_NUM_THREADS is checked like --threads]
-// LibTorch sizes its OpenMP pool from OMP_NUM_THREADS at the first parallel region (the data
-// load), before any flag applies: 64 on 2 cores made a step 30 times slower, 100000 crashed
-// inside libgomp and 0 ended in a c10 backtrace. So the variable gets the checks of --threads
-// before anything runs in parallel, and start_intra_op_threads then sets the count itself.
-void check_omp_num_threads(const char* value, int cores, int64_t most_threads) {
-  if (value == nullptr || *value == '\0') return;
-  const std::string text = value;
-  const bool digits = text.size() <= 9 && std::all_of(text.begin(), text.end(), [](char c) {
-                        return c >= '0' && c <= '9';
-                      });
-  const std::string shown = "OMP_NUM_THREADS=" + printable(text.substr(0, 40)) + ": ";
-  const std::string fix = "; set it to a number of threads from 1 to " +
-                          std::to_string(most_threads) + ", or unset it and pass --threads";
-  if (!digits || std::stol(text) < 1) {
-    throw UsageError(shown + "not a whole number of threads" + fix);
-  }
-  if (std::stol(text) > most_threads) {
-    throw UsageError(shown + "this process may run on " + std::to_string(cores) +
-                     " CPU core(s) (more threads than cores only make every step slower)" + fix);
-  }
-}
-
-int intra_op_thread_count(const TrainOptions& options) {
-  return options.threads > 0 ? static_cast<int>(options.threads)
-                             : default_intra_op_threads(std::getenv("OMP_NUM_THREADS"));
-}
-
-void start_intra_op_threads(const TrainOptions& options) {
-  at::set_num_threads(std::max(1, intra_op_thread_count(options)));
-}
-
-void check_world(const TrainOptions& options, const WorldPlan& world) {
-  if (world.local_devices.empty()) throw UsageError("no device to train on");
-  if (options.batch_size < world.world_size) {
-    throw UsageError("--batch-size " + std::to_string(options.batch_size) +
-                     " is smaller than the number of replicas (" +
-                     std::to_string(world.world_size) + ")");
-  }
-  // OpenMP's threads wait for each other at every parallel region: with more of them than
-  // cores a step crawls (4096 threads on 2 cores never finished one). Each local replica gets
-  // at least one thread, so as many threads as replicas are always allowed.
-  const int cores = usable_cpu_cores();
-  const auto most_threads =
-      std::max<int64_t>(cores, static_cast<int64_t>(world.local_devices.size()));
-  if (options.threads > most_threads) {
-    throw UsageError("--threads " + std::to_string(options.threads) + ": this process may run on " +
-                     std::to_string(cores) + " CPU core(s); give at most " +
-                     std::to_string(most_threads) +
-                     " (more threads than cores only make every step slower)");
-  }
-  check_omp_num_threads(std::getenv("OMP_NUM_THREADS"), cores, most_threads);
-  if (options.backend == Backend::kNccl && !backend_available(Backend::kNccl)) {
-    throw UsageError(
-        "--backend nccl: this build of dptrain has no NCCL (it needs a CUDA LibTorch with NCCL "
-        "and the nccl.h of its NCCL version at build time: see CMake's 'NCCL support' line); "
-        "use --backend gloo");
-  }
-  if ((world.world_size > 1 || options.process_group_for_one) &&
-      !backend_available(options.backend)) {
-    throw UsageError("--backend " + backend_name(options.backend) +
-                     ": not available in this build of dptrain (Gloo needs its headers, "
-                     "libgloo-dev, at build time)");
-  }
-  if (options.sync_bn) check_sync_bn_devices(world.local_devices);
-  check_cuda_graph(options, world, cuda_graph_available());
-  if (options.backend == Backend::kNccl) {
-    for (size_t i = 0; i < world.local_devices.size(); ++i) {
-      if (!world.local_devices[i].is_cuda()) {
-        throw UsageError("--backend nccl needs CUDA devices; use --backend gloo for cpu");
-      }
-      for (size_t j = 0; j < i; ++j) {
-        if (world.local_devices[i] == world.local_devices[j]) {
-          throw UsageError("--backend nccl cannot run two replicas on " +
-                           device_name(world.local_devices[i]) +
-                           " (NCCL refuses duplicate GPUs); use --backend gloo");
-        }
-      }
-    }
-  }
-  // A layout known to corrupt memory on one of the devices is refused before anything runs.
-  const auto cpu = detect_cpu_kernels();
-  for (const auto& device : world.local_devices) {
-    resolve_memory_format(options.memory_format, device, cpu);
-  }
-}
-
 namespace {
 
 // What one rank does, training or evaluating: run_rank or evaluate_rank with their inputs bound.
 template <typename Result>
-using RankJob = std::function<Result(const TrainOptions& options, const RankPlan& plan)>;
+using RankJob = std::function<Result(const RankPlan& plan)>;
 
 // "--batch-size 256 and --width 64; lower one of them", or for weights from a file, whose
 // width no flag sets, "--batch-size 256 (the weights of F have width 64); lower it".
 std::string sizes_to_lower(const TrainOptions& options, const RankPlan& plan) {
   const std::string batch = "--batch-size " + std::to_string(options.batch_size);
-  const std::string width = std::to_string(options.width);
+  const std::string width = std::to_string(plan.width);
   if (plan.width_from.empty()) return batch + " and --width " + width + "; lower one of them";
   return batch + " (" + plan.width_from + " has width " + width + "); lower --batch-size";
 }
@@ -202,7 +64,7 @@ Result run_reporting_memory(const RankJob<Result>& job, const TrainOptions& opti
   const std::string where =
       "rank " + std::to_string(plan.rank) + " on " + device_name(plan.device) + ": out of memory";
   try {
-    return job(options, plan);
+    return job(plan);
   } catch (const c10::Error& e) {
     const std::string what = e.what_without_backtrace();
     // CUDA's allocator says "out of memory", the CPU's "not enough memory" (1.13 and 2.x).
@@ -268,31 +130,27 @@ Result run_local_ranks(int local, LocalReplicas& replicas,
   return results.front();
 }
 
+// The layout a rank's replica runs in: the options' choice resolved for its device
+// (memory_format.h). LibTorch cannot run a convolution on an empty channels-last batch, which a
+// replica meets with sync-bn when the last batch has fewer examples than there are replicas (it
+// must still join the statistics all-reduces): such a run uses the contiguous layout throughout,
+// the same results up to float rounding.
+MemoryFormat rank_memory_format(const TrainOptions& options, const WorldPlan& world,
+                                int64_t train_size, const torch::Device& device) {
+  const int64_t last_batch = train_size % options.batch_size;
+  if (options.sync_bn && last_batch > 0 && last_batch < world.world_size) {
+    return MemoryFormat::kContiguous;
+  }
+  return resolve_memory_format(options.memory_format, device, detect_cpu_kernels());
+}
+
 // Runs `job` as one rank per local device (a thread each when there are several) and returns the
 // first local replica's result.
 template <typename Result>
-Result run_world(const FashionMnist& data, const TrainOptions& options, const WorldPlan& world,
-                 RankPlan base, const RankJob<Result>& job) {
-  check_world(options, world);
-  // LibTorch cannot run a convolution on an empty channels-last batch, which a replica meets
-  // with sync-bn when the last batch has fewer examples than there are replicas (it must still
-  // join the statistics all-reduces). Such a run uses the contiguous layout throughout: the same
-  // results up to float rounding.
-  const int64_t last_batch = data.train.size() % options.batch_size;
-  if (options.sync_bn && options.memory_format != MemoryFormat::kContiguous && last_batch > 0 &&
-      last_batch < world.world_size) {
-    TrainOptions contiguous = options;
-    contiguous.memory_format = MemoryFormat::kContiguous;
-    return run_world(data, contiguous, world, base, job);
-  }
-  // Each rank lays out its replica for its own device (memory_format.h).
-  const auto cpu = detect_cpu_kernels();
-  const auto options_for = [&](const torch::Device& device) {
-    TrainOptions rank_options = options;
-    rank_options.memory_format = resolve_memory_format(options.memory_format, device, cpu);
-    return rank_options;
-  };
-
+Result run_world(const FashionMnist& data, const CheckedWorld& run, RankPlan base,
+                 const RankJob<Result>& job) {
+  const TrainOptions& options = run.options();
+  const WorldPlan& world = run.world();
   const auto local = static_cast<int>(world.local_devices.size());
   // Impossible sizes are refused before any allocation (the estimate covers CPU replicas; a
   // GPU's allocator reports its own failure, turned into one line below).
@@ -302,7 +160,7 @@ Result run_world(const FashionMnist& data, const TrainOptions& options, const Wo
         shard_range(std::min(options.batch_size, std::max<int64_t>(data.train.size(), 1)),
                     world.world_size, 0)
             .second;
-    check_host_memory(options.width, shard, local, *available,
+    check_host_memory(base.width, shard, local, *available,
                       base.width_from.empty() ? "--batch-size and --width"
                                               : "--batch-size with " + base.width_from);
   }
@@ -322,23 +180,22 @@ Result run_world(const FashionMnist& data, const TrainOptions& options, const Wo
       base.store = make_in_process_store(options.timeout);
     }
   }
-
-  if (local == 1) {
+  const auto plan_for = [&](int i) {
     RankPlan plan = base;
-    plan.rank = world.first_rank;
-    plan.device = world.local_devices[0];
-    return run_reporting_memory(job, options_for(plan.device), plan);
-  }
+    plan.rank = world.first_rank + i;
+    plan.first_local = i == 0;
+    plan.device = world.local_devices[static_cast<size_t>(i)];
+    plan.memory_format = rank_memory_format(options, world, data.train.size(), plan.device);
+    return plan;
+  };
+
+  if (local == 1) return run_reporting_memory(job, options, plan_for(0));
 
   // Replicas in this process: a thread each.
   LocalReplicas replicas;
   base.local = &replicas;
   return run_local_ranks<Result>(local, replicas, [&](int i) {
-    RankPlan plan = base;
-    plan.rank = world.first_rank + i;
-    plan.first_local = i == 0;
-    plan.device = world.local_devices[static_cast<size_t>(i)];
-    return run_reporting_memory(job, options_for(plan.device), plan);
+    return run_reporting_memory(job, options, plan_for(i));
   });
 }
 
@@ -436,7 +293,7 @@ void check_resumable(const Checkpoint& checkpoint, const std::string& path,
   // continue on another number of ranks. What changes is how a global batch is split: without
   // --sync-bn each replica normalises its own share, so the steps are not those the writing
   // world would have taken; with it they are the same to rounding (the sums are ordered
-  // differently). tests/test_resume.cpp measures both.
+  // differently). tests/integration/test_resume.cpp measures both.
   if (checkpoint.config.world_size != run.world_size && callbacks.on_notice) {
     callbacks.on_notice("--resume: " + path + " was written by " +
                         std::to_string(checkpoint.config.world_size) + " rank(s), this run has " +
@@ -462,12 +319,12 @@ std::string describe_set(const Dataset& set, const std::string& digest) {
 
 }  // namespace
 
-TrainResult train(const FashionMnist& data, const TrainOptions& options, const WorldPlan& world,
+TrainResult train(const FashionMnist& data, const CheckedWorld& run,
                   const TrainCallbacks& callbacks) {
-  check_world(options, world);
+  const TrainOptions& options = run.options();
+  const WorldPlan& world = run.world();
   check_not_empty(data.train, "training");
   check_not_empty(data.test, "test");
-  check_checkpoint_options(options);
   // Global rank 0 writes the files: their paths are checked before the first step, so that a
   // bad one fails now and not after the training.
   const bool writer = world.first_rank == 0;
@@ -480,6 +337,7 @@ TrainResult train(const FashionMnist& data, const TrainOptions& options, const W
   const auto start = choose_start(options, writer, callbacks);
   const std::string train_digest = dataset_digest(data.train);
   RankPlan base;
+  base.width = options.width;
   base.train_digest = train_digest;
   if (start) {
     const auto& [path, checkpoint] = *start;
@@ -500,36 +358,29 @@ TrainResult train(const FashionMnist& data, const TrainOptions& options, const W
   base.settings =
       settings_text(run_settings(options, describe_set(data.train, train_digest),
                                  describe_set(data.test, dataset_digest(data.test)), start_text));
-  const RankJob<TrainResult> job = [&](const TrainOptions& rank_options, const RankPlan& plan) {
-    return run_rank(data, rank_options, plan, callbacks);
+  const RankJob<TrainResult> job = [&](const RankPlan& plan) {
+    return run_rank(data, options, plan, callbacks);
   };
-  return run_world(data, options, world, base, job);
+  return run_world(data, run, base, job);
 }
 
-TrainResult train(const FashionMnist& data, const TrainOptions& options, const WorldPlan& world,
-                  const EpochCallback& on_epoch, const StepCallback& on_step) {
-  TrainCallbacks callbacks;
-  callbacks.on_epoch = on_epoch;
-  callbacks.on_step = on_step;
-  return train(data, options, world, callbacks);
-}
-
-EvalResult evaluate_weights(const FashionMnist& data, const TrainOptions& options,
-                            const WorldPlan& world,
+EvalResult evaluate_weights(const FashionMnist& data, const CheckedWorld& run,
                             const std::vector<std::pair<std::string, torch::Tensor>>& weights,
-                            const std::string& name) {
+                            int64_t width, const std::string& name) {
+  const TrainOptions& options = run.options();
   check_not_empty(data.test, "test");
   RankPlan base;
   base.weights = &weights;
   base.start_name = name;
+  base.width = width;
   base.width_from = "the weights of " + name;
   base.settings = settings_text(
       run_settings(options, describe_set(data.train, dataset_digest(data.train)),
                    describe_set(data.test, dataset_digest(data.test)), "the weights to evaluate"));
-  const RankJob<EvalResult> job = [&](const TrainOptions& rank_options, const RankPlan& plan) {
-    return evaluate_rank(data, rank_options, plan);
+  const RankJob<EvalResult> job = [&](const RankPlan& plan) {
+    return evaluate_rank(data, options, plan);
   };
-  return run_world(data, options, world, base, job);
+  return run_world(data, run, base, job);
 }
 
 }  // namespace dptrain

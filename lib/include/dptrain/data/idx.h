@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "dptrain/errors.h"
+#include "dptrain/core/errors.h"
 
 namespace dptrain {
 

@@ -19,7 +19,7 @@
 #include <utility>
 #include <vector>
 
-#include "dptrain/errors.h"
+#include "dptrain/core/errors.h"
 
 namespace dptrain {
 

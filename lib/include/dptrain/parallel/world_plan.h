@@ -41,4 +41,9 @@ WorldPlan plan_world(const std::optional<std::string>& devices, std::optional<in
 Backend choose_backend(const std::optional<std::string>& named, const WorldPlan& world,
                        bool nccl_built);
 
+// Checks the placements every rank learns at the rendezvous (gather_placements) against the
+// backend: NCCL refuses two ranks on one GPU ("Duplicate GPU detected" deep inside its first
+// collective), so that is a UsageError here naming both ranks, the host and the device.
+void check_placements(const std::vector<RankPlacement>& placements, Backend backend);
+
 }  // namespace dptrain

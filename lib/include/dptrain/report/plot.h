@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "dptrain/io/metrics.h"
+#include "dptrain/report/metrics.h"
 
 namespace dptrain {
 
