@@ -1,7 +1,7 @@
 // The files a training run leaves beside its output: the metrics file (--metrics) and the plot
 // (--plot), both written by global rank 0, anew from the epochs a resumed run starts with (in
 // one write, one drawing) and then after every epoch, so that each holds every epoch once.
-// Not here: their formats (metrics.h, plot.h), checkpoints (train.h).
+// Not here: their formats (metrics.h, plot.h), checkpoints (train/checkpoint.h).
 #pragma once
 
 #include <memory>

@@ -2,7 +2,7 @@
 // closed pipe, a full disk). The first request asks the training to finish its step, write a
 // checkpoint and exit; a second SIGINT exits at once. SIGPIPE and SIGXFSZ are ignored, so that a
 // closed pipe or a full file-size limit is a failed write that the program sees, not a death.
-// Not here: how the ranks agree on the stop (train.cpp).
+// Not here: how the ranks agree on the stop (RankTraining::run in lib/src/train/rank.cpp).
 #pragma once
 
 #include <atomic>

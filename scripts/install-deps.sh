@@ -18,7 +18,7 @@ packages=(
   python3-torch                 # torchrun, for the multi-process tests
   python3-venv                  # quickstart.sh keeps the CUDA LibTorch of a GPU machine in a venv
   chromium                      # headless, renders the training plot's SVG in test_plot.cpp
-  valgrind                      # checks the default layout for heap corruption (test_cli.cpp)
+  valgrind                      # checks the default layout for heap corruption (test_binary_runs.cpp)
 )
 packages+=("$@")
 

@@ -2,7 +2,7 @@
 // code, inputs far larger than they can be, closed standard descriptors, the environment's
 // thread count, stop requests before the first step, --fresh in a directory of strangers'
 // files, a connect that LibTorch would retry out loud, and the address-space limit.
-// Not here: the readers' own unit tests (test_checkpoint.cpp), the first round (test_cli.cpp).
+// Not here: the readers' own unit tests (test_checkpoint.cpp), the first round (test_binary_runs.cpp).
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <signal.h>

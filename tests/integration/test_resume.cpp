@@ -2,7 +2,7 @@
 // mid-epoch by a stop request, ends bit-identical to an uninterrupted one; a resume that would
 // not continue the same run is refused; non-finite steps stop or are skipped; evaluate_weights
 // reproduces the training's own evaluation. In process, on small synthetic data.
-// Not here: the file format (test_checkpoint.cpp) and the signals themselves (test_cli.cpp).
+// Not here: the file format (test_checkpoint.cpp) and the signals themselves (test_binary_runs.cpp).
 #include <dirent.h>
 #include <gtest/gtest.h>
 #include <signal.h>

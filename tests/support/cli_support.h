@@ -1,5 +1,5 @@
-// Helpers for the tests that run the dptrain binary (test_cli.cpp, test_hostile.cpp): the one
-// error line a failure must be, no crash, fake Fashion-MNIST files.
+// Helpers for the tests that run the dptrain binary (test_binary_runs.cpp, test_hostile.cpp): the
+// one error line a failure must be, no crash, fake Fashion-MNIST files.
 // Not here: running a child process itself (test_support.h).
 #pragma once
 

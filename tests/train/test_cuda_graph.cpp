@@ -1,7 +1,8 @@
 // --cuda-graph (cuda_graph_step.h): where it is refused, checked on any machine, and with a GPU
 // that steps replayed from the graph end exactly where the same steps run eagerly end.
 // The GPU suite is CudaGraph.*, for a GPU check to filter on; it skips without CUDA.
-// Not here: the flag's parsing and the binary's error lines (test_cli.cpp).
+// Not here: the flag's parsing (tests/app/test_cli.cpp) and the binary's error lines
+// (tests/integration/test_binary_runs.cpp).
 #include <ATen/Context.h>
 #include <gtest/gtest.h>
 

@@ -1,7 +1,8 @@
 // One rank of a world: its plan (where it runs, how it meets the others, where it starts) and
 // its two jobs, training and evaluating saved weights. train.cpp starts the ranks, a thread each
 // where a process has several, and they meet through the plan's store.
-// Not here: how the world is planned and checked (train.cpp, world_plan.h). Internal to lib/.
+// Not here: how the world is planned (world_plan.h) and checked (checked_world.h), or started
+// (train.cpp). Internal to lib/src/train/.
 #pragma once
 
 #include <c10/util/intrusive_ptr.h>

@@ -1,7 +1,8 @@
 // Where this process stands before anything starts: which devices its replicas run on, its place
 // in the world (threads of one process, or one rank under torchrun or Slurm), and the collective
 // backend. Decided from the device flags, the launcher's environment and the GPU count, all
-// passed in, so every case is testable without GPUs. Not here: building the world (train.h).
+// passed in, so every case is testable without GPUs. Not here: checking the options against it
+// (checked_world.h) or building it (train.h).
 #pragma once
 
 #include <torch/types.h>

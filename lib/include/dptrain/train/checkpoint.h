@@ -1,6 +1,7 @@
 // Checkpoints: the whole state of a run at a step boundary (weights, position, the figures so
 // far, the configuration) in dptrain's own small file format, written atomically, and a reader
-// that refuses anything else with one clear line. Not here: when to save (train.cpp).
+// that refuses anything else with one clear line. Not here: when to save (RankTraining::run in
+// lib/src/train/rank.cpp).
 //
 // File layout, little-endian:
 //   8 bytes  magic "DPTRNCKP"

@@ -1,6 +1,6 @@
 // The checkpoint directory of a run: created and checked before training, locked against a second
 // run, its files named by position and searched for the newest one by what they hold.
-// Not here: the file format (checkpoint.h) or when to save (train.cpp).
+// Not here: the file format (checkpoint.h) or when to save (RankTraining::run, rank.cpp).
 #pragma once
 
 #include <optional>

@@ -1,6 +1,6 @@
 // What a training run is asked to do: the plain options the driver fills from flags and every
 // layer of the run reads, and the one check of how they fit together that needs nothing else.
-// Not here: checks against the world (check_world in train.h) or the flags themselves (app/cli.cpp).
+// Not here: checks against the world (checked_world.h) or the flags themselves (app/cli.cpp).
 #pragma once
 
 #include <atomic>
@@ -79,8 +79,8 @@ struct TrainOptions {
 };
 
 // Checks that --resume and --fresh come with a checkpoint directory and not together;
-// throws UsageError. The command-line parser calls it at parse time, so that a mistake costs no
-// data load; train() calls it for a caller that did not.
+// throws UsageError. Its one caller is check_world (checked_world.h), which the driver runs before
+// the data load, so that a mistake costs none.
 void check_checkpoint_options(const TrainOptions& options);
 
 }  // namespace dptrain
