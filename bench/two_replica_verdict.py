@@ -77,7 +77,16 @@ def main():
              "",
              f"Machine: {cpu_model()}, {os.cpu_count()} cores. ResNet-18 width {args.width}, all 60,000/10,000 images, "
              f"{args.epochs} epochs, {args.threads} threads, seeds {seeds[0]}..{seeds[-1]}.",
-             "Commands: the two in `bench/two_replica_verdict.py`'s docstring.",
+             "",
+             "    /usr/bin/python3 bench/book_runs.py run --raw " + args.raw + " --runs two "
+             f"--epochs {args.epochs} --threads {args.threads} --width {args.width} "
+             "--seeds " + ",".join(map(str, seeds)),
+             "    /usr/bin/python3 bench/two_replica_verdict.py --raw " + args.raw +
+             f" --epochs {args.epochs}" + (f" --out {args.out}" if args.out else ""),
+             "",
+             "Each system trains every seed from its own start (dptrain's generator, PyTorch's "
+             "for the peer) on its own order; the two are compared as samples. The exact "
+             "p-value counts every split of the pooled seeds.",
              "",
              "| epoch | measure | dptrain mean (min–max) | peer mean (min–max) | "
              "dptrain − peer, 95% bootstrap | Mann-Whitney U, exact p |",

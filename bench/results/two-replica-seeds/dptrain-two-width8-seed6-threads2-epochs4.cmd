@@ -1,0 +1,1 @@
+/work/main/bench/../build/app/dptrain train --devices cpu,cpu --quiet --metrics bench/results/two-replica-seeds/dptrain-two-width8-seed6-threads2-epochs4.part.jsonl --width 8 --batch-size 512 --lr 0.2 --epochs 4 --seed 6 --threads 2 --data-dir /usr/share/datasets/fashion-mnist
