@@ -1,21 +1,21 @@
 #!/usr/bin/env bash
-# Builds the libFuzzer targets (fuzz/) with clang into build-fuzz, or $DPTRAIN_FUZZ_BUILD_DIR,
-# and runs them all at once, each for the given seconds (default 60) from its seed corpus in
-# fuzz/corpus/.
-# Crashes land in build-fuzz/crashes/<target>/ and make the script exit non-zero; the corpus
-# grown while fuzzing stays in build-fuzz/corpus/, never in the source tree.
+# Builds the libFuzzer targets (fuzz/) with clang into build-sanitize, or
+# $DPTRAIN_SANITIZE_BUILD_DIR (scripts/configure-sanitized.sh: the build scripts/sanitize.sh
+# makes, whose library they reuse), and runs them all at once, each for the given seconds
+# (default 60) from its seed corpus in fuzz/corpus/.
+# Crashes land in build-sanitize/crashes/<target>/ and make the script exit non-zero; the corpus
+# grown while fuzzing stays in build-sanitize/corpus/, never in the source tree.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 seconds="${1:-60}"
-build_dir="${DPTRAIN_FUZZ_BUILD_DIR:-build-fuzz}"
+build_dir="${DPTRAIN_SANITIZE_BUILD_DIR:-build-sanitize}"
 # clang, libFuzzer with clang's sanitizer runtimes, and llvm-symbolizer for readable stacks.
 bash scripts/install-deps.sh clang libclang-rt-14-dev llvm
 
-cmake -S . -B "$build_dir" -DCMAKE_BUILD_TYPE=Debug -DCMAKE_CXX_FLAGS_DEBUG="-O1 -g1" -DCMAKE_CXX_COMPILER=clang++ \
-  -DDPTRAIN_FUZZ=ON -DBUILD_TESTING=OFF -DDPTRAIN_WERROR=ON >/dev/null
+bash scripts/configure-sanitized.sh "$build_dir"
 targets=()
 for source in fuzz/fuzz_*.cpp; do targets+=("$(basename "$source" .cpp)"); done
-cmake --build "$build_dir" -j "${DPTRAIN_FUZZ_JOBS:-$(nproc)}" --target "${targets[@]}"
+cmake --build "$build_dir" -j "${DPTRAIN_SANITIZE_JOBS:-$(nproc)}" --target "${targets[@]}"
 
 # A leak in a parser fails the run like a crash: libFuzzer runs LeakSanitizer after any input
 # whose allocations and frees do not balance.

@@ -85,7 +85,10 @@ TEST(Communicator, CollectivesThatCannotStartAreCollectiveErrorsNamingTheRank) {
       {"the max on the meta device", [](Communicator& c) {
          c.allreduce_max(torch::ones({2}, torch::kMeta), "the max on the meta device");
        }}};
-  for (const auto& [what, action] : cases) {
+  for (const auto& one_case : cases) {
+    // Named, not a structured binding: clang 14 (the sanitizer build) cannot capture those.
+    const std::string& what = one_case.first;
+    const Action& action = one_case.second;
     run_thread_ranks(2, [&](Communicator& c) {
       // Both connected first: a rank that fails at once and leaves would otherwise close its
       // sockets while the other still connects.
