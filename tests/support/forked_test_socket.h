@@ -1,0 +1,26 @@
+// The Unix socket of the forked test server (forked_test_server.cpp): where it lives, binding
+// or connecting to it at any path length, and whole reads and writes on it. Shared by the server and dptrain_test_client.
+// Not here: what goes over it (forked_test_protocol.h).
+#pragma once
+
+#include <cstddef>
+#include <string>
+
+namespace dptrain::testing::forked {
+
+// $DPTRAIN_FORKED_TEST_SOCKET when set (tests/support/check_forked_tests.py runs a server of its
+// own beside CTest's), else the test binary's canonical path with kSocketSuffix; "" when the
+// binary's path cannot be resolved.
+std::string socket_path_for(const std::string& binary);
+
+// A listening socket at `path` (mode 0600, the caller's umask kept), or -1 with errno set.
+int listen_at(const std::string& path);
+// A socket connected to `path`, or -1 with errno set (ENOENT, ECONNREFUSED: nobody serves).
+int connect_to(const std::string& path);
+
+// All `size` bytes, through EINTR and short transfers; false when the peer ended first or on an
+// error. Writes never raise SIGPIPE.
+bool read_exactly(int fd, void* buffer, size_t size);
+bool write_all(int fd, const void* buffer, size_t size);
+
+}  // namespace dptrain::testing::forked
