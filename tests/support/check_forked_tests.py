@@ -125,14 +125,16 @@ class Checker:
         deadline = time.monotonic() + 60
         while not os.path.exists(pid_file) and time.monotonic() < deadline:
             time.sleep(0.05)
-        test_pid = int(open(pid_file).read())
+        test_pid, child_pid = (int(pid) for pid in open(pid_file).read().split())
         self.expect(test_pid != client.pid, "the waiting test was served")
         client.kill()  # as CTest's timeout does
         client.wait()
         deadline = time.monotonic() + 10
-        while time.monotonic() < deadline and process_alive(test_pid):
+        while time.monotonic() < deadline and (process_alive(test_pid) or process_alive(child_pid)):
             time.sleep(0.05)
         self.expect(not process_alive(test_pid), "a killed client's test is killed with it")
+        self.expect(not process_alive(child_pid),
+                    "and so is the test's child in a process group of its own")
         self.stop_server()
         self.start_server()
 

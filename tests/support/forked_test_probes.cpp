@@ -74,13 +74,21 @@ TEST(ForkedTestProbe, ExitsWithSeven) { std::exit(7); }
 
 TEST(ForkedTestProbe, Aborts) { std::abort(); }
 
-// Writes its pid to $DPTRAIN_PROBE_PID_FILE, then waits to be killed (two minutes at most).
+// Starts a child in a process group of its own (as tests/support's run_command does), writes
+// both pids to $DPTRAIN_PROBE_PID_FILE, then waits to be killed (two minutes at most).
 TEST(ForkedTestProbe, WaitsToBeKilled) {
   const char* pid_file = std::getenv("DPTRAIN_PROBE_PID_FILE");
   ASSERT_NE(pid_file, nullptr);
+  const pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    setpgid(0, 0);
+    sleep(120);
+    _exit(0);
+  }
   {
     std::ofstream out(std::string(pid_file) + ".part");
-    out << getpid() << "\n";
+    out << getpid() << " " << child << "\n";
   }
   ASSERT_EQ(std::rename((std::string(pid_file) + ".part").c_str(), pid_file), 0);
   std::this_thread::sleep_for(std::chrono::minutes(2));

@@ -3,13 +3,16 @@
 // Not here: deciding whether to ask it (the client), gtest's own main (test_main.cpp).
 #include "support/forked_test_server.h"
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <limits.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
+#include <sys/time.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -185,6 +188,35 @@ bool read_strings(int connection, const Request& request, std::vector<std::strin
   ::_exit(status);
 }
 
+// SIGKILL for every process below this one, as CTest's timeout kills a test's process tree: the
+// test's own children may have left its process group (tests/support's run_command puts each in
+// one of its own). This process is a subreaper (handle_client), so the orphans of a killed
+// process become its children in turn; it is done when it has none left.
+void kill_descendants() {
+  const pid_t self = ::getpid();
+  while (true) {
+    if (DIR* processes = ::opendir("/proc")) {
+      for (dirent* entry = ::readdir(processes); entry; entry = ::readdir(processes)) {
+        const pid_t pid = static_cast<pid_t>(std::atoi(entry->d_name));
+        if (pid <= 0) continue;
+        std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+        std::string line;
+        std::getline(stat, line);
+        const size_t name_end = line.rfind(')');  // the name may hold spaces and ')'
+        if (name_end == std::string::npos) continue;
+        char state = 0;
+        int parent = 0;
+        if (std::sscanf(line.c_str() + name_end + 1, " %c %d", &state, &parent) == 2 &&
+            parent == self) {
+          ::kill(pid, SIGKILL);
+        }
+      }
+      ::closedir(processes);
+    }
+    if (::waitpid(-1, nullptr, 0) < 0 && errno == ECHILD) return;
+  }
+}
+
 // Waits for the test to end (its status goes back to the client) or for the client to go (CTest's
 // timeout killed it: the test's process group is killed too). Never returns.
 [[noreturn]] void watch_test(int connection, pid_t test) {
@@ -204,14 +236,17 @@ bool read_strings(int connection, const Request& request, std::vector<std::strin
     if (ready > 0 && watched[0].revents != 0) break;  // the client sends nothing more: it is gone
   }
   ::kill(-test, SIGKILL);
-  ::kill(test, SIGKILL);
-  ::waitpid(test, nullptr, 0);
+  kill_descendants();
   ::_exit(0);
 }
 
 // One client, in a child of the server. Never returns.
 [[noreturn]] void handle_client(const Server& server, int connection, int (*run_tests)(int, char**)) {
   ::sigaction(SIGTERM, &server.original_sigterm, nullptr);
+  ::prctl(PR_SET_CHILD_SUBREAPER, 1);  // see kill_descendants
+  // A client sends its request at once; one that connects and says nothing is not waited for.
+  const timeval request_time{10, 0};
+  ::setsockopt(connection, SOL_SOCKET, SO_RCVTIMEO, &request_time, sizeof(request_time));
   Request request;
   int fds[3] = {-1, -1, -1};
   std::vector<std::string> strings;
