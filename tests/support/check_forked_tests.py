@@ -58,6 +58,11 @@ class Checker:
         if not condition:
             self.failures.append(what)
 
+    def spawn(self, test, env=None, binary=None, stdout=subprocess.PIPE):
+        """The client running one probe, started and not yet waited for."""
+        command = [self.client, binary or self.binary, f"--gtest_filter={PROBE}{test}"]
+        return subprocess.Popen(command, env=env or self.env, stdout=stdout, text=True)
+
     def start_server(self, env=None):
         started = subprocess.run([self.client, self.binary, "--serve-forked-tests"],
                                  env=env or self.env, capture_output=True, text=True, timeout=60)
@@ -97,20 +102,17 @@ class Checker:
 
     def check_served_elsewhere(self):
         """Served runs happen in a forked process; others in the client's own, which exec'd."""
-        client = subprocess.Popen([self.client, self.binary, f"--gtest_filter={PROBE}ReportsItsProcess"],
-                                  env=self.env, stdout=subprocess.PIPE, text=True)
+        client = self.spawn("ReportsItsProcess")
         out, _ = client.communicate(timeout=60)
         self.expect(f"pid={client.pid}\n" not in out, "a served test runs in a forked process")
         changed = dict(self.env, DPTRAIN_PROBE="changed")
-        client = subprocess.Popen([self.client, self.binary, f"--gtest_filter={PROBE}ReportsItsProcess"],
-                                  env=changed, stdout=subprocess.PIPE, text=True)
+        client = self.spawn("ReportsItsProcess", env=changed)
         out, _ = client.communicate(timeout=60)
         self.expect(f"pid={client.pid}\n" in out and "probe=changed" in out,
                     "another environment is not served: the client runs the binary itself")
         copy = os.path.join(self.root, "copy_of_binary")
         shutil.copy2(self.binary, copy)
-        client = subprocess.Popen([self.client, copy, f"--gtest_filter={PROBE}ReportsItsProcess"],
-                                  env=self.env, stdout=subprocess.PIPE, text=True)
+        client = self.spawn("ReportsItsProcess", binary=copy)
         out, _ = client.communicate(timeout=60)
         self.expect(f"pid={client.pid}\n" in out, "another binary is not served")
 
@@ -120,8 +122,7 @@ class Checker:
         # The pid file's variable changes the environment: this server was started with it.
         self.stop_server()
         self.start_server(env)
-        client = subprocess.Popen([self.client, self.binary, f"--gtest_filter={PROBE}WaitsToBeKilled"],
-                                  env=env, stdout=subprocess.DEVNULL)
+        client = self.spawn("WaitsToBeKilled", env=env, stdout=subprocess.DEVNULL)
         deadline = time.monotonic() + 60
         while not os.path.exists(pid_file) and time.monotonic() < deadline:
             time.sleep(0.05)
@@ -130,7 +131,7 @@ class Checker:
         client.kill()  # as CTest's timeout does
         client.wait()
         deadline = time.monotonic() + 10
-        while time.monotonic() < deadline and (process_alive(test_pid) or process_alive(child_pid)):
+        while time.monotonic() < deadline and any(map(process_alive, (test_pid, child_pid))):
             time.sleep(0.05)
         self.expect(not process_alive(test_pid), "a killed client's test is killed with it")
         self.expect(not process_alive(child_pid),
@@ -144,12 +145,12 @@ class Checker:
         socket = os.path.join(deep, "server.sock")
         env = dict(self.env, DPTRAIN_FORKED_TEST_SOCKET=socket)
         self.start_server(env)
-        client = subprocess.Popen([self.client, self.binary, f"--gtest_filter={PROBE}ReportsItsProcess"],
-                                  env=env, stdout=subprocess.PIPE, text=True)
+        client = self.spawn("ReportsItsProcess", env=env)
         out, _ = client.communicate(timeout=60)
-        self.expect(len(socket) > 108 and client.returncode == 0 and f"pid={client.pid}\n" not in out,
-                    f"a socket path of {len(socket)} bytes is served")
-        subprocess.run([self.client, "--stop", self.binary], env=env, capture_output=True, timeout=60)
+        served = client.returncode == 0 and f"pid={client.pid}\n" not in out
+        self.expect(len(socket) > 108 and served, f"a socket path of {len(socket)} bytes is served")
+        subprocess.run([self.client, "--stop", self.binary], env=env, capture_output=True,
+                       timeout=60)
 
     def stop_server(self):
         stopped = subprocess.run([self.client, "--stop", self.binary], env=self.env,
@@ -162,8 +163,7 @@ class Checker:
 
     def check_stop(self):
         self.stop_server()
-        client = subprocess.Popen([self.client, self.binary, f"--gtest_filter={PROBE}ReportsItsProcess"],
-                                  env=self.env, stdout=subprocess.PIPE, text=True)
+        client = self.spawn("ReportsItsProcess")
         out, _ = client.communicate(timeout=60)
         self.expect(client.returncode == 0 and f"pid={client.pid}\n" in out,
                     "with the server stopped, the client runs the binary itself")

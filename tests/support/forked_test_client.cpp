@@ -32,24 +32,7 @@ using forked::RequestKind;
 // Sends the request, with descriptors 0-2 attached to its header, and its strings.
 bool send_request(int connection, Request request, const std::string& payload) {
   request.payload_bytes = payload.size();
-  int fds[3] = {0, 1, 2};
-  char control[CMSG_SPACE(sizeof(fds))] = {};
-  iovec part{&request, sizeof(request)};
-  msghdr message{};
-  message.msg_iov = &part;
-  message.msg_iovlen = 1;
-  message.msg_control = control;
-  message.msg_controllen = sizeof(control);
-  cmsghdr* header = CMSG_FIRSTHDR(&message);
-  header->cmsg_level = SOL_SOCKET;
-  header->cmsg_type = SCM_RIGHTS;
-  header->cmsg_len = CMSG_LEN(sizeof(fds));
-  std::memcpy(CMSG_DATA(header), fds, sizeof(fds));
-  ssize_t sent;
-  do {
-    sent = ::sendmsg(connection, &message, MSG_NOSIGNAL);
-  } while (sent < 0 && errno == EINTR);
-  return sent == static_cast<ssize_t>(sizeof(request)) &&
+  return forked::send_with_standard_descriptors(connection, &request, sizeof(request)) &&
          forked::write_all(connection, payload.data(), payload.size());
 }
 
@@ -68,7 +51,8 @@ bool send_request(int connection, Request request, const std::string& payload) {
     ::_exit(128 + reply.value);  // a signal whose default is to continue
   }
   if (reply.outcome == Outcome::kExited) ::_exit(reply.value);
-  std::fprintf(stderr, "dptrain_test_client: the forked test server answered %u/%d, no exit status\n",
+  std::fprintf(stderr,
+               "dptrain_test_client: the forked test server answered %u/%d, no exit status\n",
                static_cast<unsigned>(reply.outcome), reply.value);
   ::_exit(1);
 }

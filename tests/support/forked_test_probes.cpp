@@ -51,21 +51,21 @@ int thread_count() {
 
 }  // namespace
 
-// Lines the checker parses, one field each: the pid tells served (another process than the client) from run
-// in place; the rest must be the same either way.
+// Lines the checker parses, one field each: the pid tells served (another process than the client)
+// from run in place; the rest must be the same either way.
 TEST(ForkedTestProbe, ReportsItsProcess) {
   char cwd[PATH_MAX] = "?";
   ASSERT_NE(getcwd(cwd, sizeof(cwd)), nullptr);
   const mode_t mask = umask(0);
   umask(mask);
   const char* probe = std::getenv("DPTRAIN_PROBE");
-  std::printf("probe: pid=%d\nprobe: cwd=%s\nprobe: umask=%03o\nprobe: threads=%d\n"
-              "probe: fds=%s\nprobe: sigterm=%s\nprobe: sigchld=%s\nprobe: sigpipe=%s\n"
-              "probe: probe=%s\n",
-              static_cast<int>(getpid()), cwd, static_cast<unsigned>(mask), thread_count(),
-              open_descriptors().c_str(), disposition(SIGTERM).c_str(),
-              disposition(SIGCHLD).c_str(), disposition(SIGPIPE).c_str(),
-              probe ? probe : "(unset)");
+  std::printf(
+      "probe: pid=%d\nprobe: cwd=%s\nprobe: umask=%03o\nprobe: threads=%d\n"
+      "probe: fds=%s\nprobe: sigterm=%s\nprobe: sigchld=%s\nprobe: sigpipe=%s\n"
+      "probe: probe=%s\n",
+      static_cast<int>(getpid()), cwd, static_cast<unsigned>(mask), thread_count(),
+      open_descriptors().c_str(), disposition(SIGTERM).c_str(), disposition(SIGCHLD).c_str(),
+      disposition(SIGPIPE).c_str(), probe ? probe : "(unset)");
 }
 
 TEST(ForkedTestProbe, FailsAnExpectation) { EXPECT_EQ(1, 2) << "the planted failure"; }

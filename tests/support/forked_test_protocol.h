@@ -1,7 +1,8 @@
 // What dptrain_test_client (forked_test_client.cpp) and the test binary's server
 // (forked_test_server.cpp) say to each other over the Unix socket beside the test binary: one
 // request with the client's standard descriptors, one reply with the test's exit status.
-// Not here: why the tests run this way (Note [Tests forked from a loaded binary], forked_test_server.cpp).
+// Not here: why the tests run this way (Note [Tests forked from a loaded binary],
+// forked_test_server.cpp).
 #pragma once
 
 #include <cstdint>

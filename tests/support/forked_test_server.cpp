@@ -120,23 +120,9 @@ void send_reply(int connection, Outcome outcome, int32_t value) {
 }
 
 // The request's header with the three descriptors it carries; false on anything malformed.
-bool receive_request(int connection, Request& request, int (&fds)[3]) {
-  char control[CMSG_SPACE(sizeof(int) * 3)];
-  iovec part{&request, sizeof(request)};
-  msghdr message{};
-  message.msg_iov = &part;
-  message.msg_iovlen = 1;
-  message.msg_control = control;
-  message.msg_controllen = sizeof(control);
-  const ssize_t got = ::recvmsg(connection, &message, MSG_CMSG_CLOEXEC | MSG_WAITALL);
-  for (cmsghdr* header = CMSG_FIRSTHDR(&message); header; header = CMSG_NXTHDR(&message, header)) {
-    if (header->cmsg_level == SOL_SOCKET && header->cmsg_type == SCM_RIGHTS &&
-        header->cmsg_len == CMSG_LEN(sizeof(int) * 3)) {
-      std::memcpy(fds, CMSG_DATA(header), sizeof(int) * 3);
-    }
-  }
-  return got == static_cast<ssize_t>(sizeof(request)) && request.magic == forked::kMagic &&
-         request.version == forked::kVersion &&
+bool receive_request(int connection, Request& request, int (&fds)[forked::kPassedDescriptors]) {
+  return forked::receive_with_descriptors(connection, &request, sizeof(request), fds) &&
+         request.magic == forked::kMagic && request.version == forked::kVersion &&
          request.payload_bytes <= forked::kMaxPayloadBytes;
 }
 
@@ -155,7 +141,8 @@ bool read_strings(int connection, const Request& request, std::vector<std::strin
 
 // The forked test: the client's descriptors and working directory, the dispositions the binary
 // started with, then gtest as main would run it, and _exit. Never returns.
-[[noreturn]] void run_test(const Server& server, int connection, const int (&fds)[3],
+[[noreturn]] void run_test(const Server& server, int connection,
+                           const int (&fds)[forked::kPassedDescriptors],
                            const std::vector<std::string>& strings, uint32_t argc,
                            int (*run_tests)(int, char**)) {
   ::setpgid(0, 0);  // so that the handler can end the test and whatever it started
@@ -175,8 +162,10 @@ bool read_strings(int connection, const Request& request, std::vector<std::strin
   }
   const auto first_env = strings.begin() + 1 + argc;
   const auto underscore = std::find_if(first_env, strings.end(), is_underscore);
-  if (underscore != strings.end()) ::setenv("_", underscore->c_str() + 2, 1);
-  else ::unsetenv("_");
+  if (underscore != strings.end())
+    ::setenv("_", underscore->c_str() + 2, 1);
+  else
+    ::unsetenv("_");
   std::vector<char*> argv;
   for (uint32_t i = 0; i < argc; ++i) argv.push_back(const_cast<char*>(strings[1 + i].c_str()));
   argv.push_back(nullptr);
@@ -229,8 +218,10 @@ void kill_descendants() {
     int status = 0;
     const pid_t ended = ::waitpid(test, &status, WNOHANG);
     if (ended == test) {
-      if (WIFSIGNALED(status)) send_reply(connection, Outcome::kSignaled, WTERMSIG(status));
-      else send_reply(connection, Outcome::kExited, WEXITSTATUS(status));
+      if (WIFSIGNALED(status))
+        send_reply(connection, Outcome::kSignaled, WTERMSIG(status));
+      else
+        send_reply(connection, Outcome::kExited, WEXITSTATUS(status));
       ::_exit(0);
     }
     if (ready > 0 && watched[0].revents != 0) break;  // the client sends nothing more: it is gone
@@ -241,14 +232,15 @@ void kill_descendants() {
 }
 
 // One client, in a child of the server. Never returns.
-[[noreturn]] void handle_client(const Server& server, int connection, int (*run_tests)(int, char**)) {
+[[noreturn]] void handle_client(const Server& server, int connection,
+                                int (*run_tests)(int, char**)) {
   ::sigaction(SIGTERM, &server.original_sigterm, nullptr);
   ::prctl(PR_SET_CHILD_SUBREAPER, 1);  // see kill_descendants
   // A client sends its request at once; one that connects and says nothing is not waited for.
   const timeval request_time{10, 0};
   ::setsockopt(connection, SOL_SOCKET, SO_RCVTIMEO, &request_time, sizeof(request_time));
   Request request;
-  int fds[3] = {-1, -1, -1};
+  int fds[forked::kPassedDescriptors] = {-1, -1, -1};
   std::vector<std::string> strings;
   if (!receive_request(connection, request, fds) || !read_strings(connection, request, strings)) {
     ::_exit(1);
@@ -258,7 +250,8 @@ void kill_descendants() {
     ::kill(::getppid(), SIGTERM);
     ::_exit(0);
   }
-  const auto environment = comparable_environment({strings.begin() + 1 + request.argc, strings.end()});
+  const auto environment =
+      comparable_environment({strings.begin() + 1 + request.argc, strings.end()});
   const bool same_binary = request.binary_device == server.binary_device &&
                            request.binary_inode == server.binary_inode &&
                            request.binary_mtime_ns == server.binary_mtime_ns;

@@ -107,4 +107,54 @@ bool write_all(int fd, const void* buffer, size_t size) {
   return true;
 }
 
+namespace {
+
+// A one-part message over `buffer` whose control data is `control`.
+msghdr message_over(iovec& part, char* control, size_t control_size) {
+  msghdr message{};
+  message.msg_iov = &part;
+  message.msg_iovlen = 1;
+  message.msg_control = control;
+  message.msg_controllen = control_size;
+  return message;
+}
+
+constexpr size_t kDescriptorBytes = sizeof(int) * kPassedDescriptors;
+
+}  // namespace
+
+bool send_with_standard_descriptors(int socket, const void* buffer, size_t size) {
+  const int fds[kPassedDescriptors] = {0, 1, 2};
+  char control[CMSG_SPACE(kDescriptorBytes)] = {};
+  iovec part{const_cast<void*>(buffer), size};
+  msghdr message = message_over(part, control, sizeof(control));
+  cmsghdr* header = CMSG_FIRSTHDR(&message);
+  header->cmsg_level = SOL_SOCKET;
+  header->cmsg_type = SCM_RIGHTS;
+  header->cmsg_len = CMSG_LEN(kDescriptorBytes);
+  std::memcpy(CMSG_DATA(header), fds, kDescriptorBytes);
+  ssize_t sent;
+  do {
+    sent = ::sendmsg(socket, &message, MSG_NOSIGNAL);
+  } while (sent < 0 && errno == EINTR);
+  return sent == static_cast<ssize_t>(size);
+}
+
+bool receive_with_descriptors(int socket, void* buffer, size_t size,
+                              int (&fds)[kPassedDescriptors]) {
+  for (int& fd : fds) fd = -1;
+  char control[CMSG_SPACE(kDescriptorBytes)];
+  iovec part{buffer, size};
+  msghdr message = message_over(part, control, sizeof(control));
+  const ssize_t got = ::recvmsg(socket, &message, MSG_CMSG_CLOEXEC | MSG_WAITALL);
+  if (got < 0) return false;
+  for (cmsghdr* header = CMSG_FIRSTHDR(&message); header; header = CMSG_NXTHDR(&message, header)) {
+    if (header->cmsg_level == SOL_SOCKET && header->cmsg_type == SCM_RIGHTS &&
+        header->cmsg_len == CMSG_LEN(kDescriptorBytes)) {
+      std::memcpy(fds, CMSG_DATA(header), kDescriptorBytes);
+    }
+  }
+  return got == static_cast<ssize_t>(size);
+}
+
 }  // namespace dptrain::testing::forked

@@ -1,6 +1,6 @@
 // The Unix socket of the forked test server (forked_test_server.cpp): where it lives, binding
-// or connecting to it at any path length, and whole reads and writes on it. Shared by the server and dptrain_test_client.
-// Not here: what goes over it (forked_test_protocol.h).
+// or connecting to it at any path length, and whole reads and writes on it. Shared by the server
+// and dptrain_test_client. Not here: what goes over it (forked_test_protocol.h).
 #pragma once
 
 #include <cstddef>
@@ -22,5 +22,14 @@ int connect_to(const std::string& path);
 // error. Writes never raise SIGPIPE.
 bool read_exactly(int fd, void* buffer, size_t size);
 bool write_all(int fd, const void* buffer, size_t size);
+
+// The standard descriptors 0, 1 and 2 travel with a request's header (SCM_RIGHTS).
+constexpr int kPassedDescriptors = 3;
+// Sends `size` bytes in one message with this process's descriptors 0-2 attached.
+bool send_with_standard_descriptors(int socket, const void* buffer, size_t size);
+// Receives exactly `size` bytes and the descriptors sent with them into `fds` (close-on-exec;
+// -1 where none came); false on a short read, an error or the 10-second limit set by the caller.
+bool receive_with_descriptors(int socket, void* buffer, size_t size,
+                              int (&fds)[kPassedDescriptors]);
 
 }  // namespace dptrain::testing::forked
