@@ -8,8 +8,9 @@ the binary, as CTest ran tests before), starts a server of its own on a socket o
 (DPTRAIN_FORKED_TEST_SOCKET, so CTest's server is untouched), and runs them again: the same exit
 status or signal, the same failure text, the same working directory, umask, threads, descriptors
 and signal dispositions, and served in another process. Then what must not be served is not (a
-changed environment, a binary that is not the server's), a killed client takes its test with it,
-a socket past sun_path's 108 bytes works, and --stop stops the server.
+changed environment, a binary that is not the server's, a junk request), a killed client takes
+its test and the test's children with it, a socket past sun_path's 108 bytes works, and --stop
+stops the server.
 
 usage: check_forked_tests.py --client dptrain_test_client --binary dptrain_tests
 """
@@ -18,6 +19,8 @@ import os
 import re
 import shutil
 import signal
+import socket
+import struct
 import subprocess
 import sys
 import tempfile
@@ -116,6 +119,16 @@ class Checker:
         out, _ = client.communicate(timeout=60)
         self.expect(f"pid={client.pid}\n" in out, "another binary is not served")
 
+    def check_junk_request(self):
+        """A request that is not one gets kNotServed, so a client would run the test itself."""
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as peer:
+            peer.settimeout(30)
+            peer.connect(self.socket)
+            peer.sendall(b"\xff" * 56)  # the size of a Request (its static_assert), all wrong
+            reply = peer.recv(8)
+        self.expect(reply == struct.pack("<Ii", 3, 0),
+                    f"a junk request is answered kNotServed ({reply!r})")
+
     def check_killed_client(self):
         pid_file = os.path.join(self.root, "probe.pid")
         env = dict(self.env, DPTRAIN_PROBE_PID_FILE=pid_file)
@@ -187,6 +200,7 @@ def main():
         try:
             checker.check_alone_against_served()
             checker.check_served_elsewhere()
+            checker.check_junk_request()
             checker.check_killed_client()
             checker.check_long_path()
             checker.check_stop()

@@ -110,9 +110,9 @@ int main(int argc, char** argv) {
     payload += std::string(*entry) + '\0';
     ++request.envc;
   }
-  if (!send_request(connection, request, payload)) {
+  if (payload.size() > forked::kMaxPayloadBytes || !send_request(connection, request, payload)) {
     ::close(connection);
-    run_in_place(test_argv);  // the request did not get through: nothing was started
+    run_in_place(test_argv);  // the request did not get through (or is too large to): nothing ran
   }
   Reply reply;
   if (!forked::read_exactly(connection, &reply, sizeof(reply))) {

@@ -35,6 +35,9 @@ struct Request {
   uint64_t payload_bytes = 0;
 };
 
+// tests/support/check_forked_tests.py sends a junk request of this size.
+static_assert(sizeof(Request) == 56, "the request header's layout is the wire format");
+
 enum class Outcome : uint32_t {
   kExited = 1,     // value: the exit status
   kSignaled = 2,   // value: the signal that ended the test
