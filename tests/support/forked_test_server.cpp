@@ -32,10 +32,10 @@
 extern char** environ;
 
 // Note [Tests forked from a loaded binary]
-// CTest starts the test binary once per test, and each start costs 0.7 to 1.2 s of CPU before
+// CTest starts the test binary once per test, and each start costs 0.5 to 1.2 s of CPU before
 // the test runs: Debian's LibTorch 1.13 pulls in some 285 shared libraries whose symbols the
-// dynamic loader binds, then registers its operators (perf, AMD EPYC, 2026-12-03). Over ~750
-// tests that was most of CTest's time in CI. So CTest runs each test through
+// dynamic loader binds, then registers its operators (perf and time, AMD EPYC, 2026-12-03). Over
+// ~750 tests that was most of CTest's time in CI (docs/hardening.md, "Time in CI"). So CTest runs each test through
 // dptrain_test_client, which hands it to this server: the binary, started once by a CTest
 // fixture, forks a child per test that runs gtest with the test's own arguments. The child is
 // the process a fresh start would have been at main: the libraries loaded and initialised, one
@@ -49,8 +49,10 @@ extern char** environ;
 //  - a server that has more than one thread at start (a library that starts threads while it
 //    loads) would fork children without them: it does not serve at all.
 // Every test still runs in a process of its own, in parallel with CTest -j, under CTest's
-// timeout: when CTest kills the client, the client's handler here kills the test's process
-// group. tests/support/check_forked_tests.py holds this to behaving as a test run alone.
+// timeout: when CTest kills the client, the client's handler here kills the test and everything
+// it started. One thing is left out on purpose: a served test ends with _exit once gtest has
+// reported (run_test), skipping LibTorch's teardown at exit. tests/support/check_forked_tests.py
+// holds the rest to behaving as a test run alone.
 
 namespace dptrain::testing {
 namespace {
