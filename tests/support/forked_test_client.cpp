@@ -8,7 +8,6 @@
 #include <signal.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -89,21 +88,17 @@ int main(int argc, char** argv) {
     return 2;
   }
   char** test_argv = argv + 1;
-  struct stat binary {};
+  Request request;
   char cwd[PATH_MAX];
   const std::string socket = forked::socket_path_for(test_argv[0]);
-  if (socket.empty() || ::stat(test_argv[0], &binary) != 0 || !::getcwd(cwd, sizeof(cwd))) {
+  if (socket.empty() || !forked::identify_binary(test_argv[0], request.binary) ||
+      !::getcwd(cwd, sizeof(cwd))) {
     run_in_place(test_argv);
   }
   const int connection = forked::connect_to(socket);
   if (connection < 0) run_in_place(test_argv);  // nobody serves: as CTest would run it
 
-  Request request;
   request.argc = static_cast<uint32_t>(argc - 1);
-  request.binary_device = binary.st_dev;
-  request.binary_inode = binary.st_ino;
-  request.binary_mtime_ns =
-      static_cast<int64_t>(binary.st_mtim.tv_sec) * 1000000000 + binary.st_mtim.tv_nsec;
   std::string payload = std::string(cwd) + '\0';
   for (char** arg = test_argv; *arg; ++arg) payload += std::string(*arg) + '\0';
   for (char** entry = environ; entry && *entry; ++entry) {

@@ -15,6 +15,8 @@
 #include <string>
 #include <thread>
 
+#include "support/forked_test_server.h"
+
 namespace {
 
 std::string disposition(int signal_number) {
@@ -39,16 +41,6 @@ std::string open_descriptors() {
   return result;
 }
 
-int thread_count() {
-  std::ifstream status("/proc/self/status");
-  std::string key;
-  int threads = -1;
-  while (status >> key) {
-    if (key == "Threads:") status >> threads;
-  }
-  return threads;
-}
-
 }  // namespace
 
 // Lines the checker parses, one field each: the pid tells served (another process than the client)
@@ -63,9 +55,10 @@ TEST(ForkedTestProbe, ReportsItsProcess) {
       "probe: pid=%d\nprobe: cwd=%s\nprobe: umask=%03o\nprobe: threads=%d\n"
       "probe: fds=%s\nprobe: sigterm=%s\nprobe: sigchld=%s\nprobe: sigpipe=%s\n"
       "probe: probe=%s\n",
-      static_cast<int>(getpid()), cwd, static_cast<unsigned>(mask), thread_count(),
-      open_descriptors().c_str(), disposition(SIGTERM).c_str(), disposition(SIGCHLD).c_str(),
-      disposition(SIGPIPE).c_str(), probe ? probe : "(unset)");
+      static_cast<int>(getpid()), cwd, static_cast<unsigned>(mask),
+      dptrain::testing::current_thread_count(), open_descriptors().c_str(),
+      disposition(SIGTERM).c_str(), disposition(SIGCHLD).c_str(), disposition(SIGPIPE).c_str(),
+      probe ? probe : "(unset)");
 }
 
 TEST(ForkedTestProbe, FailsAnExpectation) { EXPECT_EQ(1, 2) << "the planted failure"; }

@@ -18,6 +18,17 @@ constexpr uint64_t kMaxPayloadBytes = 16u << 20;
 
 enum class RequestKind : uint32_t { kRun = 1, kStop = 2 };
 
+// Which file a binary is: a server whose loaded binary is not the client's file is stale
+// (identify_binary in forked_test_socket.h fills it, for both sides).
+struct BinaryIdentity {
+  uint64_t device = 0;
+  uint64_t inode = 0;
+  int64_t mtime_ns = 0;
+  bool operator==(const BinaryIdentity& other) const {
+    return device == other.device && inode == other.inode && mtime_ns == other.mtime_ns;
+  }
+};
+
 // Sent with the client's descriptors 0, 1 and 2 (SCM_RIGHTS), then `payload_bytes` of
 // NUL-terminated strings: the working directory, `argc` arguments (the first the test binary),
 // `envc` environment entries.
@@ -28,10 +39,7 @@ struct Request {
   uint32_t argc = 0;
   uint32_t envc = 0;
   uint32_t padding = 0;
-  // The binary as the client found it: a server whose loaded binary is not this file is stale.
-  uint64_t binary_device = 0;
-  uint64_t binary_inode = 0;
-  int64_t binary_mtime_ns = 0;
+  BinaryIdentity binary;  // the test binary as the client found it
   uint64_t payload_bytes = 0;
 };
 

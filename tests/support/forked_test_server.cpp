@@ -35,10 +35,10 @@ extern char** environ;
 // CTest starts the test binary once per test, and each start costs 0.5 to 1.2 s of CPU before
 // the test runs: Debian's LibTorch 1.13 pulls in some 285 shared libraries whose symbols the
 // dynamic loader binds, then registers its operators (perf and time, AMD EPYC, 2026-12-03). Over
-// ~750 tests that was most of CTest's time in CI (docs/hardening.md, "Time in CI"). So CTest runs each test through
-// dptrain_test_client, which hands it to this server: the binary, started once by a CTest
-// fixture, forks a child per test that runs gtest with the test's own arguments. The child is
-// the process a fresh start would have been at main: the libraries loaded and initialised, one
+// ~750 tests that was most of CTest's time in CI (docs/hardening.md, "Time in CI"). So CTest runs
+// each test through dptrain_test_client, which hands it to this server: the binary, started once by
+// a CTest fixture, forks a child per test that runs gtest with the test's own arguments. The child
+// is the process a fresh start would have been at main: the libraries loaded and initialised, one
 // thread, no test run yet, the client's descriptors 0-2, working directory, umask and signal
 // dispositions as the binary had them when it started. What a fork cannot give back is refused
 // rather than approximated:
@@ -66,9 +66,7 @@ using forked::RequestKind;
 struct Server {
   std::string socket_path;
   ino_t socket_inode = 0;
-  dev_t binary_device = 0;
-  ino_t binary_inode = 0;
-  int64_t binary_mtime_ns = 0;
+  forked::BinaryIdentity binary;
   std::vector<std::string> environment;  // comparable_environment()
   struct sigaction original_sigchld {};
   struct sigaction original_sigterm {};
@@ -76,10 +74,6 @@ struct Server {
 
 volatile sig_atomic_t stop_requested = 0;
 void request_stop(int) { stop_requested = 1; }
-
-int64_t mtime_ns(const struct stat& info) {
-  return static_cast<int64_t>(info.st_mtim.tv_sec) * 1000000000 + info.st_mtim.tv_nsec;
-}
 
 // The shell sets "_" to the path of each program it starts, and nothing reads it while loading:
 // it is left out of the comparison, and the forked test gets the client's (run_test).
@@ -92,7 +86,9 @@ std::vector<std::string> comparable_environment(std::vector<std::string> entries
   return entries;
 }
 
-int thread_count() {
+}  // namespace
+
+int current_thread_count() {
   std::ifstream status("/proc/self/status");
   std::string key;
   while (status >> key) {
@@ -104,6 +100,8 @@ int thread_count() {
   }
   return -1;
 }
+
+namespace {
 
 // A descriptor that becomes readable when `pid` ends, or -1 where the kernel has none (< 5.3).
 int open_pidfd(pid_t pid) {
@@ -209,7 +207,7 @@ void kill_descendants() {
 }
 
 // Waits for the test to end (its status goes back to the client) or for the client to go (CTest's
-// timeout killed it: the test's process group is killed too). Never returns.
+// timeout killed it: the test and everything below it are killed too). Never returns.
 [[noreturn]] void watch_test(int connection, pid_t test) {
   const int test_ended = open_pidfd(test);
   while (true) {
@@ -256,10 +254,7 @@ void kill_descendants() {
   }
   const auto environment =
       comparable_environment({strings.begin() + 1 + request.argc, strings.end()});
-  const bool same_binary = request.binary_device == server.binary_device &&
-                           request.binary_inode == server.binary_inode &&
-                           request.binary_mtime_ns == server.binary_mtime_ns;
-  if (request.kind != RequestKind::kRun || fds[2] < 0 || !same_binary ||
+  if (request.kind != RequestKind::kRun || fds[2] < 0 || !(request.binary == server.binary) ||
       environment != server.environment) {
     send_reply(connection, Outcome::kNotServed, 0);
     ::_exit(0);
@@ -346,19 +341,16 @@ int not_serving(const std::string& why) {
 }  // namespace
 
 int serve_forked_tests(int (*run_tests)(int argc, char** argv)) {
-  if (const int threads = thread_count(); threads != 1) {
+  if (const int threads = current_thread_count(); threads != 1) {
     return not_serving("the binary has " + std::to_string(threads) +
                        " threads before any test, and a fork keeps one");
   }
   Server server;
   char binary[PATH_MAX];
-  struct stat binary_info {};
-  if (::realpath("/proc/self/exe", binary) == nullptr || ::stat(binary, &binary_info) != 0) {
+  if (::realpath("/proc/self/exe", binary) == nullptr ||
+      !forked::identify_binary(binary, server.binary)) {
     return not_serving(std::string("/proc/self/exe: ") + std::strerror(errno));
   }
-  server.binary_device = binary_info.st_dev;
-  server.binary_inode = binary_info.st_ino;
-  server.binary_mtime_ns = mtime_ns(binary_info);
   std::vector<std::string> environment;
   for (char** entry = environ; entry && *entry; ++entry) environment.emplace_back(*entry);
   server.environment = comparable_environment(std::move(environment));

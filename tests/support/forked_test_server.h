@@ -14,4 +14,8 @@ constexpr char kServeForkedTestsFlag[] = "--serve-forked-tests";
 // `run_tests` is main's test runner, called in each forked test with the client's arguments.
 int serve_forked_tests(int (*run_tests)(int argc, char** argv));
 
+// The threads of this process (/proc/self/status), -1 where unreadable: the server serves only
+// at one, and the probes (forked_test_probes.cpp) report it for the checker to compare.
+int current_thread_count();
+
 }  // namespace dptrain::testing

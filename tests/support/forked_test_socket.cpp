@@ -66,6 +66,15 @@ std::string socket_path_for(const std::string& binary) {
   return std::string(resolved) + kSocketSuffix;
 }
 
+bool identify_binary(const std::string& path, BinaryIdentity& identity) {
+  struct stat info {};
+  if (::stat(path.c_str(), &info) != 0) return false;
+  identity.device = info.st_dev;
+  identity.inode = info.st_ino;
+  identity.mtime_ns = static_cast<int64_t>(info.st_mtim.tv_sec) * 1000000000 + info.st_mtim.tv_nsec;
+  return true;
+}
+
 int listen_at(const std::string& path) {
   return in_directory_of(path, [](int fd, const sockaddr_un& address) {
     // Made 0600 without touching the process's umask, which a forked test inherits; until the

@@ -1,10 +1,13 @@
-// The Unix socket of the forked test server (forked_test_server.cpp): where it lives, binding
-// or connecting to it at any path length, and whole reads and writes on it. Shared by the server
-// and dptrain_test_client. Not here: what goes over it (forked_test_protocol.h).
+// The Unix socket of the forked test server (forked_test_server.cpp): where it lives, which
+// binary it serves, binding or connecting to it at any path length, and whole reads and writes.
+// Shared by the server and dptrain_test_client. Not here: what goes over it
+// (forked_test_protocol.h).
 #pragma once
 
 #include <cstddef>
 #include <string>
+
+#include "support/forked_test_protocol.h"
 
 namespace dptrain::testing::forked {
 
@@ -12,6 +15,8 @@ namespace dptrain::testing::forked {
 // own beside CTest's), else the test binary's canonical path with kSocketSuffix; "" when the
 // binary's path cannot be resolved.
 std::string socket_path_for(const std::string& binary);
+// The identity of the file at `path` (following links); false with errno set when stat fails.
+bool identify_binary(const std::string& path, BinaryIdentity& identity);
 
 // A listening socket at `path` (mode 0600, the caller's umask kept), or -1 with errno set.
 int listen_at(const std::string& path);
