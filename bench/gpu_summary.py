@@ -1,14 +1,16 @@
 #!/usr/bin/env python3
 """The verdicts and tables of bench/gpu_check.sh, read from its logs folder: one pass/fail line per
 target of issue 24 (test accuracy, seconds per epoch, images/s against the tuned PyTorch peer at
-the same precision, sync-bn against no sync-bn), what nvidia-smi saw during each training run,
-and the runs' epochs side by side. Plain Python, no torch: it runs after every step of the check,
-also on a half-finished folder. Not here: running anything (gpu_check.sh does).
+the same precision, sync-bn against no sync-bn), what the CUDA graph's capture rerun told, the
+GPU's time per step against the wall's, what nvidia-smi saw during each training run, and the
+runs' epochs side by side. Plain Python, no torch: it runs after every step of the check, also
+on a half-finished folder. Not here: running anything (gpu_check.sh does).
 
     python3 bench/gpu_summary.py LOGS_DIR --book-epochs 10 [--no-gpu]
 
 LOGS_DIR holds steps.tsv (name, verdict, seconds, passed: one step a line), STEP.jsonl (dptrain's
---metrics records, or the peer's --epochs lines) and STEP.smi.csv (nvidia-smi samples:
+--metrics records, or the peer's --epochs lines; dptrain's may carry gpu_ms_per_step and
+wall_ms_per_step, older ones do not) and STEP.smi.csv (nvidia-smi samples:
 utilization.gpu, clocks.sm, power.draw). Exit status: 0 when every applicable check passed, 1
 when one did not (or was not measured).
 """
@@ -32,6 +34,9 @@ TRAINING_RUNS = BOOK_RUNS + [(s, l, p) for p, (s, l) in TUNED_PEER.items()] + [
     (BOOK_PEER[0], BOOK_PEER[1], "fp32")]
 
 ACCURACY_TARGET = 0.93                        # the book's one-GPU result, after 10 epochs
+# With a constant learning rate the test accuracy swings by points from one epoch to the next, so
+# the target is judged on the mean of the last epochs, as a reader of the book's curve would.
+ACCURACY_EPOCHS = 3
 SECONDS_TARGET = {"fp32": 1.0, "bf16": 0.45}  # issue 24: median of epochs 2..10, one H200
 SPEEDUP_TARGET = 2.0                          # images/s against the tuned peer, same precision
 # With one replica the sync-bn all-reduce is the identity, so one step from the same weights on
@@ -44,6 +49,8 @@ SPEEDUP_TARGET = 2.0                          # images/s against the tuned peer,
 SYNC_BN_BOUND = 2.0 ** -8                     # relative, bf16, the first step's loss
 GPU_BOUND_UTILISATION = 90                    # median % at or above which the GPU is the bound
 HOST_BOUND_UTILISATION = 60                   # median % below which the host is
+GPU_BOUND_SHARE = 0.9                         # GPU ms / wall ms per step: the GPU is the bound
+HOST_BOUND_SHARE = 0.6                        # below it the host is
 
 
 # ---- Reading the folder -------------------------------------------------------------------------
@@ -151,6 +158,10 @@ class Checks:
                 self.passed += ok
         self.lines.append(f"- [{state}] {text}")
 
+    def note(self, text):
+        """A line that is no target and is not counted."""
+        self.lines.append(f"- [NOTE] {text}")
+
 
 def why_missing(step, steps, epochs, wanted):
     """Why a run's figure is not measured: the step's verdict, or how far it got."""
@@ -158,26 +169,56 @@ def why_missing(step, steps, epochs, wanted):
     return f"{step}: {verdict}" + (f", {len(epochs)} of {wanted} epochs" if epochs else "")
 
 
+def last_epochs(epochs):
+    """The last ACCURACY_EPOCHS records (fewer when fewer ran) and their text: "epochs 8-10"."""
+    last = epochs[-ACCURACY_EPOCHS:]
+    first, final = last[0]["epoch"], last[-1]["epoch"]
+    return last, (f"epochs {first}-{final}" if first != final else f"epoch {final}")
+
+
+def spread(epochs):
+    """The min-max of the last epochs' test accuracy, with the epochs it covers."""
+    last, which = last_epochs(epochs)
+    accs = [e["test_acc"] for e in last]
+    return f"{which}: {min(accs):.4f}-{max(accs):.4f}"
+
+
+def accuracy_line(label, book_epochs):
+    judged = min(ACCURACY_EPOCHS, book_epochs)
+    first = book_epochs - judged + 1
+    which = f"epochs {first}-{book_epochs}" if judged > 1 else f"epoch {book_epochs}"
+    short = f", all the {book_epochs} the run has" if book_epochs < ACCURACY_EPOCHS else ""
+    return f"{label} test accuracy (target >= {ACCURACY_TARGET}; judged: mean of {which}{short})"
+
+
+def check_accuracy(checks, label, epochs, peer, peer_label, book_epochs):
+    """The mean of the last epochs against the target, beside the last epoch's value and the
+    spread of dptrain's and the tuned peer's last epochs (the peer runs fewer epochs)."""
+    last, _ = last_epochs(epochs[:book_epochs])
+    mean = statistics.mean(e["test_acc"] for e in last)
+    peer_spread = f"{peer_label}, {spread(peer)}" if peer else f"{peer_label}: no epochs"
+    checks.add(accuracy_line(label, book_epochs),
+               f"{mean:.4f} (epoch {last[-1]['epoch']}: {last[-1]['test_acc']:.4f}; spread of "
+               f"{spread(epochs[:book_epochs])}; {peer_spread})", mean >= ACCURACY_TARGET)
+
+
 def check_book_runs(checks, runs, steps, book_epochs):
     for step, label, precision in BOOK_RUNS:
         epochs = runs[step]
         complete = len(epochs) >= book_epochs
         missing = why_missing(step, steps, epochs, book_epochs)
+        peer_step, peer_label = TUNED_PEER[precision]
+        peer = runs[peer_step]
         if complete:
-            acc = epochs[book_epochs - 1]["test_acc"]
-            checks.add(f"{label} test accuracy after {book_epochs} epochs (target >= "
-                       f"{ACCURACY_TARGET})", f"{acc:.4f}", acc >= ACCURACY_TARGET)
+            check_accuracy(checks, label, epochs, peer, peer_label, book_epochs)
             seconds, _ = steady(epochs[:book_epochs])
             target = SECONDS_TARGET[precision]
             checks.add(f"{label} s/epoch, median of epochs 2-{book_epochs} (target <= {target})",
                        f"{seconds:.3f} s", seconds <= target)
         else:
-            checks.add(f"{label} test accuracy after {book_epochs} epochs (target >= "
-                       f"{ACCURACY_TARGET})", None, missing)
+            checks.add(accuracy_line(label, book_epochs), None, missing)
             checks.add(f"{label} s/epoch, median of epochs 2-{book_epochs} (target <= "
                        f"{SECONDS_TARGET[precision]})", None, missing)
-        peer_step, peer_label = TUNED_PEER[precision]
-        peer = runs[peer_step]
         what = f"{label} images/s against {peer_label}, same call (target >= {SPEEDUP_TARGET:g}x)"
         if not complete:
             checks.add(what, None, missing)
@@ -211,7 +252,73 @@ def check_sync_bn(checks, runs, steps):
                relative <= SYNC_BN_BOUND, gpu_target=False)
 
 
+def note_capture_rerun(checks, steps):
+    """gpu_check.sh reruns graph-bf16 with cuDNN's benchmark off after a failed capture: its
+    verdict tells a cuDNN plan made inside the capture from any other cause."""
+    if "graph-rerun" not in steps:
+        return
+    verdict, passed = steps["graph-rerun"]
+    if passed:
+        told = ("capture fails only with cuDNN's benchmark on: the rerun with --cudnn-benchmark "
+                "off passed")
+    elif verdict.startswith(("failed", "timed out", "killed")):
+        told = (f"capture fails with the benchmark off too (graph-rerun: {verdict}): the cause is "
+                "elsewhere; graph-bf16.log holds LibTorch's C++ stack")
+    else:
+        told = f"not known which (graph-rerun: {verdict})"
+    checks.note(f"graph-bf16's CUDA graph could not be captured; {told}")
+
+
 # ---- The tables ---------------------------------------------------------------------------------
+
+def number_field(epochs, key):
+    """The epochs' values of KEY over epochs 2..N (epoch 1 when there is only one), skipping
+    null and missing ones: records of an older dptrain have neither per-step field."""
+    rest = epochs[1:] or epochs
+    return [e[key] for e in rest if is_number(e.get(key))]
+
+
+def table_row(*cells):
+    """A markdown row; an empty cell shows as "-"."""
+    return "| " + " | ".join(str(c) if c != "" else "-" for c in cells) + " |"
+
+
+def gpu_time_row(label, epochs, step, steps, gpu):
+    """One row: wall and GPU ms per step, medians over epochs 2..N, and what their ratio says."""
+    if not epochs:
+        return table_row(label, "", "", "", f"not run ({why_missing(step, steps, [], 1)})")
+    walls, gpus = number_field(epochs, "wall_ms_per_step"), number_field(epochs, "gpu_ms_per_step")
+    wall = f"{statistics.median(walls):.2f}" if walls else ""
+    if not gpus:
+        if not gpu:
+            why = "no CUDA events on the CPU"
+        elif not any("gpu_ms_per_step" in e for e in epochs):
+            why = "the records have no gpu_ms_per_step (an older dptrain)"
+        else:
+            why = "no step sampled (gpu_ms_per_step null)"
+        return table_row(label, wall, "", "", f"not measured: {why}")
+    gpu_ms = statistics.median(gpus)
+    if not walls:
+        return table_row(label, "", f"{gpu_ms:.2f}", "", "not measured: no wall_ms_per_step")
+    share = gpu_ms / statistics.median(walls)
+    verdict = ("GPU-bound" if share >= GPU_BOUND_SHARE else
+               f"host-bound: wall is {1 / share:.1f}x the GPU time" if share < HOST_BOUND_SHARE
+               else "partly host-bound")
+    return table_row(label, wall, f"{gpu_ms:.2f}", f"{share:.2f}", verdict)
+
+
+def print_gpu_time(runs, steps, gpu):
+    print("\n## GPU time against wall time, per training step\n")
+    print("From dptrain's --metrics records: wall_ms_per_step is an epoch's training seconds over "
+          "its steps; gpu_ms_per_step the median CUDA-event time of a few sampled steps of it. "
+          "Medians over epochs 2..N. A GPU share (GPU/wall) >= "
+          f"{GPU_BOUND_SHARE} means the GPU is the bound; below {HOST_BOUND_SHARE}, the host "
+          "(launches, data, synchronisation) is.\n")
+    print("| run | wall ms/step | GPU ms/step | GPU share | verdict |")
+    print("|---|---|---|---|---|")
+    for step, label, _ in BOOK_RUNS:
+        print(gpu_time_row(label, runs[step], step, steps, gpu))
+
 
 def print_samples(runs_samples):
     print("\n## The GPU during each training run\n")
@@ -269,6 +376,7 @@ def main():
     checks = Checks(gpu=not args.no_gpu)
     check_book_runs(checks, runs, steps, args.book_epochs)
     check_sync_bn(checks, runs, steps)
+    note_capture_rerun(checks, steps)
     print("## Targets\n")
     if args.no_gpu:
         print("No GPU: the GPU targets do not apply; their lines show the CPU stand-in's values "
@@ -276,6 +384,7 @@ def main():
     print("\n".join(checks.lines))
     print(f"\nchecks passed: {checks.passed} of {checks.counted}")
 
+    print_gpu_time(runs, steps, gpu=not args.no_gpu)
     print_samples([(s, label, read_samples(os.path.join(args.logs, s + ".smi.csv")))
                    for s, label, _ in TRAINING_RUNS])
     present = [(label, runs[s]) for s, label, _ in TRAINING_RUNS if runs[s]]
