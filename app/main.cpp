@@ -147,6 +147,9 @@ int report_training(const dptrain::TrainResult& result, bool reporter, bool quie
     if (const auto steady = dptrain::format_steady_line(result); !steady.empty() && !quiet) {
       print(steady);
     }
+    if (const auto times = dptrain::format_step_time_line(result); !times.empty() && !quiet) {
+      print(times);
+    }
     print(dptrain::format_final_line(result));
   }
   if (out.error() != 0) {

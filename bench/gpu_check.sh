@@ -564,7 +564,7 @@ GRAPH_TESTS='*CudaGraph.*:CudaGraphUsage.*'
 # The rest of dptrain_cuda_tests' GPU and NCCL tests. CheckWorld.* and CheckPlacements.* are CPU
 # logic that CI runs.
 CUDA_TESTS="Cuda*.*:NcclWorldOfOne.*:Communicator.*:NcclEnvironment.*"
-CUDA_TESTS+=":Reducer.EveryParameterAndGradientIs256ByteAligned:Replicas.OneReplicaWithItsProcessGroupGivesTheSameBits"
+CUDA_TESTS+=":Reducer.EveryParameterAndGradientIs256ByteAligned:StepGpuTime.*"
 CUDA_TESTS+="-$STUCK:$GRAPH_TESTS"  # each runs on its own
 
 # peer ARGS...: the PyTorch peer, its JSON lines kept as the step's records.

@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <fstream>
@@ -579,7 +580,7 @@ TEST(CliRun, SteadyPaceIsPrintedBeforeTheFinalLineAndRecorded) {
                                std::regex(R"(^median of epochs 2-3: [0-9.e-]+ sec/epoch )"
                                           R"(\(epoch 1: [0-9.e-]+ s\)$)")))
       << describe(result);
-  // epoch,...,seconds (6th),...,steady_seconds (9th),devices
+  // epoch,...,seconds (6th),...,steady_seconds (9th),wall_ms_per_step,gpu_ms_per_step,devices
   const auto rows = split_lines(dptrain::testing::read_text(metrics));
   ASSERT_EQ(rows.size(), 4u) << dptrain::testing::read_text(metrics);
   std::vector<std::vector<std::string>> fields;
@@ -587,10 +588,19 @@ TEST(CliRun, SteadyPaceIsPrintedBeforeTheFinalLineAndRecorded) {
     std::vector<std::string> row;
     std::stringstream stream(rows[i]);
     for (std::string field; std::getline(stream, field, ',');) row.push_back(field);
-    ASSERT_EQ(row.size(), 10u) << rows[i];
+    ASSERT_EQ(row.size(), 12u) << rows[i];
     fields.push_back(row);
   }
   EXPECT_EQ(fields[0][8], "") << rows[1];
+  // The wall pace per step: the epoch's seconds over its steps (the same count every epoch);
+  // no GPU time on the CPU.
+  for (const auto& row : fields) {
+    const double steps = std::stod(row[5]) * 1000 / std::stod(row[9]);
+    EXPECT_NEAR(steps, std::round(steps), 1e-6 * steps) << row[9];
+    EXPECT_EQ(std::round(steps),
+              std::round(std::stod(fields[0][5]) * 1000 / std::stod(fields[0][9])));
+    EXPECT_EQ(row[10], "");
+  }
   EXPECT_EQ(std::stod(fields[1][8]), std::stod(fields[1][5])) << rows[2];
   EXPECT_DOUBLE_EQ(std::stod(fields[2][8]), (std::stod(fields[1][5]) + std::stod(fields[2][5])) / 2)
       << rows[3];

@@ -79,5 +79,35 @@ TEST(Report, SteadyLineIsExactAndAbsentForOneEpoch) {
   EXPECT_EQ(format_steady_line(result), "median of epochs 2-4: 0.95 sec/epoch (epoch 1: 3.14 s)");
 }
 
+// Three epochs of 100 steps: the wall pace of epochs 2-3 is 2.0 and 2.4 ms a step (median 2.2);
+// the GPU's timed steps beside it decide the verdict.
+TEST(Report, StepTimeLineSetsGpuBesideWallAndNamesTheBound) {
+  TrainResult result;
+  for (double seconds : {5.0, 0.2, 0.24}) {
+    EpochStats epoch;
+    epoch.epoch = static_cast<int64_t>(result.epochs.size()) + 1;
+    epoch.seconds = seconds;
+    epoch.steps = 100;
+    result.epochs.push_back(epoch);
+  }
+  EXPECT_EQ(format_step_time_line(result), "");  // nothing timed: the CPU
+  result.gpu_step_ms = {1.0, 1.2, 0.9, 1.1};     // median 1.05
+  EXPECT_EQ(format_step_time_line(result),
+            "GPU time per step: median 1.05 ms of 4 timed steps (CUDA events); wall time per "
+            "step: median 2.2 ms (epochs 2-3): host-bound, the wall is 2.10x the GPU time");
+  result.gpu_step_ms = {1.5};
+  EXPECT_EQ(format_step_time_line(result),
+            "GPU time per step: median 1.5 ms of 1 timed step (CUDA events); wall time per "
+            "step: median 2.2 ms (epochs 2-3): partly host-bound, the wall is 1.47x the GPU time");
+  result.gpu_step_ms = {2.1};
+  EXPECT_EQ(format_step_time_line(result),
+            "GPU time per step: median 2.1 ms of 1 timed step (CUDA events); wall time per "
+            "step: median 2.2 ms (epochs 2-3): GPU-bound (the GPU works 95% of the wall time)");
+  result.epochs.resize(1);  // one epoch: its own pace, warm-up and all
+  EXPECT_EQ(format_step_time_line(result),
+            "GPU time per step: median 2.1 ms of 1 timed step (CUDA events); wall time per "
+            "step: median 50 ms (epoch 1): host-bound, the wall is 23.81x the GPU time");
+}
+
 }  // namespace
 }  // namespace dptrain

@@ -7,13 +7,15 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdlib>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "dptrain/core/devices.h"
 #include "dptrain/core/errors.h"
 #include "dptrain/model/model.h"
-#include "dptrain/core/devices.h"
 #include "dptrain/train/cuda_graph_step.h"
 #include "dptrain/train/train.h"
 #include "support/test_support.h"
@@ -69,12 +71,54 @@ TEST(CudaGraphUsage, CpuDevicesAreRefusedInEveryBuild) {
 TEST(CudaGraphUsage, ABuildWithoutCudaRefusesIt) {
   expect_refused(graph_options(), world_of({kGpu0}, 1), /*cuda_built=*/false,
                  "this build of dptrain has no CUDA");
-#if defined(DPTRAIN_WITH_CUDA)
-  constexpr bool kCudaBuild = true;
+  // DPTRAIN_WITH_CUDA_GRAPH: set for this file where the library's graph code is compiled
+  // (tests/CMakeLists.txt), that is in a CUDA build not configured with -DDPTRAIN_CUDA_GRAPH=OFF.
+#if defined(DPTRAIN_WITH_CUDA) && defined(DPTRAIN_WITH_CUDA_GRAPH)
+  constexpr bool kGraphBuild = true;
 #else
-  constexpr bool kCudaBuild = false;
+  constexpr bool kGraphBuild = false;
 #endif
-  EXPECT_EQ(cuda_graph_available(), kCudaBuild);
+  EXPECT_EQ(cuda_graph_available(), kGraphBuild);
+}
+
+// An environment variable set while it lives, and put back as it was after.
+class ScopedVariable {
+ public:
+  ScopedVariable(std::string name, const char* value) : name_(std::move(name)) {
+    if (const char* old = std::getenv(name_.c_str())) old_ = old;
+    ::setenv(name_.c_str(), value, /*overwrite=*/1);
+  }
+  ~ScopedVariable() {
+    if (old_) {
+      ::setenv(name_.c_str(), old_->c_str(), 1);
+    } else {
+      ::unsetenv(name_.c_str());
+    }
+  }
+  ScopedVariable(const ScopedVariable&) = delete;
+  ScopedVariable& operator=(const ScopedVariable&) = delete;
+
+ private:
+  std::string name_;
+  std::optional<std::string> old_;
+};
+
+// Blocking wait makes ProcessGroupNCCL query the events of captured collectives, which breaks
+// the capture: refused under either name wherever NCCL collectives would be captured, and only
+// there.
+TEST(CudaGraphUsage, NcclBlockingWaitIsRefusedNamingTheVariable) {
+  for (const std::string name : {"TORCH_NCCL_BLOCKING_WAIT", "NCCL_BLOCKING_WAIT"}) {
+    const ScopedVariable blocking(name, "1");
+    expect_refused(graph_options(), world_of({kGpu0}, 2), true,
+                   "--cuda-graph over NCCL cannot run with " + name + "=1");
+    auto one = graph_options();
+    one.process_group_for_one = true;  // --backend nccl named for one GPU: a real NCCL group
+    expect_refused(one, world_of({kGpu0}, 1), true, "unset " + name);
+    // A world of one without a process group runs no collective: nothing to break.
+    EXPECT_NO_THROW(check_cuda_graph(graph_options(), world_of({kGpu0}, 1), true));
+  }
+  const ScopedVariable off("TORCH_NCCL_BLOCKING_WAIT", "0");
+  EXPECT_NO_THROW(check_cuda_graph(graph_options(), world_of({kGpu0}, 2), true));
 }
 
 // Gloo's collectives run on the host: a graph cannot hold them.

@@ -2,11 +2,39 @@
 #include "dptrain/model/numerics.h"
 
 #include <ATen/Context.h>
+#include <torch/version.h>
 
 #include <cstdlib>
 #include <cstring>
 
 namespace dptrain {
+namespace {
+
+// Whether LibTorch lets cuDNN's convolutions and cuBLAS's matrix products round float32 through
+// TF32. LibTorch 2.9 replaced the two allowTF32 switches by a precision per backend and operation
+// and made the old getters print a deprecation warning on every call, so each version is asked
+// in its own words. In the new settings "none" means "as the level above says" (cuDNN's
+// convolutions, then all CUDA operations, then every backend), and none set anywhere is IEEE.
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 9)
+bool tf32_allowed(at::Float32Op op) {
+  const auto& context = at::globalContext();
+  for (const auto& [backend, level] :
+       {std::pair{at::Float32Backend::CUDA, op},
+        std::pair{at::Float32Backend::CUDA, at::Float32Op::ALL},
+        std::pair{at::Float32Backend::GENERIC, at::Float32Op::ALL}}) {
+    const auto precision = context.float32Precision(backend, level);
+    if (precision != at::Float32Precision::NONE) return precision == at::Float32Precision::TF32;
+  }
+  return false;
+}
+bool cudnn_tf32() { return tf32_allowed(at::Float32Op::CONV); }
+bool cublas_tf32() { return tf32_allowed(at::Float32Op::MATMUL); }
+#else
+bool cudnn_tf32() { return at::globalContext().allowTF32CuDNN(); }
+bool cublas_tf32() { return at::globalContext().allowTF32CuBLAS(); }
+#endif
+
+}  // namespace
 
 std::string describe_arithmetic(const torch::Device& device, MemoryFormat layout, Amp amp,
                                 bool cudnn_benchmark) {
@@ -21,9 +49,8 @@ std::string describe_arithmetic(const torch::Device& device, MemoryFormat layout
     if (forbidden) return std::string("TF32 off (NVIDIA_TF32_OVERRIDE=0)");
     return std::string(allowed ? "TF32 on" : "TF32 off");
   };
-  auto& context = at::globalContext();
-  text += "; cuDNN: " + tf32(context.allowTF32CuDNN()) + ", benchmark " +
-          (cudnn_benchmark ? "on" : "off") + "; cuBLAS: " + tf32(context.allowTF32CuBLAS());
+  text += "; cuDNN: " + tf32(cudnn_tf32()) + ", benchmark " + (cudnn_benchmark ? "on" : "off") +
+          "; cuBLAS: " + tf32(cublas_tf32());
   return text;
 }
 

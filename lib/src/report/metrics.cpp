@@ -20,9 +20,10 @@ namespace dptrain {
 namespace {
 
 // The columns, in file order; the JSON keys are the same names.
-const char* const kColumns[] = {"epoch",          "train_loss", "train_acc",         "test_loss",
-                                "test_acc",       "seconds",    "images_per_second", "lr",
-                                "steady_seconds", "devices"};
+const char* const kColumns[] = {
+    "epoch",          "train_loss",       "train_acc",         "test_loss",
+    "test_acc",       "seconds",          "images_per_second", "lr",
+    "steady_seconds", "wall_ms_per_step", "gpu_ms_per_step",   "devices"};
 constexpr size_t kColumnCount = sizeof kColumns / sizeof kColumns[0];
 
 std::string lowercase(std::string text) {
@@ -92,7 +93,9 @@ std::vector<std::string> record_numbers(const EpochRecord& r) {
           format_number(r.seconds),
           format_number(r.images_per_second),
           format_number(r.lr),
-          format_number(r.steady_seconds)};
+          format_number(r.steady_seconds),
+          format_number(r.wall_ms_per_step),
+          format_number(r.gpu_ms_per_step)};
 }
 
 // ============================================================================================
@@ -124,6 +127,9 @@ EpochRecord make_epoch_record(const EpochStats& stats, double lr,
   record.seconds = stats.seconds;
   record.images_per_second = stats.images_per_second;
   record.lr = lr;
+  if (stats.steps > 0)
+    record.wall_ms_per_step = stats.seconds * 1000.0 / static_cast<double>(stats.steps);
+  record.gpu_ms_per_step = stats.gpu_ms_per_step;
   for (size_t i = 0; i < devices.size(); ++i) record.devices += (i ? "," : "") + devices[i];
   return record;
 }

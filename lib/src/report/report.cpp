@@ -5,6 +5,7 @@
 #include <cstdio>
 
 #include "dptrain/core/devices.h"
+#include "dptrain/train/step_gpu_time.h"
 
 namespace dptrain {
 
@@ -48,6 +49,39 @@ std::string format_steady_line(const TrainResult& result) {
   std::snprintf(line, sizeof line, "median of epochs 2-%lld: %.3g sec/epoch (epoch 1: %.3g s)",
                 static_cast<long long>(result.epochs.back().epoch), *steady,
                 result.epochs.front().seconds);
+  return line;
+}
+
+std::string format_step_time_line(const TrainResult& result) {
+  if (result.gpu_step_ms.empty() || result.epochs.empty()) return "";
+  const double gpu_ms = median_or_nan(result.gpu_step_ms);
+  // The wall pace per step of the steady epochs (the first's alone when there is one).
+  const size_t first = result.epochs.size() > 1 ? 1 : 0;
+  std::vector<double> wall;
+  for (size_t i = first; i < result.epochs.size(); ++i) {
+    const auto& epoch = result.epochs[i];
+    if (epoch.steps > 0) wall.push_back(epoch.seconds * 1000.0 / static_cast<double>(epoch.steps));
+  }
+  if (wall.empty()) return "";
+  const double wall_ms = median_or_nan(wall);
+  const double share = wall_ms > 0 ? gpu_ms / wall_ms : 0;
+  char verdict[96];
+  if (share >= 0.9) {
+    std::snprintf(verdict, sizeof verdict, "GPU-bound (the GPU works %.0f%% of the wall time)",
+                  100 * share);
+  } else {
+    std::snprintf(verdict, sizeof verdict, "%s, the wall is %.2fx the GPU time",
+                  share < 0.6 ? "host-bound" : "partly host-bound",
+                  gpu_ms > 0 ? wall_ms / gpu_ms : 0);
+  }
+  const std::string epochs =
+      first == 0 ? "epoch 1" : "epochs 2-" + std::to_string(result.epochs.back().epoch);
+  char line[320];
+  std::snprintf(line, sizeof line,
+                "GPU time per step: median %.3g ms of %zu timed step%s (CUDA events); wall time "
+                "per step: median %.3g ms (%s): %s",
+                gpu_ms, result.gpu_step_ms.size(), result.gpu_step_ms.size() == 1 ? "" : "s",
+                wall_ms, epochs.c_str(), verdict);
   return line;
 }
 

@@ -1,18 +1,27 @@
 // The graphed training step: warm-up, capture and replay of one CUDA graph, and the checks of
-// where --cuda-graph may run. See cuda_graph_step.h. A build without CUDA compiles the checks
-// only; the class then refuses to be made (check_cuda_graph has refused the flag before).
+// where --cuda-graph may run. See cuda_graph_step.h. A build without CUDA, or configured with
+// -DDPTRAIN_CUDA_GRAPH=OFF (the GPU check's last build retry, should this file's CUDA branch not
+// compile there), compiles the checks only; the class then refuses to be made (check_cuda_graph
+// has refused the flag before).
 #include "dptrain/train/cuda_graph_step.h"
 
 #include <chrono>
+#include <cstdlib>
 #include <stdexcept>
 #include <string>
 #include <thread>
 #include <utility>
 
-#include "dptrain/core/errors.h"
 #include "dptrain/core/devices.h"
+#include "dptrain/core/errors.h"
 
-#if defined(DPTRAIN_WITH_CUDA)
+// DPTRAIN_WITH_CUDA_GRAPH is set for this file alone (lib/CMakeLists.txt), so that turning the
+// graph off recompiles nothing else.
+#if defined(DPTRAIN_WITH_CUDA) && defined(DPTRAIN_WITH_CUDA_GRAPH)
+#define DPTRAIN_GRAPH_CODE 1
+#endif
+
+#if defined(DPTRAIN_GRAPH_CODE)
 #include <ATen/autocast_mode.h>
 #include <ATen/cuda/CUDAGraph.h>
 #include <c10/cuda/CUDAFunctions.h>
@@ -35,7 +44,7 @@ using CudaEvent = at::cuda::CUDAEvent;
 namespace dptrain {
 
 bool cuda_graph_available() {
-#if defined(DPTRAIN_WITH_CUDA)
+#if defined(DPTRAIN_GRAPH_CODE)
   return true;
 #else
   return false;
@@ -52,10 +61,27 @@ void check_cuda_graph(const TrainOptions& options, const WorldPlan& world, bool 
   }
   if (!cuda_built) {
     throw UsageError(
-        "--cuda-graph: this build of dptrain has no CUDA (CUDA graphs need a CUDA LibTorch at "
-        "build time); run without --cuda-graph");
+        "--cuda-graph: this build of dptrain has no CUDA graphs (they need a CUDA LibTorch at "
+        "build time and are left out by -DDPTRAIN_CUDA_GRAPH=OFF); run without --cuda-graph");
   }
   const bool communicates = world.world_size > 1 || options.process_group_for_one;
+  if (options.backend == Backend::kNccl && communicates) {
+    // With blocking wait, ProcessGroupNCCL's wait() queries the collective's CUDA event, and
+    // for a collective recorded inside the capture that query invalidates the capture (CUDA
+    // refuses to query events of a capturing stream): the run would fail at its first capture.
+    for (const char* name : {"TORCH_NCCL_BLOCKING_WAIT", "NCCL_BLOCKING_WAIT"}) {
+      const char* value = std::getenv(name);
+      if (value != nullptr && *value != '\0' && std::string(value) != "0") {
+        throw UsageError(std::string("--cuda-graph over NCCL cannot run with ") + name + "=" +
+                         value +
+                         ": blocking wait queries the events of collectives recorded inside the "
+                         "graph's capture, which breaks it; unset " +
+                         name +
+                         " (dptrain bounds every wait by --timeout itself) or run without "
+                         "--cuda-graph");
+      }
+    }
+  }
   if (options.backend == Backend::kGloo && communicates) {
     throw UsageError(
         "--cuda-graph cannot capture Gloo's collectives (they run on the host, outside any CUDA "
@@ -86,7 +112,11 @@ void check_cuda_graph(const TrainOptions& options, const WorldPlan& world, bool 
 //   default stream and break the capture.
 // - Warm-up first: kCudaGraphWarmupSteps full batches run eagerly on the stream, so cuDNN's
 //   benchmark has timed its algorithms for this shape (no timing inside a capture), lazy handles
-//   exist and NCCL's communicator is initialised (broadcast_from_rank0 did that already).
+//   exist and NCCL's communicator is initialised. ProcessGroupNCCL makes a communicator lazily,
+//   at its first collective on a device: in a world of several ranks that is the start's
+//   broadcast of rank 0's weights; in a world of one that broadcast has nothing to send and
+//   returns early, so the first warm-up step's all-reduce makes it. Either way it exists
+//   before the capture, whose thread may not create one.
 // - Static addresses: the inputs are copied into buffers of this object before each replay; the
 //   outputs of the captured body (the loss sum and logits) live in the graph's private memory
 //   pool and every replay rewrites them. The parameters, their gradients (views into the
@@ -117,7 +147,7 @@ void check_cuda_graph(const TrainOptions& options, const WorldPlan& world, bool 
 // - The last, smaller batch of an epoch runs eagerly on the same stream, allocating from the
 //   ordinary pool; its outputs are marked as used by the caller's stream.
 
-#if defined(DPTRAIN_WITH_CUDA)
+#if defined(DPTRAIN_GRAPH_CODE)
 
 namespace {
 
@@ -313,13 +343,14 @@ void CudaGraphStep::wait_host(const std::string& what) {
 bool CudaGraphStep::captured() const { return state_->graph != nullptr; }
 int64_t CudaGraphStep::replays() const { return state_->replays; }
 
-#else  // no CUDA: check_cuda_graph refuses the flag before anything is made
+#else  // no CUDA graphs: check_cuda_graph refuses the flag before anything is made
 
 struct CudaGraphStep::State {};
 
 CudaGraphStep::CudaGraphStep(const torch::Device& /*device*/, Communicator& /*communicator*/,
                              int64_t /*full_rows*/, int64_t /*warmup_steps*/) {
-  throw UsageError("--cuda-graph: this build of dptrain has no CUDA; run without --cuda-graph");
+  throw UsageError(
+      "--cuda-graph: this build of dptrain has no CUDA graphs; run without --cuda-graph");
 }
 CudaGraphStep::~CudaGraphStep() = default;
 void CudaGraphStep::on_graph_stream(const std::function<void()>& make) { make(); }

@@ -27,6 +27,7 @@
 #include "dptrain/train/checkpoint_directory.h"
 #include "dptrain/train/cuda_graph_step.h"
 #include "dptrain/train/finite.h"
+#include "dptrain/train/step_gpu_time.h"
 
 namespace dptrain {
 namespace {
@@ -372,7 +373,10 @@ class RankTraining {
                    plan.device, channels_last(plan)),
         batches_per_epoch_(num_batches(data.train.size(), options.batch_size)),
         config_(checkpoint_config(options, data.train.size(), plan.world_size, plan.train_digest)),
-        tally_(plan.device) {
+        tally_(plan.device),
+        gpu_timer_(plan.device),
+        gpu_timed_steps_(
+            gpu_timed_steps(data.train.size() / options.batch_size, kGpuTimedStepsPerEpoch)) {
     result_.world_size = plan.world_size;
     result_.devices = world.devices();
     result_.parameter_count = count_parameters(*model_);
@@ -400,10 +404,11 @@ class RankTraining {
   std::pair<torch::Tensor, torch::Tensor> step(const torch::Tensor& x, const torch::Tensor& y,
                                                int64_t global_batch);
   bool update_in_step() const;
+  bool gpu_timed() const;
   void wait_host(const std::string& what);
   double epoch_seconds() const;
   Totals settle_partial_epoch(const std::string& what);
-  EpochStats finish_epoch(double seconds);
+  EpochStats finish_epoch(double seconds, double gpu_ms_per_step);
   void save_checkpoint(int64_t epochs_done, int64_t step_in_epoch, const Totals& sums,
                        double seconds);
 
@@ -425,6 +430,8 @@ class RankTraining {
   std::chrono::steady_clock::time_point epoch_start_;
   double seconds_before_ = 0;  // of a resumed epoch, trained before the resume
   double saving_seconds_ = 0;  // step checkpoints' writing, which is not training time
+  StepGpuTimer gpu_timer_;     // a few steps' GPU time per epoch, beside the wall time
+  const std::vector<int64_t> gpu_timed_steps_;  // which steps of an epoch it times
   TrainResult result_;
 };
 
@@ -484,6 +491,7 @@ TrainResult RankTraining::run() {
     wait_host("the end of the epoch");
     synchronize(plan_.device);
     const double seconds = epoch_seconds();
+    const double gpu_ms_per_step = median_or_nan(gpu_timer_.take_finished_ms());
     guard.throw_if_bad_step(result_.last_checkpoint);
 
     // ---- The end of an epoch, or of the steps it got: one block per side concern.
@@ -494,7 +502,7 @@ TrainResult RankTraining::run() {
       }
       break;
     }
-    const EpochStats stats = finish_epoch(seconds);
+    const EpochStats stats = finish_epoch(seconds, gpu_ms_per_step);
     result_.epochs.push_back(stats);
     if (reporter() && callbacks_.on_epoch) callbacks_.on_epoch(stats);
     if (at_.step < batches_per_epoch_) {
@@ -529,6 +537,7 @@ TrainResult RankTraining::run() {
   }
   result_.skipped_steps = guard.skipped();
   result_.graph_replays = graph_ ? graph_->replays() : 0;
+  result_.gpu_step_ms = gpu_timer_.all_ms();
   return result_;
 }
 
@@ -553,6 +562,8 @@ void RankTraining::start_epoch() {
 // This rank's shard of the next global batch through the step, the update where the gradient
 // allows it, and the position moved on.
 RankTraining::StepLoss RankTraining::take_step(NonFiniteGuard& guard) {
+  const bool timed = gpu_timed();
+  if (timed) gpu_timer_.begin();
   const int64_t num_train = train_.labels.size(0);
   const auto [begin, end] = batch_range(num_train, options_.batch_size, at_.step);
   const int64_t global_batch = end - begin;
@@ -577,6 +588,7 @@ RankTraining::StepLoss RankTraining::take_step(NonFiniteGuard& guard) {
     tally_.add(loss_sum, logits, y);
     guard.keep_buffers();
   }
+  if (timed) gpu_timer_.end();
   ++at_.step;
   at_.images += global_batch;
   return {loss_sum, index.size(0)};
@@ -624,6 +636,15 @@ bool RankTraining::update_in_step() const {
   return graph_ != nullptr && options_.on_nonfinite == NonFinite::kStop;
 }
 
+// Whether this step's GPU time is sampled (step_gpu_time.h): one of the epoch's few timed steps,
+// on a GPU, and with --cuda-graph a replay (never the warm-up or the capture, which are not
+// the steady step and whose capture must not see the timer's work).
+bool RankTraining::gpu_timed() const {
+  return gpu_timer_.active() &&
+         std::binary_search(gpu_timed_steps_.begin(), gpu_timed_steps_.end(), at_.step) &&
+         (graph_ == nullptr || graph_->captured());
+}
+
 // Before the host reads what the steps wrote: the last graph replay (whose collectives the
 // communicator cannot see), then the communicator's own collectives, each within the timeout.
 void RankTraining::wait_host(const std::string& what) {
@@ -656,12 +677,13 @@ Totals RankTraining::settle_partial_epoch(const std::string& what) {
 // The end of a whole (or a --max-steps-cut) epoch: its sums reduced over the ranks, the
 // replicas' BatchNorm statistics averaged so that every rank evaluates the same model, the
 // evaluation, and the epoch's figures.
-EpochStats RankTraining::finish_epoch(double seconds) {
+EpochStats RankTraining::finish_epoch(double seconds, double gpu_ms_per_step) {
   EpochStats stats;
   stats.epoch = at_.epoch + 1;
   stats.epochs = options_.epochs;
   stats.steps = at_.step;
   stats.seconds = seconds;
+  stats.gpu_ms_per_step = gpu_ms_per_step;
   const auto train = means_of(tally_.reduce(communicator_, "training loss and accuracy"));
   stats.train_loss = train.loss;
   stats.train_acc = train.accuracy;

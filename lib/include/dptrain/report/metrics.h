@@ -27,6 +27,10 @@ struct EpochRecord {
   // The median seconds of epochs 2 to this one (steady_epoch_seconds in report.h): the pace
   // without the first epoch's warm-up. Missing (NaN) for the first epoch.
   double steady_seconds = std::numeric_limits<double>::quiet_NaN();
+  // The epoch's training seconds per step, in milliseconds, and beside it the median GPU
+  // milliseconds of its timed steps (EpochStats::gpu_ms_per_step; missing on the CPU).
+  double wall_ms_per_step = std::numeric_limits<double>::quiet_NaN();
+  double gpu_ms_per_step = std::numeric_limits<double>::quiet_NaN();
   std::string devices;  // every rank's device in rank order, comma-separated: "cuda:0,cuda:1"
 };
 

@@ -26,6 +26,12 @@ std::optional<double> steady_epoch_seconds(const std::vector<double>& seconds);
 // with fewer than two epochs.
 std::string format_steady_line(const TrainResult& result);
 
+// Where a GPU run's time goes, printed after the steady line: "GPU time per step: median 1.20 ms
+// of 30 timed steps (CUDA events); wall time per step: median 2.40 ms (epochs 2-10): host-bound,
+// the wall is 2.00x the GPU time". GPU-bound where the GPU time is at least 0.9 of the wall time,
+// host-bound below 0.6, partly host-bound between. "" where no step was timed (the CPU).
+std::string format_step_time_line(const TrainResult& result);
+
 // Progress inside an epoch. The bar is for a terminal, redrawn in place by the caller:
 // "epoch 2/10 [########............] 120/235  4512 img/s  loss 0.4123  acc 0.8512  ETA 0:21"
 // (`bar_width` characters between the brackets). The line is the same figures for logs:

@@ -20,15 +20,19 @@ namespace dptrain {
 
 // Full batches run eagerly on the graph's stream before the capture, so that cuDNN's benchmark
 // has timed its algorithms, that stream's cuBLAS handle and workspace exist and NCCL's
-// communicator is up (PyTorch's whole-network example warms up for three).
+// communicator is up: made by the start's broadcast in a world of several ranks, by the first
+// warm-up step's all-reduce in a world of one (PyTorch's whole-network example warms up for three).
 constexpr int64_t kCudaGraphWarmupSteps = 3;
 
-// True where this build can capture CUDA graphs (it was built against a CUDA LibTorch).
+// True where this build can capture CUDA graphs (built against a CUDA LibTorch, and not
+// configured with -DDPTRAIN_CUDA_GRAPH=OFF).
 bool cuda_graph_available();
 
 // Throws UsageError, one line naming --cuda-graph, where options.cuda_graph cannot run on
-// `world`: a build without CUDA (`cuda_built` false; pass cuda_graph_available()), CPU devices,
-// Gloo collectives, or several GPUs in one process. check_world calls it.
+// `world`: a build without CUDA graphs (`cuda_built` false; pass cuda_graph_available()), CPU
+// devices, Gloo collectives, several GPUs in one process, or NCCL collectives with
+// TORCH_NCCL_BLOCKING_WAIT (or its old name NCCL_BLOCKING_WAIT) set to anything but 0.
+// check_world calls it.
 void check_cuda_graph(const TrainOptions& options, const WorldPlan& world, bool cuda_built);
 
 // One rank's graphed step. Every step of a run with --cuda-graph goes through run(), on the

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <limits>
 #include <optional>
 #include <string>
 #include <vector>
@@ -39,6 +40,10 @@ struct EpochStats {
   double seconds = 0;  // training only, devices synchronised
   double images_per_second = 0;
   int64_t steps = 0;
+  // The median GPU milliseconds of the epoch's timed steps on the reporting rank, from CUDA
+  // events (step_gpu_time.h); NaN on the CPU, or when no step could be timed. Not kept in
+  // checkpoints: a resumed run's earlier epochs have NaN.
+  double gpu_ms_per_step = std::numeric_limits<double>::quiet_NaN();
 };
 
 // Where an epoch is, for a progress bar: read from this process's first replica every
@@ -62,9 +67,10 @@ struct TrainResult {
   int64_t parameter_count = 0;
   std::optional<std::string> resumed_from;  // the checkpoint the run started from
   std::optional<std::string> last_checkpoint;
-  int stopped_by = 0;         // the signal that stopped the run early, or 0
-  int64_t skipped_steps = 0;  // steps left out under NonFinite::kSkip
-  int64_t graph_replays = 0;  // --cuda-graph: steps replayed from the CUDA graph, not eager
+  int stopped_by = 0;               // the signal that stopped the run early, or 0
+  int64_t skipped_steps = 0;        // steps left out under NonFinite::kSkip
+  int64_t graph_replays = 0;        // --cuda-graph: steps replayed from the CUDA graph, not eager
+  std::vector<double> gpu_step_ms;  // every timed step's GPU milliseconds (the reporting rank)
 };
 
 // What evaluate_weights() returns (train.h).
