@@ -467,6 +467,10 @@ PY
 # NCCLUtils.hpp, third_party/nccl.cmake, a file of ours about NCCL): only then can a build
 # without NCCL help. "error" must stand as a word, so that a compile command's -Werror=... beside
 # the -I of NCCL's wheel does not count.
+configure_failed() {  # configure_failed LOG: CMake stopped before anything was compiled
+  grep -qE '^CMake Error|Configuring incomplete' "$1"
+}
+
 names_nccl() {
   grep -iE '(^|[^[:alnum:]_-])error($|[^[:alnum:]_])' "$1" | grep -qi nccl
 }
@@ -504,12 +508,20 @@ build_dptrain() {
   BUILD_USED="none: the build failed"
   build_retry build && { BUILD_USED="the default"; return 0; }
   retry_after build || return 1
-  local args=("-DCUDAToolkit_ROOT=$(dirname "$(dirname "$(realpath -m "$NVCC")")")") nccl
-  nccl=$(nccl_include_dir) && args+=("-DDPTRAIN_NCCL_INCLUDE_DIR=$nccl")
-  build_retry build-hints "${args[@]}" &&
-    { BUILD_USED="the retry with toolkit hints (${args[*]})"; return 0; }
-  retry_after build-hints || return 1
-  if names_nccl "$LOGS/build-hints.log"; then
+  local args=() nccl last=build
+  # The toolkit's places only help a configure that could not find them; after a compile error
+  # they would change every file's command line and cost a whole rebuild for nothing.
+  if configure_failed "$LOGS/build.log"; then
+    args=("-DCUDAToolkit_ROOT=$(dirname "$(dirname "$(realpath -m "$NVCC")")")")
+    nccl=$(nccl_include_dir) && args+=("-DDPTRAIN_NCCL_INCLUDE_DIR=$nccl")
+    build_retry build-hints "${args[@]}" &&
+      { BUILD_USED="the retry with toolkit hints (${args[*]})"; return 0; }
+    retry_after build-hints || return 1
+    last=build-hints
+  else
+    echo "note: the configure passed: no retry with toolkit hints" >>"$LOGS/build.log"
+  fi
+  if names_nccl "$LOGS/$last.log"; then
     args+=(-DDPTRAIN_NCCL=OFF)
     build_retry build-no-nccl "${args[@]}" && {
       BUILD_USED="the retry without NCCL, CUDA only (${args[*]}): the NCCL steps cannot pass"
@@ -517,7 +529,7 @@ build_dptrain() {
     }
     retry_after build-no-nccl || return 1
   else
-    echo "note: no error line names NCCL: no attempt without NCCL" >>"$LOGS/build-hints.log"
+    echo "note: no error line names NCCL: no attempt without NCCL" >>"$LOGS/$last.log"
   fi
   args+=(-DDPTRAIN_CUDA_GRAPH=OFF)
   build_retry build-no-graph "${args[@]}" && {

@@ -198,6 +198,7 @@ class CudaGraph : public ::testing::TestWithParam<GraphCase> {};
 // bit for bit, not to a tolerance.
 TEST_P(CudaGraph, ReplayedStepsMatchEagerStepsBitForBit) {
   if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
+  if (!cuda_graph_available()) GTEST_SKIP() << "built with -DDPTRAIN_CUDA_GRAPH=OFF";
   const GraphCase& c = GetParam();
   if (c.nccl_group && !backend_available(Backend::kNccl)) {
     GTEST_SKIP() << "this build of dptrain has no NCCL";
