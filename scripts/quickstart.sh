@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The first of the README's two commands: installs what dptrain needs, builds it and runs the
 # main experiment on the devices present.
-#   - With an NVIDIA GPU: PyPI's CUDA LibTorch (torch==2.11.0, in ./.venv-torch) is installed
+#   - With an NVIDIA GPU: PyPI's CUDA LibTorch (torch==$DPTRAIN_TORCH_VERSION, pinned in
+#     scripts/torch-version.sh, in ./.venv-torch) is installed
 #     and the book's reference run follows: one GPU, batch 256, lr 0.1, 10 epochs.
 #   - Without: Debian's CPU LibTorch, and the same run on a narrow model (--width 8): about 5
 #     minutes on two cores. Its result holds across seeds and thread counts (README); fewer
@@ -15,7 +16,9 @@ bash scripts/install-deps.sh
 if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
   if [ ! -x .venv-torch/bin/python ]; then
     python3 -m venv .venv-torch
-    .venv-torch/bin/pip install -q torch==2.11.0
+    # shellcheck source=scripts/torch-version.sh
+    . scripts/torch-version.sh
+    .venv-torch/bin/pip install -q "torch==$DPTRAIN_TORCH_VERSION"
   fi
   torch_root=$(.venv-torch/bin/python -c 'import torch, os; print(os.path.dirname(torch.__file__))')
   DPTRAIN_BUILD_DIR=build-cuda bash scripts/build.sh \

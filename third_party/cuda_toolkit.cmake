@@ -87,8 +87,9 @@ function(dptrain_prepare_cuda_toolkit)
   if(NOT torch_config OR NOT EXISTS "${torch_config}/../Caffe2/Caffe2Config.cmake")
     return()
   endif()
+  # "set(CAFFE2_USE_CUDA ON)" up to 2.11, "set(CAFFE2_USE_CUDA 1)" in 2.15.
   file(STRINGS "${torch_config}/../Caffe2/Caffe2Config.cmake" cuda_build
-       REGEX "^ *set\\(CAFFE2_USE_CUDA ON\\)")
+       REGEX "^ *set\\(CAFFE2_USE_CUDA (ON|1|TRUE)\\)")
   if(NOT cuda_build)
     return()  # a CPU LibTorch: no toolkit needed
   endif()

@@ -7,7 +7,6 @@
 # (--backend gloo): used when found, see DPTRAIN_DOWNLOAD and DPTRAIN_GLOO. libpng: the plot test
 # (DPTRAIN_PLOT_RENDER_TEST). Every search also looks under CMAKE_PREFIX_PATH.
 include(FetchContent)
-include(CheckCXXSourceCompiles)
 
 # dptrain_fail(TEXT...): stops the configure with TEXT as one unwrapped line on stderr
 # ("dptrain: error: ..."), where a user's search for the cause starts; FATAL_ERROR's own block
@@ -32,28 +31,130 @@ endforeach()
 
 # dptrain_probe_torch_header(RESULT SOURCE INCLUDES DEFINITIONS): whether SOURCE, which includes
 # LibTorch headers, compiles (no link) with the include folders and compile definitions given as
-# lists and LibTorch's flags, as dptrain's own sources are compiled; cached in RESULT. The Gloo
-# and NCCL probes use it.
+# lists, LibTorch's flags and DPTRAIN_CXX_STANDARD, as dptrain's own sources are compiled. Sets
+# RESULT and RESULT_WHY: where it does not compile, the compiler's first "error:" line, which the
+# caller's status line quotes so that a user sees why (the whole output is in
+# CMakeFiles/dptrain-probes/RESULT.log). Both are cached, keyed on everything the probe depends
+# on, so that another LibTorch, header or standard probes again. The Gloo and NCCL probes use it.
 function(dptrain_probe_torch_header result source includes definitions)
-  set(CMAKE_REQUIRED_QUIET ON)
-  set(CMAKE_TRY_COMPILE_TARGET_TYPE STATIC_LIBRARY)  # headers only: nothing to link
-  set(CMAKE_REQUIRED_INCLUDES ${includes})
-  set(CMAKE_REQUIRED_FLAGS "-std=c++17 ${TORCH_CXX_FLAGS}")
-  set(CMAKE_REQUIRED_DEFINITIONS)
+  string(MD5 key "${source};${includes};${definitions};${TORCH_CXX_FLAGS};${DPTRAIN_CXX_STANDARD}")
+  if(DEFINED ${result} AND "${${result}_KEY}" STREQUAL "${key}")
+    set(${result}_WHY "${${result}_WHY}" PARENT_SCOPE)
+    return()
+  endif()
+  set(dir "${CMAKE_BINARY_DIR}/CMakeFiles/dptrain-probes")
+  file(WRITE "${dir}/${result}.cpp" "${source}")
+  separate_arguments(flags UNIX_COMMAND "${TORCH_CXX_FLAGS}")
   foreach(definition IN LISTS definitions)
-    list(APPEND CMAKE_REQUIRED_DEFINITIONS -D${definition})
+    list(APPEND flags -D${definition})
   endforeach()
-  check_cxx_source_compiles("${source}" ${result})
-  set(${result} "${${result}}" PARENT_SCOPE)
+  set(CMAKE_TRY_COMPILE_TARGET_TYPE STATIC_LIBRARY)  # headers only: nothing to link
+  try_compile(compiles "${dir}/${result}" SOURCES "${dir}/${result}.cpp"
+              CMAKE_FLAGS "-DINCLUDE_DIRECTORIES=${includes}"
+              COMPILE_DEFINITIONS ${flags}
+              CXX_STANDARD ${DPTRAIN_CXX_STANDARD} CXX_STANDARD_REQUIRED ON
+              OUTPUT_VARIABLE output)
+  file(WRITE "${dir}/${result}.log" "${output}")
+  set(why "")
+  if(NOT compiles)
+    # "/path/to/header.h:12:3: error: what" -> "header.h:12: what"
+    if(output MATCHES "([^\n/ ]+):([0-9]+):[0-9:]* (fatal )?error: ([^\n]*)")
+      set(why "${CMAKE_MATCH_1}:${CMAKE_MATCH_2}: ${CMAKE_MATCH_4}")
+    else()
+      set(why "no error line; the compiler's output is in ${dir}/${result}.log")
+    endif()
+  endif()
+  set(${result} ${compiles} CACHE INTERNAL "dptrain_probe_torch_header")
+  set(${result}_KEY "${key}" CACHE INTERNAL "dptrain_probe_torch_header")
+  set(${result}_WHY "${why}" CACHE INTERNAL "dptrain_probe_torch_header")
+  set(${result}_WHY "${why}" PARENT_SCOPE)
+endfunction()
+
+# dptrain_torch_cxx_standard(OUT_STANDARD OUT_REASON): the C++ standard to compile dptrain with:
+# the newest that LibTorch's headers demand (their "#if __cplusplus < 202002L / #error C++20 or
+# later ..." guards in ATen.h and torch/all.h), and never below 17, dptrain's own. When no such
+# guard is found (headers laid out otherwise), LibTorch's version decides: 2.14 and newer require
+# C++20 (pytorch/pytorch#178150), older ones C++17. OUT_REASON says which, for the status line.
+function(dptrain_torch_cxx_standard out_standard out_reason)
+  set(required 0)
+  set(where "")
+  foreach(dir IN LISTS dptrain_torch_includes)
+    foreach(header ATen/ATen.h torch/all.h c10/macros/Macros.h)
+      if(NOT EXISTS "${dir}/${header}")
+        continue()
+      endif()
+      # __cplusplus is YYYYMML, and the year's last two digits name the standard (201703L: 17).
+      file(STRINGS "${dir}/${header}" guards REGEX "__cplusplus *< *20[0-9][0-9][0-9][0-9]L")
+      foreach(guard IN LISTS guards)
+        if(guard MATCHES "__cplusplus *< *20([0-9][0-9])[0-9][0-9]L"
+           AND CMAKE_MATCH_1 GREATER required)
+          set(required ${CMAKE_MATCH_1})
+          set(where "${header}")
+        endif()
+      endforeach()
+    endforeach()
+  endforeach()
+  if(required GREATER 0)
+    set(reason "LibTorch ${Torch_VERSION}'s headers require C++${required} (${where})")
+  else()
+    if(Torch_VERSION VERSION_GREATER_EQUAL 2.14)
+      set(required 20)
+    else()
+      set(required 17)
+    endif()
+    string(CONCAT reason "no C++ guard found in LibTorch ${Torch_VERSION}'s headers; "
+                  "C++${required} from its version")
+  endif()
+  if(required LESS 17)
+    set(reason "dptrain's own minimum; ${reason}")
+    set(required 17)
+  endif()
+  set(${out_standard} ${required} PARENT_SCOPE)
+  set(${out_reason} "${reason}" PARENT_SCOPE)
 endfunction()
 
 # ---- LibTorch ---------------------------------------------------------------
 include(${CMAKE_CURRENT_LIST_DIR}/cuda_toolkit.cmake)
 dptrain_prepare_cuda_toolkit()
+# Note [Another LibTorch's libtorch.so]
+# TorchConfig.cmake finds libtorch.so, libc10.so and a few more with find_library(... PATHS
+# <its own lib>), and find_library looks in the system folders before PATHS. So with Debian's
+# libtorch-dev installed and only torch.utils.cmake_prefix_path given (as PyTorch documents),
+# PyPI's LibTorch takes Debian's libtorch.so.1.13 and libc10.so, and the binary loads two
+# LibTorch versions at once. Where the TorchConfig.cmake about to be found has its own lib/, those
+# names are pointed there first; the check after find_package stops any other mismatch.
+dptrain_locate_torch_config(dptrain_torch_config)
+if(dptrain_torch_config)
+  get_filename_component(dptrain_torch_lib "${dptrain_torch_config}/../../../lib" ABSOLUTE)
+  foreach(pair TORCH_LIBRARY:torch c10_LIBRARY:c10 C10_CUDA_LIBRARY:c10_cuda
+          CAFFE2_NVRTC_LIBRARY:caffe2_nvrtc kineto_LIBRARY:kineto)
+    string(REPLACE ":" ";" pair "${pair}")
+    list(GET pair 0 variable)
+    list(GET pair 1 name)
+    set(file "${dptrain_torch_lib}/lib${name}.so")
+    if(EXISTS "${file}" AND NOT "${${variable}}" STREQUAL "${file}")
+      set(${variable} "${file}" CACHE FILEPATH
+          "LibTorch's lib${name}.so (dptrain: the one beside its TorchConfig.cmake)" FORCE)
+    endif()
+  endforeach()
+endif()
 find_package(Torch REQUIRED)
 if(Torch_VERSION VERSION_LESS 1.13)
   message(FATAL_ERROR "dptrain needs LibTorch 1.13 or newer, found ${Torch_VERSION}")
 endif()
+get_target_property(dptrain_torch_cpu torch_cpu LOCATION)
+get_filename_component(dptrain_torch_cpu_dir "${dptrain_torch_cpu}" DIRECTORY)
+get_filename_component(dptrain_torch_cpu_dir "${dptrain_torch_cpu_dir}" REALPATH)
+foreach(variable TORCH_LIBRARY c10_LIBRARY)
+  get_filename_component(dir "${${variable}}" DIRECTORY)
+  get_filename_component(dir "${dir}" REALPATH)
+  if(NOT dir STREQUAL dptrain_torch_cpu_dir)
+    dptrain_fail("find_package(Torch) took ${variable}=${${variable}} from another LibTorch than "
+                 "its own ${dptrain_torch_cpu} (Note [Another LibTorch's libtorch.so] in "
+                 "third_party/dependencies.cmake): pass -D${variable}= the one in "
+                 "${dptrain_torch_cpu_dir}, or add that LibTorch's root to CMAKE_PREFIX_PATH")
+  endif()
+endforeach()
 # TorchConfig exposes its targets plus TORCH_CXX_FLAGS (the C++ ABI switch); wrap both in one
 # imported target so that nothing edits the global flags.
 add_library(dptrain_torch INTERFACE)
@@ -66,6 +167,29 @@ if(dptrain_torch_includes)
   target_include_directories(dptrain_torch SYSTEM INTERFACE ${dptrain_torch_includes})
 endif()
 
+# The C++ standard of every dptrain target and every header probe, decided here once. Each
+# target asks for it with target_compile_features(... cxx_std_${DPTRAIN_CXX_STANDARD}), and
+# dptrain_torch carries it too, so that anything compiled against LibTorch's headers gets it.
+dptrain_torch_cxx_standard(DPTRAIN_CXX_STANDARD dptrain_cxx_reason)
+if(NOT "cxx_std_${DPTRAIN_CXX_STANDARD}" IN_LIST CMAKE_CXX_COMPILE_FEATURES)
+  dptrain_fail("${dptrain_cxx_reason}, which ${CMAKE_CXX_COMPILER} (${CMAKE_CXX_COMPILER_ID} "
+               "${CMAKE_CXX_COMPILER_VERSION}) does not support: pass -DCMAKE_CXX_COMPILER= a "
+               "newer compiler (GCC 10 or Clang 10 and newer know C++20)")
+endif()
+target_compile_features(dptrain_torch INTERFACE cxx_std_${DPTRAIN_CXX_STANDARD})
+
+# A PyPI LibTorch's libtorch_cuda.so finds libnccl.so.2, cuDNN and the like in the nvidia-*
+# wheels beside it ($ORIGIN/../../nvidia/*/lib). The linker, checking those libraries' symbols,
+# looks in the -rpath folders first, so a CUDA toolkit with another NCCL merged in gave an older
+# libnccl.so.2 ("undefined reference to `ncclCommGrow'" with 2.15); -rpath-link puts the wheels
+# first, as at run time. It changes only where the linker looks, nothing in the binary.
+get_filename_component(dptrain_torch_site "${TORCH_INSTALL_PREFIX}/.." ABSOLUTE)
+file(GLOB dptrain_torch_wheel_libs LIST_DIRECTORIES true "${dptrain_torch_site}/nvidia/*/lib")
+if(dptrain_torch_wheel_libs)
+  list(JOIN dptrain_torch_wheel_libs ":" dptrain_torch_wheel_libs)
+  target_link_options(dptrain_torch INTERFACE "LINKER:-rpath-link,${dptrain_torch_wheel_libs}")
+endif()
+
 # Which collective backends this LibTorch carries, decided once here (see lib/CMakeLists.txt).
 if(TARGET torch_cuda)
   set(DPTRAIN_WITH_CUDA ON)
@@ -73,6 +197,7 @@ else()
   set(DPTRAIN_WITH_CUDA OFF)
 endif()
 message(STATUS "dptrain: LibTorch ${Torch_VERSION} (${TORCH_INSTALL_PREFIX})")
+message(STATUS "dptrain: C++ standard: ${DPTRAIN_CXX_STANDARD} (${dptrain_cxx_reason})")
 message(STATUS "dptrain: CUDA support: ${DPTRAIN_WITH_CUDA}")
 include(${CMAKE_CURRENT_LIST_DIR}/nccl.cmake)
 
@@ -82,9 +207,13 @@ include(${CMAKE_CURRENT_LIST_DIR}/nccl.cmake)
 # this LibTorch's c10d, so AUTO compiles that header once with them and leaves Gloo out, saying
 # so, when it fails. Without Gloo, --backend gloo is refused with one line (distributed.cpp).
 set(DPTRAIN_WITH_GLOO OFF)
+set(dptrain_gloo_why "DPTRAIN_GLOO=OFF")
 if(DPTRAIN_GLOO STREQUAL "AUTO")
   find_path(DPTRAIN_GLOO_INCLUDE_DIR gloo/algorithm.h)
-  if(DPTRAIN_GLOO_INCLUDE_DIR)
+  if(NOT DPTRAIN_GLOO_INCLUDE_DIR)
+    string(CONCAT dptrain_gloo_why "no Gloo headers (gloo/algorithm.h) found: install them "
+                  "(Debian: libgloo-dev) or pass -DDPTRAIN_GLOO_INCLUDE_DIR=DIR")
+  else()
     get_target_property(torch_definitions torch_cpu INTERFACE_COMPILE_DEFINITIONS)
     dptrain_probe_torch_header(DPTRAIN_GLOO_COMPILES [[
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
@@ -92,17 +221,22 @@ if(DPTRAIN_GLOO STREQUAL "AUTO")
 #error "this LibTorch was built without Gloo"
 #endif
 int dptrain_gloo_probe() { return static_cast<int>(sizeof(c10d::ProcessGroupGloo::Options)); }
-]] "${dptrain_torch_includes};${DPTRAIN_GLOO_INCLUDE_DIR}" "${torch_definitions}")
+]] "${DPTRAIN_GLOO_INCLUDE_DIR};${dptrain_torch_includes}" "${torch_definitions}")
     if(DPTRAIN_GLOO_COMPILES)
       set(DPTRAIN_WITH_GLOO ON)
     else()
-      message(STATUS "dptrain: the Gloo headers in ${DPTRAIN_GLOO_INCLUDE_DIR} do not compile "
-                     "against this LibTorch's ProcessGroupGloo.hpp (or it has no Gloo)")
+      string(CONCAT dptrain_gloo_why
+          "ProcessGroupGloo.hpp does not compile as C++${DPTRAIN_CXX_STANDARD} with the Gloo "
+          "headers in ${DPTRAIN_GLOO_INCLUDE_DIR}: ${DPTRAIN_GLOO_COMPILES_WHY}")
     endif()
   endif()
 endif()
-message(STATUS "dptrain: Gloo support (--backend gloo): ${DPTRAIN_WITH_GLOO} "
-               "(headers: ${DPTRAIN_GLOO_INCLUDE_DIR})")
+if(DPTRAIN_WITH_GLOO)
+  message(STATUS "dptrain: Gloo support (--backend gloo): ON "
+                 "(headers: ${DPTRAIN_GLOO_INCLUDE_DIR})")
+else()
+  message(STATUS "dptrain: Gloo support (--backend gloo): OFF: ${dptrain_gloo_why}")
+endif()
 
 # ---- OpenMP -----------------------------------------------------------------
 # LibTorch's at::parallel_for is a header template that runs its loop in parallel only where the

@@ -100,6 +100,7 @@ else()
     else()
       # The probe: ProcessGroupNCCL.hpp with this header, as distributed.cpp compiles it (the
       # torch targets' includes and definitions by hand: try_compile cannot import them whole).
+      # Its folder comes first, as in lib/CMakeLists.txt: a toolkit may carry another nccl.h.
       get_target_property(dptrain_torch_cpu_definitions torch_cpu INTERFACE_COMPILE_DEFINITIONS)
       # One cached answer per header and version, so that pointing at another header probes again.
       string(MD5 dptrain_nccl_key "${dptrain_nccl_header};${dptrain_nccl_found};${Torch_VERSION}")
@@ -112,7 +113,7 @@ else()
 int dptrain_nccl_probe() {
   return static_cast<int>(sizeof(c10d::ProcessGroupNCCL::Options)) + NCCL_VERSION_CODE;
 }
-]] "${dptrain_torch_includes};${CUDAToolkit_INCLUDE_DIRS};${dptrain_nccl_header}"
+]] "${dptrain_nccl_header};${dptrain_torch_includes};${CUDAToolkit_INCLUDE_DIRS}"
         "${dptrain_torch_cpu_definitions};${dptrain_torch_cuda_definitions}")
       set(DPTRAIN_NCCL_COMPILES ${DPTRAIN_NCCL_COMPILES_${dptrain_nccl_key}})
       if(DPTRAIN_NCCL_COMPILES)
@@ -121,8 +122,8 @@ int dptrain_nccl_probe() {
         set(DPTRAIN_NCCL_HEADER_DIR "${dptrain_nccl_header}")
       else()
         string(CONCAT dptrain_nccl_why
-            "${dptrain_nccl_header}/nccl.h does not compile against this "
-            "LibTorch's ProcessGroupNCCL.hpp (CMakeFiles/CMakeError.log has the compiler's words)")
+            "ProcessGroupNCCL.hpp does not compile as C++${DPTRAIN_CXX_STANDARD} with nccl.h from "
+            "${dptrain_nccl_header}: ${DPTRAIN_NCCL_COMPILES_${dptrain_nccl_key}_WHY}")
       endif()
     endif()
   endif()

@@ -6,19 +6,17 @@
 // lib/src/train/rank.cpp).
 #pragma once
 
+#include <torch/csrc/autograd/variable.h>
 #include <torch/types.h>
 
 #include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <utility>
 #include <vector>
 
 #include "dptrain/parallel/distributed.h"
-
-namespace torch::autograd {
-struct Node;
-}
 
 namespace dptrain {
 
@@ -85,8 +83,12 @@ class Reducer {
   size_t next_to_launch_ = 0;
   bool armed_ = false;
   Communicator& communicator_;
+  // The owning pointer autograd hands out for a gradient accumulator: std::shared_ptr<Node> in
+  // LibTorch 1.13 and 2.11, c10::intrusive_ptr<Node> in 2.15. Taken from the API, not a version.
+  using AccumulatorPtr = decltype(torch::autograd::impl::grad_accumulator(
+      std::declval<const torch::Tensor&>()));
   // The gradient accumulators our hooks hang on; autograd drops a hook whose accumulator dies.
-  std::vector<std::shared_ptr<torch::autograd::Node>> accumulators_;
+  std::vector<AccumulatorPtr> accumulators_;
   std::mutex mutex_;  // hooks may run on autograd's device threads
 };
 
