@@ -27,18 +27,8 @@
 #include <c10/cuda/CUDAFunctions.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
-// The event wrapper moved from ATen to c10 (LibTorch 2.11 has only c10::cuda::CUDAEvent).
-#if __has_include(<c10/cuda/CUDAEvent.h>)
-#include <c10/cuda/CUDAEvent.h>
-namespace dptrain {
-using CudaEvent = c10::cuda::CUDAEvent;
-}
-#else
-#include <ATen/cuda/CUDAEvent.h>
-namespace dptrain {
-using CudaEvent = at::cuda::CUDAEvent;
-}
-#endif
+
+#include "cuda_event.h"
 #endif
 
 namespace dptrain {

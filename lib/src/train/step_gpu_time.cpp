@@ -13,18 +13,8 @@
 #include <c10/cuda/CUDAFunctions.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <cuda_runtime_api.h>
-// The event wrapper moved from ATen to c10 (LibTorch 2.11 has only c10::cuda::CUDAEvent).
-#if __has_include(<c10/cuda/CUDAEvent.h>)
-#include <c10/cuda/CUDAEvent.h>
-namespace dptrain {
-using TimingEvent = c10::cuda::CUDAEvent;
-}
-#else
-#include <ATen/cuda/CUDAEvent.h>
-namespace dptrain {
-using TimingEvent = at::cuda::CUDAEvent;
-}
-#endif
+
+#include "cuda_event.h"
 #endif
 
 namespace dptrain {
@@ -82,8 +72,8 @@ double cycles_per_ms(int device) {
 
 struct StepGpuTimer::Events {
   struct Sample {
-    TimingEvent start{cudaEventDefault};  // cudaEventDefault: with timing
-    TimingEvent end{cudaEventDefault};
+    CudaEvent start{cudaEventDefault};  // cudaEventDefault: with timing
+    CudaEvent end{cudaEventDefault};
     bool gpu_alone = false;  // the GPU had not begun the step when the host had queued it all
   };
   explicit Events(int device) : device(device), cycles_per_ms(dptrain::cycles_per_ms(device)) {}
