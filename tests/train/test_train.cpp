@@ -111,7 +111,10 @@ TEST(Training, PinnedFirstLosses) {
   // Width 8, seed 0, batch 16, lr 0.1 on the first real training images. If a change moves
   // these, the numerics changed: explain why in the commit, then update them. Three steps only:
   // early training amplifies kernel rounding (see the Note on equivalence runs below). LibTorch
-  // 1.13 and 2.11 agree to 3e-7 on the first two steps and to 5e-5 on the third.
+  // 1.13 and 2.15 agree to 3e-7 on the first two steps and to 5e-5 on the third; 2.11, linked
+  // to its own libraries (earlier builds took Debian's libtorch.so by mistake), gives 2.3114581
+  // on the third, 2.3e-4 off (AMD EPYC, AVX-512, 2026-12-04): its bound is 5e-4, still far below
+  // what a change to the model, the data order or the update moves.
   const auto data_dir = real_data_dir();
   if (!data_dir) GTEST_SKIP() << "the real Fashion-MNIST is not installed (dataset-fashion-mnist)";
   const auto data = load_fashion_mnist(*data_dir, 48, 16);
@@ -125,7 +128,7 @@ TEST(Training, PinnedFirstLosses) {
   train(data, options, cpu_world(1), nullptr,
         [&](const StepStats& s) { losses.push_back(s.shard_loss); });
   const std::vector<double> expected{2.324532747, 2.418020725, 2.311686993};
-  const std::vector<double> tolerance{1e-5, 1e-5, 2e-4};
+  const std::vector<double> tolerance{1e-5, 1e-5, 5e-4};
   std::ostringstream printed;
   printed.precision(10);
   for (double loss : losses) printed << loss << ", ";
