@@ -2,9 +2,13 @@
 // LibTorch's switches alone (no GPU needed), for CUDA, with TF32 allowed, disallowed and
 // forbidden below LibTorch by NVIDIA_TF32_OVERRIDE.
 #include <ATen/Context.h>
+#include <c10/util/Exception.h>
 #include <gtest/gtest.h>
+#include <torch/version.h>
 
 #include <cstdlib>
+#include <string>
+#include <vector>
 
 #include "dptrain/model/numerics.h"
 
@@ -70,5 +74,61 @@ TEST_F(Tf32Switches, NvidiaOverrideZeroForbidsTf32WhateverLibTorchAllows) {
   EXPECT_EQ(describe_arithmetic(gpu, MemoryFormat::kChannelsLast, Amp::kOff, true),
             "channels-last, fp32; cuDNN: TF32 on, benchmark on; cuBLAS: TF32 on");
 }
+
+// LibTorch's warnings, collected while it lives, every TORCH_WARN_ONCE included. The handler's
+// interface and namespace changed in LibTorch 2.
+#if TORCH_VERSION_MAJOR >= 2
+namespace warnings = c10::WarningUtils;
+class WarningCollector : public c10::WarningHandler {
+ public:
+  void process(const c10::Warning& warning) override { messages.push_back(warning.msg()); }
+  std::vector<std::string> messages;
+};
+#else
+namespace warnings = c10::Warning;
+class WarningCollector : public c10::WarningHandler {
+ public:
+  void process(const c10::SourceLocation& /*where*/, const std::string& message,
+               bool /*verbatim*/) override {
+    messages.push_back(message);
+  }
+  std::vector<std::string> messages;
+};
+#endif
+
+// LibTorch 2.9 deprecated the allowTF32 getters, printing a warning at every call: the first
+// line of a CUDA run must ask in words that warn on no version.
+TEST_F(Tf32Switches, DescribingCudaRaisesNoWarning) {
+  const torch::Device gpu(torch::kCUDA, 0);
+  WarningCollector collected;
+  {
+    const warnings::WarningHandlerGuard collect(&collected);
+    const warnings::WarnAlways every_time;
+    EXPECT_NE(describe_arithmetic(gpu, MemoryFormat::kChannelsLast, Amp::kOff, true)
+                  .find("; cuDNN: TF32 "),
+              std::string::npos);
+  }
+  for (const auto& message : collected.messages) ADD_FAILURE() << "LibTorch warned: " << message;
+}
+
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 9)
+// With the precisions set per operation, cuDNN's convolutions TF32 and its RNNs IEEE (as a user's
+// code or a library may set them), LibTorch 2.11's old getter allowTF32CuDNN() throws ("a mix of
+// the legacy and new APIs"): the line reads the convolutions' own precision, the one that runs.
+TEST_F(Tf32Switches, PerOperationPrecisionsAreReadForTheConvolutions) {
+  const torch::Device gpu(torch::kCUDA, 0);
+  auto& context = at::globalContext();
+  const auto rnn = context.float32Precision(at::Float32Backend::CUDA, at::Float32Op::RNN);
+  context.setFloat32Precision(at::Float32Backend::CUDA, at::Float32Op::CONV,
+                              at::Float32Precision::TF32);
+  context.setFloat32Precision(at::Float32Backend::CUDA, at::Float32Op::RNN,
+                              at::Float32Precision::IEEE);
+  context.setFloat32Precision(at::Float32Backend::CUDA, at::Float32Op::MATMUL,
+                              at::Float32Precision::NONE);  // as the level above: IEEE here
+  EXPECT_EQ(describe_arithmetic(gpu, MemoryFormat::kChannelsLast, Amp::kOff, false),
+            "channels-last, fp32; cuDNN: TF32 on, benchmark off; cuBLAS: TF32 off");
+  context.setFloat32Precision(at::Float32Backend::CUDA, at::Float32Op::RNN, rnn);
+}
+#endif
 
 }  // namespace

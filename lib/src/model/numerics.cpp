@@ -12,9 +12,10 @@ namespace {
 
 // Whether LibTorch lets cuDNN's convolutions and cuBLAS's matrix products round float32 through
 // TF32. LibTorch 2.9 replaced the two allowTF32 switches by a precision per backend and operation
-// and made the old getters print a deprecation warning on every call, so each version is asked
-// in its own words. In the new settings "none" means "as the level above says" (cuDNN's
-// convolutions, then all CUDA operations, then every backend), and none set anywhere is IEEE.
+// and deprecated the old getters (2.11's allowTF32CuDNN() throws once convolutions and RNNs
+// differ), so each version is asked in its own words. In the new settings "none" means "as the
+// level above says" (cuDNN's convolutions, then all CUDA operations, then every backend), and none
+// set anywhere is IEEE.
 #if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 9)
 bool tf32_allowed(at::Float32Op op) {
   const auto& context = at::globalContext();
