@@ -39,7 +39,7 @@ TEST(StepGpuTime, MedianOfOddEvenAndNone) {
 }
 
 TEST(StepGpuTime, ACpuTimerTimesNothing) {
-  StepGpuTimer timer(torch::Device(torch::kCPU));
+  StepGpuTimer timer{torch::Device(torch::kCPU)};
   EXPECT_FALSE(timer.active());
   timer.begin();
   timer.end();
