@@ -127,8 +127,7 @@ EpochRecord make_epoch_record(const EpochStats& stats, double lr,
   record.seconds = stats.seconds;
   record.images_per_second = stats.images_per_second;
   record.lr = lr;
-  if (stats.steps > 0)
-    record.wall_ms_per_step = stats.seconds * 1000.0 / static_cast<double>(stats.steps);
+  record.wall_ms_per_step = wall_ms_per_step(stats);
   record.gpu_ms_per_step = stats.gpu_ms_per_step;
   for (size_t i = 0; i < devices.size(); ++i) record.devices += (i ? "," : "") + devices[i];
   return record;

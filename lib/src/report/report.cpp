@@ -34,10 +34,7 @@ std::string format_final_line(const TrainResult& result) {
 
 std::optional<double> steady_epoch_seconds(const std::vector<double>& seconds) {
   if (seconds.size() < 2) return std::nullopt;
-  std::vector<double> steady(seconds.begin() + 1, seconds.end());
-  std::sort(steady.begin(), steady.end());
-  const size_t n = steady.size();
-  return n % 2 == 1 ? steady[n / 2] : (steady[n / 2 - 1] + steady[n / 2]) / 2;
+  return median_or_nan(std::vector<double>(seconds.begin() + 1, seconds.end()));
 }
 
 std::string format_steady_line(const TrainResult& result) {
@@ -59,8 +56,7 @@ std::string format_step_time_line(const TrainResult& result) {
   const size_t first = result.epochs.size() > 1 ? 1 : 0;
   std::vector<double> wall;
   for (size_t i = first; i < result.epochs.size(); ++i) {
-    const auto& epoch = result.epochs[i];
-    if (epoch.steps > 0) wall.push_back(epoch.seconds * 1000.0 / static_cast<double>(epoch.steps));
+    if (result.epochs[i].steps > 0) wall.push_back(wall_ms_per_step(result.epochs[i]));
   }
   if (wall.empty()) return "";
   const double wall_ms = median_or_nan(wall);

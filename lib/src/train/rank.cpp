@@ -408,7 +408,7 @@ class RankTraining {
   void wait_host(const std::string& what);
   double epoch_seconds() const;
   Totals settle_partial_epoch(const std::string& what);
-  EpochStats finish_epoch(double seconds, double gpu_ms_per_step);
+  EpochStats finish_epoch(double seconds);
   void save_checkpoint(int64_t epochs_done, int64_t step_in_epoch, const Totals& sums,
                        double seconds);
 
@@ -491,7 +491,6 @@ TrainResult RankTraining::run() {
     wait_host("the end of the epoch");
     synchronize(plan_.device);
     const double seconds = epoch_seconds();
-    const double gpu_ms_per_step = median_or_nan(gpu_timer_.take_finished_ms());
     guard.throw_if_bad_step(result_.last_checkpoint);
 
     // ---- The end of an epoch, or of the steps it got: one block per side concern.
@@ -502,7 +501,7 @@ TrainResult RankTraining::run() {
       }
       break;
     }
-    const EpochStats stats = finish_epoch(seconds, gpu_ms_per_step);
+    const EpochStats stats = finish_epoch(seconds);
     result_.epochs.push_back(stats);
     if (reporter() && callbacks_.on_epoch) callbacks_.on_epoch(stats);
     if (at_.step < batches_per_epoch_) {
@@ -674,16 +673,16 @@ Totals RankTraining::settle_partial_epoch(const std::string& what) {
   return sums;
 }
 
-// The end of a whole (or a --max-steps-cut) epoch: its sums reduced over the ranks, the
-// replicas' BatchNorm statistics averaged so that every rank evaluates the same model, the
-// evaluation, and the epoch's figures.
-EpochStats RankTraining::finish_epoch(double seconds, double gpu_ms_per_step) {
+// The end of a whole (or a --max-steps-cut) epoch, once the device is synchronised: its sums
+// reduced over the ranks, the replicas' BatchNorm statistics averaged so that every rank
+// evaluates the same model, the evaluation, and the epoch's figures.
+EpochStats RankTraining::finish_epoch(double seconds) {
   EpochStats stats;
   stats.epoch = at_.epoch + 1;
   stats.epochs = options_.epochs;
   stats.steps = at_.step;
   stats.seconds = seconds;
-  stats.gpu_ms_per_step = gpu_ms_per_step;
+  stats.gpu_ms_per_step = median_or_nan(gpu_timer_.take_finished_ms());  // synchronised above
   const auto train = means_of(tally_.reduce(communicator_, "training loss and accuracy"));
   stats.train_loss = train.loss;
   stats.train_acc = train.accuracy;

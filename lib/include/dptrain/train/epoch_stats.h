@@ -46,6 +46,13 @@ struct EpochStats {
   double gpu_ms_per_step = std::numeric_limits<double>::quiet_NaN();
 };
 
+// The epoch's training milliseconds per step, the wall-clock pace set beside gpu_ms_per_step;
+// NaN when no step is counted.
+inline double wall_ms_per_step(const EpochStats& stats) {
+  return stats.steps > 0 ? stats.seconds * 1000.0 / static_cast<double>(stats.steps)
+                         : std::numeric_limits<double>::quiet_NaN();
+}
+
 // Where an epoch is, for a progress bar: read from this process's first replica every
 // TrainOptions::progress_every steps (reading makes the host wait for the device).
 struct ProgressStats {
