@@ -76,7 +76,9 @@ TEST(Report, SteadyLineIsExactAndAbsentForOneEpoch) {
     later.seconds = seconds;
     result.epochs.push_back(later);
   }
-  EXPECT_EQ(format_steady_line(result), "median of epochs 2-4: 0.95 sec/epoch (epoch 1: 3.14 s)");
+  EXPECT_EQ(format_steady_line(result),
+            "median of epochs 2-4: 0.95 sec/epoch (epoch 1: 3.14 s); the book's line below is "
+            "the mean of epochs 1-4");
 }
 
 // Three epochs of 100 steps: the wall pace of epochs 2-3 is 2.0 and 2.4 ms a step (median 2.2);

@@ -22,8 +22,9 @@ std::string format_final_line(const TrainResult& result);
 // than two epochs.
 std::optional<double> steady_epoch_seconds(const std::vector<double>& seconds);
 
-// "median of epochs 2-10: 0.93 sec/epoch (epoch 1: 3.1 s)", printed before the final line; ""
-// with fewer than two epochs.
+// "median of epochs 2-10: 0.93 sec/epoch (epoch 1: 3.1 s); the book's line below is the mean of
+// epochs 1-10", printed before the final line, whose seconds are that mean (format_final_line);
+// "" with fewer than two epochs.
 std::string format_steady_line(const TrainResult& result);
 
 // Where a GPU run's time goes, printed after the steady line: "GPU time per step: median 1.20 ms
