@@ -8,8 +8,9 @@ bash scripts/build.sh -DBUILD_TESTING=ON
 cd "${DPTRAIN_BUILD_DIR:-build}"
 # CTest starts the tests it knows to be longest first, from the cost data it writes after each
 # run; a fresh build has none and would start them last, in the order they are defined, with a
-# core idle behind them. tests/ctest_costs.txt is that data for the tests over 3 s (ctest -j2,
-# two-core AMD EPYC, 2026-12-03): only the order depends on it, and CTest replaces it after the run.
+# core idle behind them. tests/ctest_costs.txt is that data for the tests over 3 s, from one
+# `ctest -j2` run (bench/results/2026-12-04-ci-times.md): only the order depends on it, and CTest
+# replaces it after the run.
 mkdir -p Testing/Temporary
 [ -e Testing/Temporary/CTestCostData.txt ] || cp "$root/tests/ctest_costs.txt" Testing/Temporary/CTestCostData.txt
 ctest --output-on-failure --timeout 900 -j "${DPTRAIN_TEST_JOBS:-1}"

@@ -88,7 +88,7 @@ Header* stamp(void* block, size_t bytes, BlockKind kind, CachingCpuAllocator* ow
 
 // Cached blocks are mappings of their own, not glibc's, so that a block given back leaves the
 // process: glibc would keep it in an arena, and the resident set would grow past the cache's
-// bound (measured: 607 MB against 496 MB). Null when the system has no memory left.
+// bound (bench/results/2026-12-01-cpu-notes.md). Null when the system has no memory left.
 void* map_pages(size_t bytes) {
   void* block = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   return block == MAP_FAILED ? nullptr : block;

@@ -29,8 +29,8 @@ namespace dptrain {
 // AVX-512 kernels did break, in both layouts and both LibTorch versions, in the same strided
 // 1x1 convolution (the weight gradient of the stage-2 shortcut came back as 2.2e21 at width 4,
 // batch 31); dptrain no longer runs that kernel on the CPU (Note [The strided 1x1 convolution
-// on the CPU], projection.cpp). Channels-last is the faster layout there (one run of 36 steps at
-// width 16 on 2 threads: 1,099 against 966 images/s), and the layout in which BatchNorm, the
+// on the CPU], projection.cpp). Channels-last is the faster layout there (at width 16 on 2
+// threads: bench/results/2026-12-01-cpu-notes.md), and the layout in which BatchNorm, the
 // shortcut and the ReLU run fused (fused_batch_norm.h), so where oneDNN runs AVX-512 the CPU
 // default is channels-last. Whether the AVX2 kernels are sound once the strided 1x1 kernel is
 // out of the way is not shown yet, so there channels-last stays refused. CUDA convolutions are

@@ -9,18 +9,15 @@ namespace dptrain {
 // Note [The strided 1x1 convolution on the CPU]
 // oneDNN's strided 1x1 convolution backward writes outside its buffers with two threads and a
 // batch that does not divide evenly; most likely in the step that first copies the strided input
-// into a dense buffer ("reduce to unit stride"), which a unit stride never takes. Measured on an
-// Intel Xeon with AVX-512, 2 threads, a 1x1 stride-2 convolution forward and backward, 5 to 10
-// trials per shape (2026-12-01): from 8 to 16 channels on 14x14 at batches 3, 7, 31, 33 and 63,
-// from 4 to 8 on 28x28 at 3, 7, 15 and 31, from 2 to 4 at 3 and 7, glibc aborts ("corrupted size
-// vs. prev_size", "free(): corrupted unsorted chunks"), the process dies with SIGSEGV, or the
-// weight's gradient comes back as garbage (2.2e21 at the book's stage-2 shortcut, width 4, batch
-// 31). It happens in Debian's LibTorch 1.13 and in PyPI's 2.11, channels-last and contiguous
-// alike. No trial failed on one thread (one shape tried), at batches 32 and 256, or from 16
-// channels up; oneDNN's AVX2 kernels (ONEDNN_MAX_CPU_ISA=AVX2) fail even at batch 256, and hung
-// twice. Subsampling first and convolving at unit stride gives the same sums (each output reads
-// one input pixel), and no shape of the sweep failed that way, on either LibTorch, layout or ISA
-// (scripts/repro/strided_1x1_heap.py). CUDA runs cuDNN, not oneDNN, so there the convolution
+// into a dense buffer ("reduce to unit stride"), which a unit stride never takes. Below 16
+// channels, at batches such as 3, 7 and 31, glibc aborts on a corrupted heap, the process dies
+// with SIGSEGV, or the weight's gradient comes back as garbage (2.2e21 at the book's stage-2
+// shortcut, width 4, batch 31); in Debian's LibTorch 1.13 and in PyPI's 2.11, channels-last and
+// contiguous alike, and oneDNN's AVX2 kernels (ONEDNN_MAX_CPU_ISA=AVX2) fail even at batch 256.
+// Subsampling first and convolving at unit stride gives the same sums (each output reads one
+// input pixel), and no shape of the sweep fails that way, on either LibTorch, layout or ISA
+// (scripts/repro/strided_1x1_heap.py; the sweep's shapes, trials, CPU and date:
+// bench/results/2026-12-01-cpu-notes.md). CUDA runs cuDNN, not oneDNN, so there the convolution
 // keeps its stride.
 namespace {
 
