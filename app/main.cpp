@@ -23,7 +23,6 @@
 #include "dptrain/report/plot.h"
 #include "dptrain/report/report.h"
 #include "dptrain/model/memory_format.h"
-#include "dptrain/model/model.h"
 #include "dptrain/model/numerics.h"
 #include "dptrain/core/devices.h"
 #include "dptrain/parallel/rendezvous.h"
@@ -164,15 +163,52 @@ int report_training(const dptrain::TrainResult& result, bool reporter, bool quie
   return 128 + result.stopped_by;
 }
 
-int run_train(dptrain::TrainCommand command, CheckedStdout& out) {
+// The world `train` and `eval` run in, prepared alike in two halves around the options the
+// command completes: first where the ranks are (the devices, the launcher, the GPUs) and the
+// backend chosen into the options ...
+dptrain::WorldPlan plan_command_world(dptrain::TrainCommand& command) {
   const auto world =
       dptrain::plan_world(command.devices, command.gpus, dptrain::read_launch_environment(),
                           dptrain::cuda_device_count());
-  auto& options = command.options;
-  options.backend = dptrain::choose_backend(command.backend, world,
-                                            dptrain::backend_available(dptrain::Backend::kNccl));
+  command.options.backend = dptrain::choose_backend(
+      command.backend, world, dptrain::backend_available(dptrain::Backend::kNccl));
   // A backend named on the command line runs even for one replica (e.g. NCCL on one GPU).
-  options.process_group_for_one = command.backend.has_value();
+  command.options.process_group_for_one = command.backend.has_value();
+  return world;
+}
+
+// ... then, once the options are complete (from here they are read, never written), their one
+// check against the world: usage mistakes before the data load.
+dptrain::CheckedWorld check_command_world(const dptrain::TrainOptions& options,
+                                          const dptrain::WorldPlan& world) {
+  const auto run = dptrain::check_world(options, world);
+  // Before the first parallel region (the data load): --threads, else OMP_NUM_THREADS checked.
+  dptrain::start_intra_op_threads(run);
+  if (world.multi_process) dptrain::check_master_address(world.launch);
+  return run;
+}
+
+// The run's first line: the data, the width, the rank, and what arithmetic runs: the layout
+// kAuto resolved to, the precision, and on CUDA TF32 and cuDNN's benchmark mode, so an "fp32"
+// figure is read for what it is.
+std::string describe_run(const dptrain::FashionMnist& data, const std::string& data_dir,
+                         const dptrain::TrainOptions& options, const dptrain::WorldPlan& world) {
+  const auto& device = world.local_devices.front();
+  const auto layout =
+      dptrain::resolve_memory_format(options.memory_format, device, dptrain::detect_cpu_kernels());
+  char header[512];
+  std::snprintf(header, sizeof header,
+                "dptrain: %lld train / %lld test images from %s; width %lld; rank %d of %d; %s: ",
+                static_cast<long long>(data.train.size()), static_cast<long long>(data.test.size()),
+                data_dir.c_str(), static_cast<long long>(options.width), world.first_rank,
+                world.world_size, dptrain::device_name(device).c_str());
+  return header +
+         dptrain::describe_arithmetic(device, layout, options.amp, options.cudnn_benchmark);
+}
+
+int run_train(dptrain::TrainCommand command, CheckedStdout& out) {
+  const auto world = plan_command_world(command);
+  auto& options = command.options;
   const bool records_writer = world.first_rank == 0;
   if (command.metrics) options.driver_outputs.push_back("--metrics");
   if (command.plot) options.driver_outputs.push_back("--plot");
@@ -188,11 +224,7 @@ int run_train(dptrain::TrainCommand command, CheckedStdout& out) {
   // From here a stop request is answered: before the first step by the watchdog, which ends the
   // process (nothing has trained), then by the training loop, which saves a checkpoint.
   options.stop_signal = &dptrain::install_stop_handlers();
-  // The options are complete; from here they are read, never written.
-  const auto run = dptrain::check_world(options, world);  // usage mistakes before the data load
-  // Before the first parallel region (the data load): --threads, else OMP_NUM_THREADS checked.
-  dptrain::start_intra_op_threads(run);
-  if (world.multi_process) dptrain::check_master_address(world.launch);
+  const auto run = check_command_world(options, world);
   check_train_outputs(command, records_writer);
   const auto watchdog = make_watchdog(world, options.timeout, *options.stop_signal);
 
@@ -202,22 +234,7 @@ int run_train(dptrain::TrainCommand command, CheckedStdout& out) {
     progress.clear();
     out.line(prefix + line);
   };
-  if (talk) {
-    // The first line also says what arithmetic runs: the layout kAuto resolved to, the precision,
-    // and on CUDA TF32 and cuDNN's benchmark mode, so an "fp32" figure is read for what it is.
-    const auto& device = world.local_devices.front();
-    const auto layout = dptrain::resolve_memory_format(options.memory_format, device,
-                                                       dptrain::detect_cpu_kernels());
-    char header[512];
-    std::snprintf(header, sizeof header,
-                  "dptrain: %lld train / %lld test images from %s; width %lld; rank %d of %d; %s: ",
-                  static_cast<long long>(data.train.size()),
-                  static_cast<long long>(data.test.size()), data_dir.c_str(),
-                  static_cast<long long>(options.width), world.first_rank, world.world_size,
-                  dptrain::device_name(device).c_str());
-    print(header +
-          dptrain::describe_arithmetic(device, layout, options.amp, options.cudnn_benchmark));
-  }
+  if (talk) print(describe_run(data, data_dir, options, world));
 
   dptrain::RunRecords records(command.metrics, command.plot, options.lr, options.batch_size,
                               options.epochs);
@@ -334,16 +351,8 @@ int run_download(const dptrain::DownloadCommand& command, CheckedStdout& out) {
 }
 
 int run_eval(dptrain::EvalCommand command, CheckedStdout& out) {
-  const auto world =
-      dptrain::plan_world(command.common.devices, command.common.gpus,
-                          dptrain::read_launch_environment(), dptrain::cuda_device_count());
-  auto& options = command.common.options;
-  options.backend = dptrain::choose_backend(command.common.backend, world,
-                                            dptrain::backend_available(dptrain::Backend::kNccl));
-  options.process_group_for_one = command.common.backend.has_value();
-  const auto run = dptrain::check_world(options, world);
-  dptrain::start_intra_op_threads(run);
-  if (world.multi_process) dptrain::check_master_address(world.launch);
+  const auto world = plan_command_world(command.common);
+  const auto run = check_command_world(command.common.options, world);
   const auto weights = load_weights(command);
   const auto data_dir = dptrain::resolve_data_dir(command.common.data_dir);
   // Only the test set is evaluated; one training image keeps the data set's shape valid.

@@ -5,7 +5,6 @@
 #include <utility>
 
 #include "dptrain/report/plot.h"
-#include "dptrain/report/report.h"
 
 namespace dptrain {
 

@@ -9,8 +9,9 @@
 #include <cstring>
 #include <vector>
 
-#include "dptrain/data/idx.h"
+#include "dptrain/core/errors.h"
 #include "dptrain/core/files.h"
+#include "dptrain/data/idx.h"
 #include "dptrain/core/sha256.h"
 
 namespace dptrain {

@@ -10,6 +10,7 @@
 #include <limits>
 #include <sstream>
 
+#include "dptrain/core/errors.h"
 #include "dptrain/core/files.h"
 
 namespace dptrain {

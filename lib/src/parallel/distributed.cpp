@@ -18,6 +18,7 @@
 #include <torch/csrc/distributed/c10d/Work.hpp>
 #include <utility>
 
+#include "dptrain/core/errors.h"
 #include "dptrain/parallel/rendezvous.h"
 
 // DPTRAIN_WITH_GLOO: third_party/dependencies.cmake found Gloo headers that compile against this

@@ -4,6 +4,8 @@
 #include <cstring>
 #include <string>
 
+#include "dptrain/core/errors.h"
+
 namespace dptrain {
 
 void broadcast_from_rank0(torch::nn::Module& model, Communicator& communicator) {

@@ -13,6 +13,8 @@
 
 #include "dptrain/core/errors.h"
 #include "dptrain/core/files.h"
+#include "dptrain/data/data.h"
+#include "dptrain/train/options.h"
 
 namespace dptrain {
 namespace {
@@ -583,6 +585,21 @@ void load_model_tensors(torch::nn::Module& model,
     throw DataError("checkpoint " + name + ": holds " + std::to_string(tensors.size()) +
                     " tensors, the model " + std::to_string(loaded));
   }
+}
+
+CheckpointConfig checkpoint_config(const TrainOptions& options, int64_t train_size, int world_size,
+                                   const std::string& train_digest) {
+  CheckpointConfig config;
+  config.width = options.width;
+  config.num_classes = kNumClasses;
+  config.in_channels = 1;
+  config.batch_size = options.batch_size;
+  config.lr = options.lr;
+  config.seed = options.seed;
+  config.train_size = train_size;
+  config.world_size = world_size;
+  config.train_digest = train_digest;
+  return config;
 }
 
 }  // namespace dptrain

@@ -19,6 +19,7 @@
 #include "dptrain/core/errors.h"
 #include "dptrain/core/files.h"
 #include "dptrain/core/devices.h"
+#include "dptrain/train/options.h"
 
 namespace dptrain {
 namespace {
@@ -260,6 +261,107 @@ CheckpointDirectoryLock::CheckpointDirectoryLock(const std::string& directory) {
 
 CheckpointDirectoryLock::~CheckpointDirectoryLock() {
   if (fd_ >= 0) ::close(fd_);  // releases the flock
+}
+
+// ---- Where a run starts -------------------------------------------------------------------------
+
+// Note [What a checkpoint directory may hold]
+// A run never writes over a checkpoint it did not read. Without --resume, a directory that already
+// holds checkpoints is refused (they would be overwritten) unless --fresh removes them first.
+// With --resume, every file is read and the latest position stored inside wins, whatever the
+// names say; a file that cannot be read is named with the reason, and is refused when nothing
+// else can be read or when the run would later save under its name. One process writes: the one
+// that holds global rank 0, under the directory's lock (checkpoint_directory.h).
+std::optional<std::pair<std::string, Checkpoint>> choose_start(const TrainOptions& options,
+                                                               bool writer,
+                                                               const Notice& on_notice) {
+  if (!options.checkpoint_dir) return std::nullopt;
+  const std::string& directory = *options.checkpoint_dir;
+  const auto notice = [&](const std::string& text) {
+    if (writer && on_notice) on_notice(text);
+  };
+  const std::string fresh_hint =
+      "move it away, or pass --fresh to start over (which removes the directory's checkpoints)";
+  if (writer && (options.fresh || options.resume)) {
+    for (const auto& path : remove_stale_temporaries(directory)) {
+      notice("removed " + path + ", left by a writer that was killed during a write");
+    }
+  }
+  if (options.fresh) {
+    if (!writer) return std::nullopt;
+    for (const auto& path : remove_checkpoints_for_fresh_start(directory)) {
+      notice("--fresh: removed " + path);
+    }
+    return std::nullopt;
+  }
+  if (!options.resume) {
+    const auto names = checkpoint_file_names(directory);
+    if (!writer || names.empty()) return std::nullopt;
+    throw UsageError("--checkpoint-dir " + directory + " already holds " +
+                     std::to_string(names.size()) + " checkpoint(s) (" + names.back() +
+                     (names.size() > 1 ? " and others" : "") +
+                     ") that this run would overwrite; pass --resume to continue from the "
+                     "newest, or --fresh to start over (which removes them)");
+  }
+  auto scan = scan_checkpoint_directory(directory);
+  const std::string start_name = scan.newest
+                                     ? directory + "/" +
+                                           checkpoint_file_name(scan.newest->second.epochs_done,
+                                                                scan.newest->second.step_in_epoch)
+                                     : "";
+  for (const auto& [path, why] : scan.unreadable) {
+    if (!scan.newest) {
+      throw UsageError("--resume: no checkpoint in " + directory + " can be read (" + why +
+                       (scan.unreadable.size() > 1
+                            ? "; and " + std::to_string(scan.unreadable.size() - 1) + " more"
+                            : "") +
+                       "); " + fresh_hint);
+    }
+    if (named_before(start_name, path)) {
+      throw UsageError("--resume: " + why + "; this run resumes from " + scan.newest->first +
+                       " and would later save under that name; " + fresh_hint);
+    }
+    notice("--resume: skipped " + why);
+  }
+  return std::move(scan.newest);
+}
+
+void check_resumable(const Checkpoint& checkpoint, const std::string& path,
+                     const CheckpointConfig& run, const Notice& on_notice) {
+  check_checkpoint_matches(checkpoint.config, run, path);
+  const auto differ = [&](const char* flag, const std::string& was, const std::string& is) {
+    if (was != is) {
+      throw UsageError("--resume: checkpoint " + path + " was written with " + flag + " " + was +
+                       ", this run has " + is + "; the data order would not continue");
+    }
+  };
+  differ("--batch-size", std::to_string(checkpoint.config.batch_size),
+         std::to_string(run.batch_size));
+  differ("--seed", std::to_string(checkpoint.config.seed), std::to_string(run.seed));
+  differ("a training set of", std::to_string(checkpoint.config.train_size),
+         std::to_string(run.train_size));
+  // Note [Resuming on another world size]
+  // The data order and each global batch depend on --seed and --batch-size only, so a run may
+  // continue on another number of ranks. What changes is how a global batch is split: without
+  // --sync-bn each replica normalises its own share, so the steps are not those the writing
+  // world would have taken; with it they are the same to rounding (the sums are ordered
+  // differently). tests/integration/test_resume.cpp measures both.
+  if (checkpoint.config.world_size != run.world_size && on_notice) {
+    on_notice("--resume: " + path + " was written by " +
+                        std::to_string(checkpoint.config.world_size) + " rank(s), this run has " +
+                        std::to_string(run.world_size) +
+                        ": the same global batches, split over the new world");
+  }
+  if (checkpoint.config.train_digest.empty()) {
+    if (on_notice) {
+      on_notice("--resume: " + path +
+                          " is of format version 1, which holds no digest of its training set; "
+                          "only the set's size is compared");
+    }
+    return;
+  }
+  differ("the training set of SHA-256", printable(checkpoint.config.train_digest),
+         run.train_digest);
 }
 
 }  // namespace dptrain

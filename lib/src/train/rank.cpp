@@ -1,5 +1,5 @@
-// One rank's training and evaluation: joining the world, the replica, the step, the epoch,
-// checkpoints and the non-finite guard. See rank.h.
+// One rank's training and evaluation: the replica, the step, the end of a step and of an epoch,
+// checkpoints and the non-finite guard. Joining the world is joined_world.h's. See rank.h.
 #include "rank.h"
 
 #include <ATen/Parallel.h>
@@ -10,20 +10,23 @@
 #include <atomic>
 #include <chrono>
 #include <cmath>
-#include <functional>
+#include <memory>
 #include <optional>
+#include <stdexcept>
+#include <string>
+#include <utility>
+#include <vector>
 
-#include "dptrain/data/batch_input.h"
-#include "dptrain/data/batching.h"
+#include "dptrain/core/devices.h"
 #include "dptrain/core/errors.h"
 #include "dptrain/core/files.h"
+#include "dptrain/data/batch_input.h"
+#include "dptrain/data/batching.h"
 #include "dptrain/model/autocast.h"
 #include "dptrain/model/batch_norm.h"
 #include "dptrain/model/model.h"
-#include "dptrain/core/devices.h"
-#include "dptrain/parallel/rendezvous.h"
+#include "dptrain/parallel/reducer.h"
 #include "dptrain/parallel/replicas.h"
-#include "dptrain/train/run_configuration.h"
 #include "dptrain/train/checkpoint_directory.h"
 #include "dptrain/train/cuda_graph_step.h"
 #include "dptrain/train/finite.h"
@@ -141,74 +144,23 @@ int agreed_stop_signal(const std::atomic<int>* stop_signal, Communicator& commun
   return static_cast<int>(flag.item<int64_t>());
 }
 
-// ---- Joining the world and making the replica -------------------------------------------------
+// ---- The replica and its place in the world ---------------------------------------------------
 
-// The rendezvous of one rank: every rank present and agreeing on the world, their settings
-// compared (run_configuration.h), their placements exchanged (into `devices`, every rank's
-// device in rank order) and checked against the backend, then the process group. A world of one
-// without a process group skips all of it.
-std::unique_ptr<Communicator> connect_rank(const TrainOptions& options, const RankPlan& plan,
-                                           std::vector<std::string>& devices) {
-  if (!plan.store) {
-    devices = {device_name(plan.device)};
-    return std::make_unique<Communicator>();
-  }
-  store_barrier(*plan.store, "rendezvous", plan.rank, plan.world_size, options.timeout);
-  const RankPlacement mine{host_name(), device_name(plan.device), gpu_identity(plan.device)};
-  const auto placements =
-      gather_placements(*plan.store, plan.rank, plan.world_size, mine, options.timeout);
-  const auto settings = all_gather_strings(*plan.store, "settings", plan.rank, plan.world_size,
-                                           plan.settings, options.timeout);
-  try {
-    check_same_settings(settings);
-    check_placements(placements, options.backend);
-  } catch (const UsageError&) {
-    // Every rank finds the same mistake. Rank 0 may serve the store: it leaves only once the
-    // others have read what it holds, so that they report the mistake too, not a lost store.
-    const std::string prefix = "dptrain/rendezvous-read/";
-    plan.store->set(prefix + std::to_string(plan.rank), std::vector<uint8_t>{'1'});
-    if (plan.rank == 0) ranks_missing_after(*plan.store, prefix, plan.world_size, options.timeout);
-    throw;
-  }
-  devices.clear();
-  WorldOptions world_options;
-  for (const auto& placement : placements) {
-    devices.push_back(placement.device);
-    world_options.rank_hosts.push_back(placement.host);
-  }
-  world_options.backend = options.backend;
-  world_options.timeout = options.timeout;
-  world_options.loopback = plan.loopback;
-  return std::make_unique<Communicator>(plan.store, plan.rank, plan.world_size, world_options);
+// Where this rank joins the world (joined_world.h): its place and store from the plan, the
+// backend and the timeout from the options.
+WorldSeat seat_of(const TrainOptions& options, const RankPlan& plan) {
+  WorldSeat seat;
+  seat.rank = plan.rank;
+  seat.world_size = plan.world_size;
+  seat.device = plan.device;
+  seat.store = plan.store;
+  seat.loopback = plan.loopback;
+  seat.settings = plan.settings;
+  seat.backend = options.backend;
+  seat.timeout = options.timeout;
+  seat.local = plan.local;
+  return seat;
 }
-
-// One rank's place in the world: its communicator, every rank's device, and its membership of
-// this process's replicas (so that a failing sibling can abort its process group).
-class JoinedWorld {
- public:
-  JoinedWorld(const TrainOptions& options, const RankPlan& plan)
-      : communicator_(connect_rank(options, plan, devices_)), local_(plan.local) {
-    if (local_) local_->add(communicator_.get());
-  }
-  ~JoinedWorld() {
-    if (local_) local_->remove(communicator_.get());
-  }
-  JoinedWorld(const JoinedWorld&) = delete;
-  JoinedWorld& operator=(const JoinedWorld&) = delete;
-
-  Communicator& communicator() { return *communicator_; }
-  const std::vector<std::string>& devices() const { return devices_; }
-  // No rank leaves while others may still talk to it; then the process group is shut down.
-  void leave() {
-    communicator_->barrier("final barrier");
-    communicator_->shutdown();
-  }
-
- private:
-  std::vector<std::string> devices_;
-  std::unique_ptr<Communicator> communicator_;
-  LocalReplicas* local_;
-};
 
 // The replica: the same seed on every rank (or the start's weights), laid out for its device,
 // and rank 0's state broadcast to make sure.
@@ -353,8 +305,8 @@ std::unique_ptr<CudaGraphStep> make_graph(const TrainOptions& options, const Ran
 }
 
 // One rank's training: the replica and everything that trains it, and the loop. run() is the
-// whole story: the book's step, then the end of a step, then the end of an epoch, where each side
-// concern (report, check, stop, save, evaluate) is one block, decided there and nowhere else.
+// whole story: the book's step, then end_step, then end_epoch, where each side concern (report,
+// check, stop, save, evaluate) is one block, decided there and nowhere else.
 class RankTraining {
  public:
   RankTraining(const FashionMnist& data, const TrainOptions& options, const RankPlan& plan,
@@ -401,6 +353,11 @@ class RankTraining {
     int64_t shard_size = 0;  // the examples of this rank's shard
   };
   StepLoss take_step(NonFiniteGuard& guard);
+  // What the end of a step or of an epoch says: the loop goes on, or the run stops here.
+  enum class Next { kGoOn, kStop };
+  Next end_step(const StepLoss& loss, NonFiniteGuard& guard);
+  Next end_epoch(NonFiniteGuard& guard);
+  void end_run(const NonFiniteGuard& guard);
   std::pair<torch::Tensor, torch::Tensor> step(const torch::Tensor& x, const torch::Tensor& y,
                                                int64_t global_batch);
   bool update_in_step() const;
@@ -440,92 +397,104 @@ TrainResult RankTraining::run() {
     callbacks_.on_start(result_.devices, result_.epochs, result_.resumed_from);
   }
   NonFiniteGuard guard(options_, model_, plan_.device, batches_per_epoch_);
+  for (; at_.epoch < options_.epochs && !max_steps_reached(); ++at_.epoch, at_.step = 0) {
+    start_epoch();
+    while (at_.step < batches_per_epoch_ && !max_steps_reached()) {
+      const StepLoss loss = take_step(guard);
+      if (end_step(loss, guard) == Next::kStop) break;
+    }
+    if (end_epoch(guard) == Next::kStop) break;
+  }
+  end_run(guard);
+  return result_;
+}
+
+// The end of a step: one block per side concern. kStop when the ranks agreed on a stop request
+// inside the epoch (result_.stopped_by says which signal); the end of the epoch saves for it.
+RankTraining::Next RankTraining::end_step(const StepLoss& loss, NonFiniteGuard& guard) {
   // Host check points: where the ranks agree on a stop request and kStop reads the non-finite
   // record. Every step on the CPU, where reading costs nothing; sparser on a GPU.
   const int64_t check_every = plan_.device.is_cpu() ? 1 : 25;
-  for (; at_.epoch < options_.epochs && !max_steps_reached(); ++at_.epoch, at_.step = 0) {
-    start_epoch();
-    int stop = 0;  // the agreed stop signal, when one ends the epoch early
-    while (at_.step < batches_per_epoch_ && !max_steps_reached()) {
-      const StepLoss loss = take_step(guard);
-
-      // ---- The end of a step: one block per side concern.
-      const bool inside_epoch = at_.step < batches_per_epoch_;
-      if (reporter() && callbacks_.on_step) {
-        wait_host("the step callback");
-        callbacks_.on_step(StepStats{at_.epoch + 1, at_.step, batches_per_epoch_,
-                                     loss.sum.item<double>() / std::max<int64_t>(loss.shard_size, 1)});
-      }
-      if (reporter() && callbacks_.on_progress && options_.progress_every > 0 &&
-          (at_.step % options_.progress_every == 0 || !inside_epoch)) {
-        wait_host("the progress report");
-        const auto running = means_of(tally_.read());
-        callbacks_.on_progress(ProgressStats{at_.epoch + 1, options_.epochs, at_.step,
-                                             batches_per_epoch_, at_.images, epoch_seconds(),
-                                             running.loss, running.accuracy});
-      }
-      if (options_.check_replicas_every > 0 &&
-          at_.global_step % options_.check_replicas_every == 0) {
-        wait_host("the replica check");
-        check_replicas_identical(*model_, communicator_, at_.global_step);
-      }
-      if (inside_epoch && at_.global_step % check_every == 0) {
-        wait_host("the step's host check");
-        guard.throw_if_bad_step(result_.last_checkpoint);
-        stop = agreed_stop_signal(options_.stop_signal, communicator_, plan_.device);
-        if (stop != 0) break;
-      }
-      // A step checkpoint (--checkpoint-every-steps); at the epoch's end, or at the --max-steps
-      // cut, the end of the epoch saves.
-      if (checkpoints() && options_.checkpoint_every_steps > 0 && inside_epoch &&
-          !max_steps_reached() && at_.global_step % options_.checkpoint_every_steps == 0) {
-        guard.throw_if_bad_step(result_.last_checkpoint);  // never save a non-finite step's weights
-        const auto save_start = std::chrono::steady_clock::now();
-        save_checkpoint(at_.epoch, at_.step,
-                        settle_partial_epoch("the epoch's sums for a step checkpoint"),
-                        epoch_seconds());
-        saving_seconds_ +=
-            std::chrono::duration<double>(std::chrono::steady_clock::now() - save_start).count();
-      }
-    }
-    wait_host("the end of the epoch");
-    synchronize(plan_.device);
-    const double seconds = epoch_seconds();
-    guard.throw_if_bad_step(result_.last_checkpoint);
-
-    // ---- The end of an epoch, or of the steps it got: one block per side concern.
-    if (stop != 0) {  // a stop inside the epoch: save where it stands, for the resume
-      result_.stopped_by = stop;
-      if (checkpoints()) {
-        save_checkpoint(at_.epoch, at_.step, settle_partial_epoch("partial epoch sums"), seconds);
-      }
-      break;
-    }
-    const EpochStats stats = finish_epoch(seconds);
-    result_.epochs.push_back(stats);
-    if (reporter() && callbacks_.on_epoch) callbacks_.on_epoch(stats);
-    if (at_.step < batches_per_epoch_) {
-      // --max-steps cut this epoch short: its checkpoint records the position inside it and the
-      // sums so far (all-reduced by finish_epoch), so that a resume finishes the epoch.
-      if (checkpoints()) save_checkpoint(at_.epoch, at_.step, tally_.read(), seconds);
-      break;
-    }
-    const bool last = at_.epoch + 1 == options_.epochs;
-    const bool scheduled = (at_.epoch + 1) % options_.checkpoint_every == 0 || last ||
-                           (options_.checkpoint_every_steps > 0 &&
-                            at_.global_step % options_.checkpoint_every_steps == 0);
-    if (checkpoints() && scheduled) save_checkpoint(at_.epoch + 1, 0, Totals{}, 0);
-    // A stop requested during the epoch's last step, the evaluation or the checkpoint ends the
-    // run here, keeping the finished epoch even between scheduled checkpoints.
-    if (last) continue;
-    result_.stopped_by = agreed_stop_signal(options_.stop_signal, communicator_, plan_.device);
-    if (result_.stopped_by != 0) {
-      if (checkpoints() && !scheduled) save_checkpoint(at_.epoch + 1, 0, Totals{}, 0);
-      break;
-    }
+  const bool inside_epoch = at_.step < batches_per_epoch_;
+  if (reporter() && callbacks_.on_step) {
+    wait_host("the step callback");
+    callbacks_.on_step(StepStats{at_.epoch + 1, at_.step, batches_per_epoch_,
+                                 loss.sum.item<double>() / std::max<int64_t>(loss.shard_size, 1)});
   }
+  if (reporter() && callbacks_.on_progress && options_.progress_every > 0 &&
+      (at_.step % options_.progress_every == 0 || !inside_epoch)) {
+    wait_host("the progress report");
+    const auto running = means_of(tally_.read());
+    callbacks_.on_progress(ProgressStats{at_.epoch + 1, options_.epochs, at_.step,
+                                         batches_per_epoch_, at_.images, epoch_seconds(),
+                                         running.loss, running.accuracy});
+  }
+  if (options_.check_replicas_every > 0 && at_.global_step % options_.check_replicas_every == 0) {
+    wait_host("the replica check");
+    check_replicas_identical(*model_, communicator_, at_.global_step);
+  }
+  if (inside_epoch && at_.global_step % check_every == 0) {
+    wait_host("the step's host check");
+    guard.throw_if_bad_step(result_.last_checkpoint);
+    result_.stopped_by = agreed_stop_signal(options_.stop_signal, communicator_, plan_.device);
+    if (result_.stopped_by != 0) return Next::kStop;
+  }
+  // A step checkpoint (--checkpoint-every-steps); at the epoch's end, or at the --max-steps
+  // cut, the end of the epoch saves.
+  if (checkpoints() && options_.checkpoint_every_steps > 0 && inside_epoch &&
+      !max_steps_reached() && at_.global_step % options_.checkpoint_every_steps == 0) {
+    guard.throw_if_bad_step(result_.last_checkpoint);  // never save a non-finite step's weights
+    const auto save_start = std::chrono::steady_clock::now();
+    save_checkpoint(at_.epoch, at_.step,
+                    settle_partial_epoch("the epoch's sums for a step checkpoint"),
+                    epoch_seconds());
+    saving_seconds_ +=
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - save_start).count();
+  }
+  return Next::kGoOn;
+}
 
-  // ---- The end of the run.
+// The end of an epoch, or of the steps it got: one block per side concern. kStop when the run
+// ends here (a stop inside the epoch or agreed at its end, or the --max-steps cut), before the
+// position moves on to the next epoch.
+RankTraining::Next RankTraining::end_epoch(NonFiniteGuard& guard) {
+  wait_host("the end of the epoch");
+  synchronize(plan_.device);
+  const double seconds = epoch_seconds();
+  guard.throw_if_bad_step(result_.last_checkpoint);
+  if (result_.stopped_by != 0) {  // a stop inside the epoch: save where it stands, for the resume
+    if (checkpoints()) {
+      save_checkpoint(at_.epoch, at_.step, settle_partial_epoch("partial epoch sums"), seconds);
+    }
+    return Next::kStop;
+  }
+  const EpochStats stats = finish_epoch(seconds);
+  result_.epochs.push_back(stats);
+  if (reporter() && callbacks_.on_epoch) callbacks_.on_epoch(stats);
+  if (at_.step < batches_per_epoch_) {
+    // --max-steps cut this epoch short: its checkpoint records the position inside it and the
+    // sums so far (all-reduced by finish_epoch), so that a resume finishes the epoch.
+    if (checkpoints()) save_checkpoint(at_.epoch, at_.step, tally_.read(), seconds);
+    return Next::kStop;
+  }
+  const bool last = at_.epoch + 1 == options_.epochs;
+  const bool scheduled = (at_.epoch + 1) % options_.checkpoint_every == 0 || last ||
+                         (options_.checkpoint_every_steps > 0 &&
+                          at_.global_step % options_.checkpoint_every_steps == 0);
+  if (checkpoints() && scheduled) save_checkpoint(at_.epoch + 1, 0, Totals{}, 0);
+  // A stop requested during the epoch's last step, the evaluation or the checkpoint ends the
+  // run here, keeping the finished epoch even between scheduled checkpoints.
+  if (last) return Next::kGoOn;
+  result_.stopped_by = agreed_stop_signal(options_.stop_signal, communicator_, plan_.device);
+  if (result_.stopped_by != 0) {
+    if (checkpoints() && !scheduled) save_checkpoint(at_.epoch + 1, 0, Totals{}, 0);
+    return Next::kStop;
+  }
+  return Next::kGoOn;
+}
+
+// The end of the run: the last replica check, --save-model, and the run's own figures.
+void RankTraining::end_run(const NonFiniteGuard& guard) {
   if (options_.check_replicas_every > 0) {
     check_replicas_identical(*model_, communicator_, at_.global_step);
   }
@@ -537,7 +506,6 @@ TrainResult RankTraining::run() {
   result_.skipped_steps = guard.skipped();
   result_.graph_replays = graph_ ? graph_->replays() : 0;
   result_.gpu_step_ms = gpu_timer_.all_ms();
-  return result_;
 }
 
 // An epoch's start, or a resumed epoch's: its data order, and its sums and seconds so far (rank 0
@@ -725,27 +693,12 @@ void RankTraining::save_checkpoint(int64_t epochs_done, int64_t step_in_epoch, c
 
 }  // namespace
 
-CheckpointConfig checkpoint_config(const TrainOptions& options, int64_t train_size, int world_size,
-                                   const std::string& train_digest) {
-  CheckpointConfig config;
-  config.width = options.width;
-  config.num_classes = kNumClasses;
-  config.in_channels = 1;
-  config.batch_size = options.batch_size;
-  config.lr = options.lr;
-  config.seed = options.seed;
-  config.train_size = train_size;
-  config.world_size = world_size;
-  config.train_digest = train_digest;
-  return config;
-}
-
 TrainResult run_rank(const FashionMnist& data, const TrainOptions& options, const RankPlan& plan,
                      const TrainCallbacks& callbacks) {
   at::set_num_threads(plan.threads);  // intra-op threads are per calling thread under OpenMP
   // This thread's current device: new tensors, NCCL and cuDNN handles go where the replica is.
   const c10::DeviceGuard device_guard(plan.device);
-  JoinedWorld world(options, plan);
+  JoinedWorld world(seat_of(options, plan));
   TrainResult result = RankTraining(data, options, plan, callbacks, world).run();
   world.leave();
   return result;
@@ -757,7 +710,7 @@ EvalResult evaluate_rank(const FashionMnist& data, const TrainOptions& options,
                          const RankPlan& plan) {
   at::set_num_threads(plan.threads);
   const c10::DeviceGuard device_guard(plan.device);
-  JoinedWorld world(options, plan);
+  JoinedWorld world(seat_of(options, plan));
   ResNet model = make_replica(options, plan, world.communicator());
   const auto totals =
       evaluate(model, to_device(data.test, plan.device), options, plan, world.communicator());

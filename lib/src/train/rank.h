@@ -1,15 +1,13 @@
 // One rank of a world: its plan (where it runs, how it meets the others, where it starts) and
 // its two jobs, training and evaluating saved weights. train.cpp starts the ranks, a thread each
 // where a process has several, and they meet through the plan's store.
-// Not here: how the world is planned (world_plan.h) and checked (checked_world.h), or started
-// (train.cpp). Internal to lib/src/train/.
+// Not here: how the world is planned (world_plan.h), checked (checked_world.h), joined
+// (joined_world.h) or started (train.cpp). Internal to lib/src/train/.
 #pragma once
 
 #include <c10/util/intrusive_ptr.h>
 #include <torch/types.h>
 
-#include <algorithm>
-#include <mutex>
 #include <string>
 #include <torch/csrc/distributed/c10d/Store.hpp>
 #include <utility>
@@ -17,37 +15,13 @@
 
 #include "dptrain/data/data.h"
 #include "dptrain/model/memory_format.h"
-#include "dptrain/parallel/distributed.h"
+#include "dptrain/parallel/joined_world.h"
+#include "dptrain/train/callbacks.h"
 #include "dptrain/train/checkpoint.h"
-#include "dptrain/train/train.h"
+#include "dptrain/train/epoch_stats.h"
+#include "dptrain/train/options.h"
 
 namespace dptrain {
-
-// The replicas of this process, each a thread with its own communicator. When one fails, the
-// others' process groups are aborted, so that their collectives with it end at once instead of
-// at the timeout (Communicator::abort; a no-op for Gloo, whose peers see the closed connection).
-class LocalReplicas {
- public:
-  void add(Communicator* communicator) {
-    std::lock_guard<std::mutex> lock(mutex_);
-    if (failed_) communicator->abort();
-    members_.push_back(communicator);
-  }
-  void remove(Communicator* communicator) {
-    std::lock_guard<std::mutex> lock(mutex_);
-    members_.erase(std::remove(members_.begin(), members_.end(), communicator), members_.end());
-  }
-  void abort_all() {
-    std::lock_guard<std::mutex> lock(mutex_);
-    failed_ = true;
-    for (auto* communicator : members_) communicator->abort();
-  }
-
- private:
-  std::mutex mutex_;
-  std::vector<Communicator*> members_;
-  bool failed_ = false;
-};
 
 // Everything one rank needs to know to run.
 struct RankPlan {
@@ -72,10 +46,6 @@ struct RankPlan {
   std::string settings;            // settings_text of what every rank must agree on
   std::string train_digest;        // dataset_digest of the training set, for checkpoints
 };
-
-// What a checkpoint of this run records of it (checkpoint.h), `train_digest` the training set's.
-CheckpointConfig checkpoint_config(const TrainOptions& options, int64_t train_size, int world_size,
-                                   const std::string& train_digest);
 
 // The training of one rank (rank.cpp); every rank's figures are the same, as they are
 // all-reduced.

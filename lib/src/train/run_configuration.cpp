@@ -4,10 +4,8 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
-#include <map>
 
-#include "dptrain/core/errors.h"
-#include "dptrain/train/train.h"
+#include "dptrain/train/options.h"
 
 namespace dptrain {
 namespace {
@@ -25,27 +23,10 @@ std::string exact(double value) {
 
 std::string on_off(bool value) { return value ? "on" : "off"; }
 
-std::vector<RunSetting> parse_settings(const std::string& text) {
-  std::vector<RunSetting> settings;
-  size_t begin = 0;
-  while (begin < text.size()) {
-    size_t end = text.find('\n', begin);
-    if (end == std::string::npos) end = text.size();
-    const std::string line = text.substr(begin, end - begin);
-    const size_t equals = line.find('=');
-    settings.emplace_back(line.substr(0, equals),
-                          equals == std::string::npos ? "" : line.substr(equals + 1));
-    begin = end + 1;
-  }
-  return settings;
-}
-
-}  // namespace
-
-namespace {
 bool has(const std::vector<std::string>& names, const std::string& name) {
   return std::find(names.begin(), names.end(), name) != names.end();
 }
+
 }  // namespace
 
 std::vector<RunSetting> run_settings(const TrainOptions& options, const std::string& train_set,
@@ -84,29 +65,6 @@ std::string settings_text(const std::vector<RunSetting>& settings) {
   std::string text;
   for (const auto& [name, value] : settings) text += name + "=" + value + "\n";
   return text;
-}
-
-void check_same_settings(const std::vector<std::string>& texts) {
-  if (texts.empty()) return;
-  const auto reference = parse_settings(texts[0]);
-  std::map<std::string, std::string> rank0(reference.begin(), reference.end());
-  for (size_t rank = 1; rank < texts.size(); ++rank) {
-    const auto theirs = parse_settings(texts[rank]);
-    for (const auto& [name, value] : theirs) {
-      const auto found = rank0.find(name);
-      const std::string mine = found == rank0.end() ? "(not set: another dptrain?)" : found->second;
-      if (mine == value) continue;
-      throw UsageError("rank " + std::to_string(rank) + " was started with " + name + " " + value +
-                       ", rank 0 with " + name + " " + mine +
-                       "; every rank needs the same flags and data");
-    }
-    if (theirs.size() != reference.size()) {
-      throw UsageError("rank " + std::to_string(rank) + " publishes " +
-                       std::to_string(theirs.size()) + " settings, rank 0 " +
-                       std::to_string(reference.size()) +
-                       ": another version of dptrain? every rank needs the same build");
-    }
-  }
 }
 
 }  // namespace dptrain

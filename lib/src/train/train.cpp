@@ -1,52 +1,40 @@
-// The training run as a whole: where it starts (the checkpoint directory), the ranks started, a
-// thread each where a process has several. The world was checked before (checked_world.cpp);
-// one rank's run is rank.cpp. See train.h.
+// The training run as a whole: where it starts (the checkpoint directory's resume policy), the
+// settings every rank must agree on, the ranks started, a thread each where a process has several.
+// The world was checked before (checked_world.cpp); one rank's run is rank.cpp. See train.h.
 #include "dptrain/train/train.h"
 
 #include <ATen/Context.h>
-#include <ATen/Parallel.h>
-#include <c10/core/DeviceGuard.h>
-#include <torch/nn/functional/loss.h>
-#include <unistd.h>
+#include <c10/util/Exception.h>
 
 #include <algorithm>
-#include <array>
 #include <atomic>
-#include <cerrno>
-#include <chrono>
-#include <cmath>
-#include <cstdio>
-#include <cstdlib>
-#include <cstring>
 #include <exception>
-#include <mutex>
-#include <sstream>
+#include <functional>
+#include <new>
+#include <optional>
+#include <stdexcept>
+#include <string>
 #include <thread>
+#include <type_traits>
+#include <utility>
+#include <vector>
 
-#include "dptrain/data/batch_input.h"
-#include "dptrain/data/batching.h"
+#include "dptrain/core/devices.h"
 #include "dptrain/core/errors.h"
 #include "dptrain/core/files.h"
-#include "dptrain/model/autocast.h"
-#include "dptrain/model/batch_norm.h"
-#include "dptrain/model/model.h"
-#include "dptrain/core/devices.h"
+#include "dptrain/data/batching.h"
+#include "dptrain/model/memory_format.h"
+#include "dptrain/parallel/joined_world.h"
 #include "dptrain/parallel/rendezvous.h"
-#include "dptrain/parallel/replicas.h"
-#include "dptrain/train/run_configuration.h"
 #include "dptrain/train/checkpoint.h"
 #include "dptrain/train/checkpoint_directory.h"
-#include "dptrain/train/cuda_graph_step.h"
 #include "dptrain/train/memory_budget.h"
+#include "dptrain/train/run_configuration.h"
 #include "rank.h"
 
 namespace dptrain {
 
 namespace {
-
-// What one rank does, training or evaluating: run_rank or evaluate_rank with their inputs bound.
-template <typename Result>
-using RankJob = std::function<Result(const RankPlan& plan)>;
 
 // "--batch-size 256 and --width 64; lower one of them", or for weights from a file, whose
 // width no flag sets, "--batch-size 256 (the weights of F have width 64); lower it".
@@ -57,14 +45,13 @@ std::string sizes_to_lower(const TrainOptions& options, const RankPlan& plan) {
   return batch + " (" + plan.width_from + " has width " + width + "); lower --batch-size";
 }
 
-// A rank's job, with an allocator's failure turned into one line that says what to change.
-template <typename Result>
-Result run_reporting_memory(const RankJob<Result>& job, const TrainOptions& options,
-                            const RankPlan& plan) {
+// Called in a handler of a rank's failure: an allocator's failure becomes one line that says what
+// to change; anything else is rethrown as it is.
+[[noreturn]] void rethrow_reporting_memory(const TrainOptions& options, const RankPlan& plan) {
   const std::string where =
       "rank " + std::to_string(plan.rank) + " on " + device_name(plan.device) + ": out of memory";
   try {
-    return job(plan);
+    throw;
   } catch (const c10::Error& e) {
     const std::string what = e.what_without_backtrace();
     // CUDA's allocator says "out of memory", the CPU's "not enough memory" (1.13 and 2.x).
@@ -144,11 +131,11 @@ MemoryFormat rank_memory_format(const TrainOptions& options, const WorldPlan& wo
   return resolve_memory_format(options.memory_format, device, detect_cpu_kernels());
 }
 
-// Runs `job` as one rank per local device (a thread each when there are several) and returns the
-// first local replica's result.
+// Runs one rank per local device (a thread each when there are several): run_rank for a
+// TrainResult, evaluate_rank for an EvalResult (rank.h). Returns the first local replica's result.
 template <typename Result>
 Result run_world(const FashionMnist& data, const CheckedWorld& run, RankPlan base,
-                 const RankJob<Result>& job) {
+                 const TrainCallbacks& callbacks) {
   const TrainOptions& options = run.options();
   const WorldPlan& world = run.world();
   const auto local = static_cast<int>(world.local_devices.size());
@@ -180,28 +167,27 @@ Result run_world(const FashionMnist& data, const CheckedWorld& run, RankPlan bas
       base.store = make_in_process_store(options.timeout);
     }
   }
-  const auto plan_for = [&](int i) {
+  LocalReplicas replicas;  // with several in this process, a thread each
+  if (local > 1) base.local = &replicas;
+  const auto run_one = [&](int i) -> Result {
     RankPlan plan = base;
     plan.rank = world.first_rank + i;
     plan.first_local = i == 0;
     plan.device = world.local_devices[static_cast<size_t>(i)];
     plan.memory_format = rank_memory_format(options, world, data.train.size(), plan.device);
-    return plan;
+    try {
+      if constexpr (std::is_same_v<Result, TrainResult>) {
+        return run_rank(data, options, plan, callbacks);
+      } else {
+        return evaluate_rank(data, options, plan);
+      }
+    } catch (...) {
+      rethrow_reporting_memory(options, plan);
+    }
   };
-
-  if (local == 1) return run_reporting_memory(job, options, plan_for(0));
-
-  // Replicas in this process: a thread each.
-  LocalReplicas replicas;
-  base.local = &replicas;
-  return run_local_ranks<Result>(local, replicas, [&](int i) {
-    return run_reporting_memory(job, options, plan_for(i));
-  });
+  if (local == 1) return run_one(0);
+  return run_local_ranks<Result>(local, replicas, run_one);
 }
-
-}  // namespace
-
-namespace {
 
 // An empty set would fail deep inside (a batch of no examples) or report the accuracy of
 // nothing; the loaders name the file, this catches a caller's own data.
@@ -210,106 +196,6 @@ void check_not_empty(const Dataset& set, const char* which) {
     throw DataError(std::string("the ") + which +
                     " set holds 0 images; dptrain needs at least one");
   }
-}
-
-// Note [What a checkpoint directory may hold]
-// A run never writes over a checkpoint it did not read. Without --resume, a directory that already
-// holds checkpoints is refused (they would be overwritten) unless --fresh removes them first.
-// With --resume, every file is read and the latest position stored inside wins, whatever the
-// names say; a file that cannot be read is named with the reason, and is refused when nothing
-// else can be read or when the run would later save under its name. One process writes: the one
-// that holds global rank 0, under the directory's lock (checkpoint_directory.h).
-std::optional<std::pair<std::string, Checkpoint>> choose_start(const TrainOptions& options,
-                                                               bool writer,
-                                                               const TrainCallbacks& callbacks) {
-  if (!options.checkpoint_dir) return std::nullopt;
-  const std::string& directory = *options.checkpoint_dir;
-  const auto notice = [&](const std::string& text) {
-    if (writer && callbacks.on_notice) callbacks.on_notice(text);
-  };
-  const std::string fresh_hint =
-      "move it away, or pass --fresh to start over (which removes the directory's checkpoints)";
-  if (writer && (options.fresh || options.resume)) {
-    for (const auto& path : remove_stale_temporaries(directory)) {
-      notice("removed " + path + ", left by a writer that was killed during a write");
-    }
-  }
-  if (options.fresh) {
-    if (!writer) return std::nullopt;
-    for (const auto& path : remove_checkpoints_for_fresh_start(directory)) {
-      notice("--fresh: removed " + path);
-    }
-    return std::nullopt;
-  }
-  if (!options.resume) {
-    const auto names = checkpoint_file_names(directory);
-    if (!writer || names.empty()) return std::nullopt;
-    throw UsageError("--checkpoint-dir " + directory + " already holds " +
-                     std::to_string(names.size()) + " checkpoint(s) (" + names.back() +
-                     (names.size() > 1 ? " and others" : "") +
-                     ") that this run would overwrite; pass --resume to continue from the "
-                     "newest, or --fresh to start over (which removes them)");
-  }
-  auto scan = scan_checkpoint_directory(directory);
-  const std::string start_name = scan.newest
-                                     ? directory + "/" +
-                                           checkpoint_file_name(scan.newest->second.epochs_done,
-                                                                scan.newest->second.step_in_epoch)
-                                     : "";
-  for (const auto& [path, why] : scan.unreadable) {
-    if (!scan.newest) {
-      throw UsageError("--resume: no checkpoint in " + directory + " can be read (" + why +
-                       (scan.unreadable.size() > 1
-                            ? "; and " + std::to_string(scan.unreadable.size() - 1) + " more"
-                            : "") +
-                       "); " + fresh_hint);
-    }
-    if (named_before(start_name, path)) {
-      throw UsageError("--resume: " + why + "; this run resumes from " + scan.newest->first +
-                       " and would later save under that name; " + fresh_hint);
-    }
-    notice("--resume: skipped " + why);
-  }
-  return std::move(scan.newest);
-}
-
-// Whether a resumed run continues the data order and model of `checkpoint`: UsageError if not.
-void check_resumable(const Checkpoint& checkpoint, const std::string& path,
-                     const CheckpointConfig& run, const TrainCallbacks& callbacks) {
-  check_checkpoint_matches(checkpoint.config, run, path);
-  const auto differ = [&](const char* flag, const std::string& was, const std::string& is) {
-    if (was != is) {
-      throw UsageError("--resume: checkpoint " + path + " was written with " + flag + " " + was +
-                       ", this run has " + is + "; the data order would not continue");
-    }
-  };
-  differ("--batch-size", std::to_string(checkpoint.config.batch_size),
-         std::to_string(run.batch_size));
-  differ("--seed", std::to_string(checkpoint.config.seed), std::to_string(run.seed));
-  differ("a training set of", std::to_string(checkpoint.config.train_size),
-         std::to_string(run.train_size));
-  // Note [Resuming on another world size]
-  // The data order and each global batch depend on --seed and --batch-size only, so a run may
-  // continue on another number of ranks. What changes is how a global batch is split: without
-  // --sync-bn each replica normalises its own share, so the steps are not those the writing
-  // world would have taken; with it they are the same to rounding (the sums are ordered
-  // differently). tests/integration/test_resume.cpp measures both.
-  if (checkpoint.config.world_size != run.world_size && callbacks.on_notice) {
-    callbacks.on_notice("--resume: " + path + " was written by " +
-                        std::to_string(checkpoint.config.world_size) + " rank(s), this run has " +
-                        std::to_string(run.world_size) +
-                        ": the same global batches, split over the new world");
-  }
-  if (checkpoint.config.train_digest.empty()) {
-    if (callbacks.on_notice) {
-      callbacks.on_notice("--resume: " + path +
-                          " is of format version 1, which holds no digest of its training set; "
-                          "only the set's size is compared");
-    }
-    return;
-  }
-  differ("the training set of SHA-256", printable(checkpoint.config.train_digest),
-         run.train_digest);
 }
 
 // "60000 images, SHA-256 ...": a data set as the ranks compare it.
@@ -334,7 +220,7 @@ TrainResult train(const FashionMnist& data, const CheckedWorld& run,
     prepare_checkpoint_directory(*options.checkpoint_dir);
     if (writer) lock.emplace(*options.checkpoint_dir);
   }
-  const auto start = choose_start(options, writer, callbacks);
+  const auto start = choose_start(options, writer, callbacks.on_notice);
   const std::string train_digest = dataset_digest(data.train);
   RankPlan base;
   base.width = options.width;
@@ -343,7 +229,7 @@ TrainResult train(const FashionMnist& data, const CheckedWorld& run,
     const auto& [path, checkpoint] = *start;
     check_resumable(checkpoint, path,
                     checkpoint_config(options, data.train.size(), world.world_size, train_digest),
-                    callbacks);
+                    callbacks.on_notice);
     base.start = &checkpoint;
     base.weights = &checkpoint.tensors;
     base.start_name = path;
@@ -358,10 +244,7 @@ TrainResult train(const FashionMnist& data, const CheckedWorld& run,
   base.settings =
       settings_text(run_settings(options, describe_set(data.train, train_digest),
                                  describe_set(data.test, dataset_digest(data.test)), start_text));
-  const RankJob<TrainResult> job = [&](const RankPlan& plan) {
-    return run_rank(data, options, plan, callbacks);
-  };
-  return run_world(data, run, base, job);
+  return run_world<TrainResult>(data, run, base, callbacks);
 }
 
 EvalResult evaluate_weights(const FashionMnist& data, const CheckedWorld& run,
@@ -377,10 +260,7 @@ EvalResult evaluate_weights(const FashionMnist& data, const CheckedWorld& run,
   base.settings = settings_text(
       run_settings(options, describe_set(data.train, dataset_digest(data.train)),
                    describe_set(data.test, dataset_digest(data.test)), "the weights to evaluate"));
-  const RankJob<EvalResult> job = [&](const RankPlan& plan) {
-    return evaluate_rank(data, options, plan);
-  };
-  return run_world(data, run, base, job);
+  return run_world<EvalResult>(data, run, base, TrainCallbacks{});
 }
 
 }  // namespace dptrain

@@ -8,8 +8,6 @@
 #include <string>
 #include <vector>
 
-#include "dptrain/core/errors.h"
-
 namespace dptrain {
 
 struct IdxArray {

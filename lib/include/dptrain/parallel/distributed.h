@@ -19,8 +19,6 @@
 #include <utility>
 #include <vector>
 
-#include "dptrain/core/errors.h"
-
 namespace dptrain {
 
 enum class Backend { kGloo, kNccl };

@@ -47,6 +47,13 @@ struct CheckpointConfig {
   std::string train_digest;
 };
 
+struct TrainOptions;
+
+// What a checkpoint of this run records of it: the model and data-order settings of `options`,
+// the training set's size and digest (dataset_digest) and the world size.
+CheckpointConfig checkpoint_config(const TrainOptions& options, int64_t train_size, int world_size,
+                                   const std::string& train_digest);
+
 struct Checkpoint {
   uint32_t format_version = kCheckpointFormatVersion;  // as read; what serialize_checkpoint writes
   CheckpointConfig config;

@@ -1,8 +1,10 @@
 // The checkpoint directory of a run: created and checked before training, locked against a second
-// run, its files named by position and searched for the newest one by what they hold.
-// Not here: the file format (checkpoint.h) or when to save (RankTraining::run, rank.cpp).
+// run, its files named by position and searched for the newest one by what they hold, and the
+// resume policy: which checkpoint a run starts from, and whether it may.
+// Not here: the file format (checkpoint.h) or when to save (RankTraining, rank.cpp).
 #pragma once
 
+#include <functional>
 #include <optional>
 #include <string>
 #include <utility>
@@ -72,5 +74,25 @@ class CheckpointDirectoryLock {
  private:
   int fd_ = -1;
 };
+
+struct TrainOptions;
+
+// Says something the user should know that is no error (TrainCallbacks::on_notice); may be null.
+using Notice = std::function<void(const std::string& text)>;
+
+// Where a run starts under --checkpoint-dir, --resume and --fresh (Note [What a checkpoint
+// directory may hold] in checkpoint_directory.cpp): nullopt for the beginning, else the newest
+// readable checkpoint and its path. `writer`: this process holds global rank 0 and the
+// directory's lock, and alone removes files and reports through `on_notice`. UsageError when the
+// run would overwrite or skip what it must not.
+std::optional<std::pair<std::string, Checkpoint>> choose_start(const TrainOptions& options,
+                                                               bool writer,
+                                                               const Notice& on_notice);
+
+// Whether a resumed run, whose checkpoint record is `run` (checkpoint_config), continues the data
+// order and model of `checkpoint`, read from `path`: UsageError if not. Tells `on_notice` of a
+// new world size and of a version 1 file, whose training set is compared by size only.
+void check_resumable(const Checkpoint& checkpoint, const std::string& path,
+                     const CheckpointConfig& run, const Notice& on_notice);
 
 }  // namespace dptrain

@@ -14,7 +14,7 @@
 
 #include "dptrain/parallel/distributed.h"
 #include "dptrain/parallel/world_plan.h"
-#include "dptrain/train/train.h"
+#include "dptrain/train/options.h"
 
 namespace dptrain {
 

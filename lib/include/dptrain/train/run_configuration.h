@@ -2,7 +2,8 @@
 // the model, the data order and the step, the data itself (by digest) and where a resumed run
 // starts. Ranks started differently would otherwise fail deep inside Gloo (another --width), wait
 // out the timeout (another --batch-size) or train diverging replicas and exit 0 (another --lr).
-// Not here: the exchange through the store (rendezvous.h) or the flags themselves (app/cli.cpp).
+// Not here: the exchange and the comparison (parallel/joined_world.h: check_same_settings) or
+// the flags themselves (app/cli.cpp).
 #pragma once
 
 #include <string>
@@ -24,9 +25,5 @@ std::vector<RunSetting> run_settings(const TrainOptions& options, const std::str
 
 // One line per setting, "name=value": what a rank publishes at the rendezvous.
 std::string settings_text(const std::vector<RunSetting>& settings);
-
-// `texts[r]` is rank r's settings_text. Throws UsageError naming the first rank and setting that
-// differ from rank 0's: "rank 1 was started with --lr 0.2, rank 0 with --lr 0.1; ...".
-void check_same_settings(const std::vector<std::string>& texts);
 
 }  // namespace dptrain
