@@ -301,6 +301,27 @@ std::string deadline_text(const DownloadOptions& options) {
          " s passed";
 }
 
+// What a failed curl_easy_perform means for the attempt (`code` not CURLE_OK): its cause in
+// words, and whether another attempt may do better.
+AttemptFailure perform_failure(CURLcode code, CURL* handle, const Transfer& transfer,
+                               const PartFile& part, const char* error_text) {
+  if (code == CURLE_HTTP_RETURNED_ERROR) {
+    long status = 0;
+    curl_easy_getinfo(handle, CURLINFO_RESPONSE_CODE, &status);
+    return AttemptFailure{"HTTP " + std::to_string(status), is_transient_http_status(status)};
+  }
+  if (code == CURLE_WRITE_ERROR && transfer.write_errno != 0) {
+    return AttemptFailure{"writing " + part.path() + ": " + errno_text(transfer.write_errno), true};
+  }
+  std::string cause = error_text[0] != '\0' ? error_text : curl_easy_strerror(code);
+  while (!cause.empty() && std::isspace(static_cast<unsigned char>(cause.back()))) {
+    cause.pop_back();
+  }
+  const bool retriable = code != CURLE_UNSUPPORTED_PROTOCOL && code != CURLE_URL_MALFORMAT &&
+                         code != CURLE_FILE_COULDNT_READ_FILE;
+  return AttemptFailure{cause, retriable};
+}
+
 // `deadline` is when the whole download must end (Clock::time_point::max() for never).
 std::optional<AttemptFailure> fetch_once(const std::string& url, const std::string& target,
                                          const std::string& expected_sha256,
@@ -364,24 +385,7 @@ std::optional<AttemptFailure> fetch_once(const std::string& url, const std::stri
   if (code == CURLE_OPERATION_TIMEDOUT && Clock::now() >= deadline) {
     return AttemptFailure{deadline_text(options), false};
   }
-  if (code != CURLE_OK) {
-    if (code == CURLE_HTTP_RETURNED_ERROR) {
-      long status = 0;
-      curl_easy_getinfo(handle, CURLINFO_RESPONSE_CODE, &status);
-      return AttemptFailure{"HTTP " + std::to_string(status), is_transient_http_status(status)};
-    }
-    if (code == CURLE_WRITE_ERROR && transfer.write_errno != 0) {
-      return AttemptFailure{"writing " + part.path() + ": " + errno_text(transfer.write_errno),
-                            true};
-    }
-    std::string cause = error_text[0] != '\0' ? error_text : curl_easy_strerror(code);
-    while (!cause.empty() && std::isspace(static_cast<unsigned char>(cause.back()))) {
-      cause.pop_back();
-    }
-    const bool retriable = code != CURLE_UNSUPPORTED_PROTOCOL && code != CURLE_URL_MALFORMAT &&
-                           code != CURLE_FILE_COULDNT_READ_FILE;
-    return AttemptFailure{cause, retriable};
-  }
+  if (code != CURLE_OK) return perform_failure(code, handle, transfer, part, error_text);
 
   const std::string got = transfer.hash.hex_digest();
   if (got != expected_sha256) {
