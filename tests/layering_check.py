@@ -2,10 +2,12 @@
 """Keeps the layers real: every `#include "dptrain/<layer>/..."` in lib/, app/, tests/, fuzz/ and
 bench/ must point at the file's own layer or one below it, in the order of LAYERS; every header of
 lib/include/dptrain/<layer>/ must have tests/<layer>/test_<name>.cpp or a line in
-tests/CMakeLists.txt naming what covers it; and no source may sit outside a layer folder.
+tests/CMakeLists.txt naming what covers it; no source may sit outside a layer folder; and inside
+lib/ no file of a layer includes that layer's top header (TOP_HEADERS) but the header's own source.
 
     python3 tests/layering_check.py [ROOT]       # the check; exit 1 naming each bad edge
-    python3 tests/layering_check.py --self-test  # plants an upward include in a copy, which must fail
+    python3 tests/layering_check.py --self-test  # plants an upward include and an include of a
+                                                 # layer's top header in copies, which must fail
 
 When it fails, move the code to where it belongs; do not add an exception here.
 """
@@ -20,6 +22,10 @@ import tempfile
 LAYERS = ["core", "data", "parallel", "model", "train", "report", "app"]
 INCLUDE = re.compile(r'^\s*#\s*include\s+"dptrain/([a-z_]+)/([^"]+)"', re.M)
 SOURCE_SUFFIXES = (".h", ".cpp", ".cu")
+# The header a layer offers the layers above as its entry point. Inside the layer only its own
+# source includes it: what the layer's other files share (options, callbacks, figures, the model's
+# parts) has a header of its own lower down, so that the layer's files do not point up at its top.
+TOP_HEADERS = {"model": "model.h", "train": "train.h", "report": "report.h"}
 
 
 def layer_of(root, path):
@@ -75,6 +81,12 @@ def check(root):
                 if LAYERS.index(target) > LAYERS.index(mine):
                     problems.append(f'{where}: the {mine} layer includes "dptrain/{target}/'
                                     f'{name}", a layer above it (order: {" <- ".join(LAYERS)})')
+                rel = os.path.relpath(path, root).split(os.sep)
+                own_source = os.path.splitext(rel[-1])[0] == os.path.splitext(name)[0]
+                if (rel[0] == "lib" and target == mine and TOP_HEADERS.get(mine) == name
+                        and not own_source):
+                    problems.append(f'{where}: includes "dptrain/{target}/{name}", its layer\'s '
+                                    f"top header; include the header of what it uses instead")
     # A test file per header, or a line in tests/CMakeLists.txt naming what covers it.
     with open(os.path.join(root, "tests", "CMakeLists.txt"), encoding="utf-8") as f:
         test_list = f.read()
@@ -91,29 +103,34 @@ def check(root):
 
 
 def self_test(root):
-    """A copy of the tree with one upward include planted must fail, naming it."""
-    with tempfile.TemporaryDirectory() as scratch:
-        copy = os.path.join(scratch, "tree")
-        for top in ("lib", "app", "tests", "fuzz", "bench"):
-            shutil.copytree(os.path.join(root, top), os.path.join(copy, top),
-                            ignore=shutil.ignore_patterns("*.bin", "results", "corpus"))
-        planted = os.path.join(copy, "lib", "src", "core", "files.cpp")
-        with open(planted, "a", encoding="utf-8") as f:
-            f.write('#include "dptrain/train/train.h"\n')
-        run = subprocess.run([sys.executable, os.path.abspath(__file__), copy],
-                             capture_output=True, text=True)
-        expected = 'lib/src/core/files.cpp'
-        if run.returncode == 0 or expected not in run.stdout or "a layer above it" not in run.stdout:
-            print("layering self-test: a planted core -> train include was not caught:\n"
-                  + run.stdout + run.stderr)
-            return 1
-        clean = subprocess.run([sys.executable, os.path.abspath(__file__), root],
-                               capture_output=True, text=True)
-        if clean.returncode != 0:
-            print(clean.stdout + clean.stderr, end="")
-            return 1
-        print("layering self-test: the planted include fails the check:\n  "
-              + run.stdout.strip().splitlines()[0])
+    """Copies of the tree with one bad include planted must fail, naming it: an upward include,
+    and an include of a layer's top header from inside the layer."""
+    plants = [
+        ("lib/src/core/files.cpp", '#include "dptrain/train/train.h"\n', "a layer above it"),
+        ("lib/src/train/finite.cpp", '#include "dptrain/train/train.h"\n', "top header"),
+    ]
+    first_lines = []
+    for planted_file, line, expected in plants:
+        with tempfile.TemporaryDirectory() as scratch:
+            copy = os.path.join(scratch, "tree")
+            for top in ("lib", "app", "tests", "fuzz", "bench"):
+                shutil.copytree(os.path.join(root, top), os.path.join(copy, top),
+                                ignore=shutil.ignore_patterns("*.bin", "results", "corpus"))
+            with open(os.path.join(copy, planted_file), "a", encoding="utf-8") as f:
+                f.write(line)
+            run = subprocess.run([sys.executable, os.path.abspath(__file__), copy],
+                                 capture_output=True, text=True)
+            if run.returncode == 0 or planted_file not in run.stdout or expected not in run.stdout:
+                print(f"layering self-test: a planted include in {planted_file} was not caught:\n"
+                      + run.stdout + run.stderr)
+                return 1
+            first_lines.append(next(l for l in run.stdout.splitlines() if planted_file in l))
+    clean = subprocess.run([sys.executable, os.path.abspath(__file__), root],
+                           capture_output=True, text=True)
+    if clean.returncode != 0:
+        print(clean.stdout + clean.stderr, end="")
+        return 1
+    print("layering self-test: the planted includes fail the check:\n  " + "\n  ".join(first_lines))
     return 0
 
 
