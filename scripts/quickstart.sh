@@ -4,10 +4,10 @@
 #   - With an NVIDIA GPU: PyPI's CUDA LibTorch (torch==$DPTRAIN_TORCH_VERSION, pinned in
 #     scripts/torch-version.sh, in ./.venv-torch) is installed
 #     and the book's reference run follows: one GPU, batch 256, lr 0.1, 10 epochs.
-#   - Without: Debian's CPU LibTorch, and the same run on a narrow model (--width 8): about 5
-#     minutes on two cores. Its result holds across seeds and thread counts (README); fewer
-#     epochs would not: this recipe's test accuracy swings from epoch to epoch early on. The
-#     full-width model needs ~11 s per batch on such a CPU.
+#   - Without: Debian's CPU LibTorch, and the same run on a narrow model (--width 8): about 10
+#     minutes on two idle cores. Its result, and the CPUs and seeds it was measured on, are in the
+#     README; fewer epochs would not do: this recipe's test accuracy swings from epoch to epoch
+#     early on. The full-width model needs ~11 s per batch on such a CPU.
 # Arguments are passed on to `dptrain train`, after the defaults chosen here.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -27,9 +27,9 @@ if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
 fi
 
 bash scripts/build.sh -DBUILD_TESTING=OFF
-# The thread counts and the layout the README's range was measured on: two threads where there
-# are two cores, and contiguous, which was the CPU default then (AVX-512 CPUs now default to
-# channels-last, whose whole-run accuracy at width 8 is not measured yet).
+# The thread count and the layout the README's figures were measured with: two threads where there
+# are two cores, and contiguous (AVX-512 CPUs default to channels-last, whose whole-run accuracy
+# at width 8 is not measured yet).
 threads=$(( $(nproc) >= 2 ? 2 : 1 ))
 exec ./build/app/dptrain train --devices cpu --width 8 --batch-size 256 --lr 0.1 --epochs 10 \
   --threads "$threads" --memory-format contiguous "$@"
