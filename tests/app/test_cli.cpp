@@ -24,11 +24,7 @@
 
 #include "cli.h"
 #include "support/cli_support.h"
-#include "dptrain/data/data.h"
 #include "dptrain/core/errors.h"
-#include "dptrain/core/devices.h"
-#include "dptrain/train/checkpoint.h"
-#include "dptrain/train/checkpoint_directory.h"
 #include "support/test_support.h"
 
 namespace dptrain {
@@ -203,7 +199,7 @@ TEST(CliParse, FastPathAndRecoveryFlags) {
   EXPECT_EQ(given.metrics, std::optional<std::string>("m.csv"));
   EXPECT_EQ(given.plot, std::optional<std::string>("p.svg"));
   expect_parse_error({"train", "--memory-format", "nhwc"}, "--memory-format: 'nhwc'");
-  EXPECT_EQ(parse({"train"}).train.cpu_allocator, CpuAllocatorKind::kCaching);
+  EXPECT_EQ(parse({"train"}).train.cpu_allocator, CpuAllocatorKind::kSystem);
   EXPECT_EQ(parse({"train", "--cpu-allocator", "system"}).train.cpu_allocator,
             CpuAllocatorKind::kSystem);
   EXPECT_EQ(

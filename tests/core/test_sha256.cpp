@@ -7,7 +7,6 @@
 #include <string>
 #include <vector>
 
-#include "dptrain/core/errors.h"
 #include "dptrain/core/sha256.h"
 #include "support/test_support.h"
 

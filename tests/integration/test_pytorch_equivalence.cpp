@@ -17,7 +17,6 @@
 #include <string>
 #include <vector>
 
-#include "dptrain/model/batch_norm.h"
 #include "dptrain/model/model.h"
 
 namespace {

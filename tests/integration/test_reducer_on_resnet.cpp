@@ -8,7 +8,6 @@
 #include <torch/nn/modules/linear.h>
 #include <torch/optim/sgd.h>
 #include <mutex>
-#include "dptrain/data/batching.h"
 #include "dptrain/model/model.h"
 #include "dptrain/parallel/reducer.h"
 #include "support/test_support.h"

@@ -6,7 +6,6 @@
 
 #include <tuple>
 
-#include "dptrain/model/batch_norm.h"
 #include "dptrain/model/fused_batch_norm.h"
 #include "dptrain/model/model.h"
 

@@ -1,5 +1,6 @@
-// The settings the ranks compare at the rendezvous (run_configuration.h): every setting that
-// shapes the run is in them, the text is exact, and the first difference is named.
+// The settings the ranks compare at the rendezvous (run_configuration.h; the comparison is
+// check_same_settings, joined_world.h): every setting that shapes the run is in them, the text
+// is exact, and the first difference is named.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -7,8 +8,9 @@
 #include <vector>
 
 #include "dptrain/core/errors.h"
+#include "dptrain/parallel/joined_world.h"
+#include "dptrain/train/options.h"
 #include "dptrain/train/run_configuration.h"
-#include "dptrain/train/train.h"
 #include "support/test_support.h"
 
 namespace dptrain {
