@@ -106,9 +106,9 @@ void add_device_flags(cxxopts::Options& options) {
        cxxopts::value<std::string>()->default_value("off"), "MODE")
       ("cudnn-benchmark", "let cuDNN pick the fastest algorithm per shape: on or off",
        cxxopts::value<std::string>()->default_value("on"), "ON|OFF")
-      ("cpu-allocator", "CPU tensor memory: caching (keeps freed blocks for the next step), "
-                        "system (LibTorch's) or guarded (stops at out-of-bounds writes; slow)",
-       cxxopts::value<std::string>()->default_value("caching"), "NAME");
+      ("cpu-allocator", "CPU tensor memory: system (LibTorch's, over the tcmalloc linked into "
+                        "dptrain) or guarded (stops at out-of-bounds writes; slow)",
+       cxxopts::value<std::string>()->default_value("system"), "NAME");
 }
 
 void add_parallel_training_flags(cxxopts::Options& options) {

@@ -19,7 +19,7 @@ struct TrainCommand {
   std::optional<int> gpus;             // --gpus N
   std::optional<std::string> backend;  // --backend as given; default depends on the devices
   // Installed by main() before anything runs (cpu_allocator.h).
-  CpuAllocatorKind cpu_allocator = CpuAllocatorKind::kCaching;
+  CpuAllocatorKind cpu_allocator = CpuAllocatorKind::kSystem;
   int64_t train_limit = 0;  // 0 = all
   int64_t test_limit = 0;
   bool verbose = false;

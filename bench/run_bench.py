@@ -11,7 +11,8 @@ The contestants (each with 1 and 2 replicas, the same width, global batch and th
   peer-2.11-compiled  the tuned peer under torch.compile (Inductor)
 V is 1.13 (Debian's /usr/bin/python3) and 2.11 (--python-211, a venv with torch==2.11.0).
 Contestants whose program is missing are left out, saying so. dptrain-V-system-allocator
-(dptrain with --cpu-allocator system) runs only when --only names it.
+(dptrain with --cpu-allocator system, which binaries that link tcmalloc run by default) runs only
+when --only names it.
 
 Every round runs each contestant once, in an order rotated from round to round; round 0 warms
 caches (and Inductor's) and is not counted. Each run trains --warmup steps, then --steps steps
@@ -162,7 +163,8 @@ def contestants(args):
     for name, binary in (("dptrain-1.13", args.dptrain), ("dptrain-2.11", args.dptrain_211)):
         if os.access(binary, os.X_OK):
             chosen.append(dptrain_contestant(name, binary, name.split("-")[1]))
-            # LibTorch's own allocator instead of dptrain's: what the caching allocator is worth
+            # LibTorch's own allocator instead of dptrain's caching one; the same as the default
+            # for a binary that links tcmalloc (bench/results/2026-12-04-cpu-allocators.md)
             chosen.append(dptrain_contestant(name + "-system-allocator", binary,
                                              name.split("-")[1], ["--cpu-allocator", "system"]))
         else:

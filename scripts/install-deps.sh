@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Installs what dptrain needs on Debian 12 (run as root, or with sudo available):
 # the compiler and CMake, Debian's CPU LibTorch 1.13 with Gloo headers, cxxopts, GoogleTest,
-# zlib, libcurl, OpenSSL's libcrypto, the real Fashion-MNIST, Debian's python3-torch (torchrun for
-# the multi-process tests), Chromium and libpng (the plot test renders the SVG headless and reads
-# the screenshot) and valgrind (the memory-layout test).
+# zlib, libcurl, OpenSSL's libcrypto, tcmalloc-minimal (linked: the dptrain binary's malloc), the
+# real Fashion-MNIST, Debian's python3-torch (torchrun for the multi-process tests), Chromium and
+# libpng (the plot test renders the SVG headless and reads the screenshot) and valgrind (the
+# memory-layout test).
 # Arguments name more packages to install with them (scripts/fuzz.sh passes clang's).
 set -euo pipefail
 
@@ -11,6 +12,7 @@ packages=(
   cmake g++ make
   libtorch-dev libgloo-dev      # LibTorch 1.13 (CPU) and the Gloo headers c10d needs
   libcxxopts-dev libgtest-dev zlib1g-dev
+  libtcmalloc-minimal4          # the dptrain binary's malloc, linked (core/cpu_allocator.h)
   libcurl4-openssl-dev          # dptrain download: http, https and file URLs
   libssl-dev                    # libcrypto's SHA-256, checking the downloaded files
   libpng-dev                    # the plot test decodes Chromium's PNG screenshots
