@@ -386,7 +386,7 @@ int main(int argc, char** argv) {
       return out.error() != 0 ? out.report_failure("", "the help is lost") : 0;
     }
     // Before the first tensor and the first thread: LibTorch's SetAllocator is not thread-safe.
-    // Note [Why dptrain caches CPU blocks] in cpu_allocator.h.
+    // Note [CPU memory: tcmalloc, not a cache of our own] in cpu_allocator.h.
     if (parsed.action == dptrain::ParsedCommandLine::Action::kTrain) {
       dptrain::install_cpu_allocator(parsed.train.cpu_allocator);
     } else if (parsed.action == dptrain::ParsedCommandLine::Action::kEval) {

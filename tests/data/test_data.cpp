@@ -19,6 +19,7 @@
 
 #include "dptrain/data/data.h"
 #include "dptrain/core/errors.h"
+#include "support/data_support.h"
 #include "support/test_support.h"
 
 namespace {

@@ -25,11 +25,10 @@
 
 #include "cli.h"
 #include "support/cli_support.h"
-#include "dptrain/data/data.h"
-#include "dptrain/core/errors.h"
 #include "dptrain/core/devices.h"
 #include "dptrain/train/checkpoint.h"
 #include "dptrain/train/checkpoint_directory.h"
+#include "support/data_support.h"
 #include "support/test_support.h"
 
 namespace dptrain {
@@ -467,7 +466,7 @@ TEST(CliLayout, DefaultLayoutTrainsEveryNarrowWidthOnAvx2Kernels) {
 }
 
 // valgrind emulates no AVX-512, so under it oneDNN runs its AVX2 kernels on any x86 CPU, and
-// memcheck sees every write past a heap block, also those glibc's allocator lets pass. One
+// memcheck sees every write past a heap block, also those the allocator lets pass. One
 // step at width 4 (the width of the upstream repro) takes a minute or two.
 TEST(CliLayout, DefaultLayoutIsCleanUnderValgrind) {
   if (testing::run_command({"valgrind", "--version"}).exit_code != 0) {
@@ -480,6 +479,7 @@ TEST(CliLayout, DefaultLayoutIsCleanUnderValgrind) {
        "-q",
        "--error-exitcode=99",
        "--vex-guest-max-insns=100",
+       "--soname-synonyms=somalloc=*tcmalloc*",  // the binary's malloc is tcmalloc's, linked
        std::string("--suppressions=") + DPTRAIN_TEST_DATA_DIR + "/../sanitizers/valgrind.supp",
        testing::dptrain_binary(),
        "train",

@@ -19,11 +19,13 @@
 #include <thread>
 #include <vector>
 
+#include "dptrain/core/errors.h"
 #include "dptrain/model/model.h"
 #include "dptrain/core/devices.h"
 #include "dptrain/parallel/distributed.h"
 #include "dptrain/parallel/rendezvous.h"
 #include "dptrain/train/train.h"
+#include "support/train_support.h"
 #include "support/test_support.h"
 
 #if defined(DPTRAIN_WITH_CUDA)

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "support/cli_support.h"
+#include "dptrain/data/data.h"
 #include "dptrain/model/model.h"
 #include "dptrain/train/checkpoint.h"
 #include "dptrain/train/checkpoint_directory.h"

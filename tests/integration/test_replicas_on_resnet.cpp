@@ -8,8 +8,8 @@
 #include <utility>
 #include "dptrain/core/errors.h"
 #include "dptrain/model/model.h"
-#include "dptrain/parallel/rendezvous.h"
 #include "dptrain/parallel/replicas.h"
+#include "support/parallel_support.h"
 #include "support/test_support.h"
 
 namespace {

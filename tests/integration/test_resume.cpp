@@ -19,6 +19,7 @@
 #include "dptrain/train/checkpoint.h"
 #include "dptrain/train/checkpoint_directory.h"
 #include "dptrain/train/train.h"
+#include "support/train_support.h"
 #include "support/test_support.h"
 
 namespace {

@@ -7,6 +7,7 @@
 
 #include "dptrain/data/batching.h"
 #include "dptrain/model/batch_norm.h"
+#include "support/parallel_support.h"
 #include "support/test_support.h"
 
 namespace {

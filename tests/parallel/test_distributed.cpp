@@ -10,7 +10,7 @@
 
 #include "dptrain/core/errors.h"
 #include "dptrain/parallel/rendezvous.h"
-#include "dptrain/parallel/replicas.h"
+#include "support/parallel_support.h"
 #include "support/test_support.h"
 
 namespace {

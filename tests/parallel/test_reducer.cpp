@@ -13,6 +13,7 @@
 
 #include "dptrain/data/batching.h"
 #include "dptrain/parallel/reducer.h"
+#include "support/parallel_support.h"
 #include "support/test_support.h"
 
 namespace {

@@ -27,33 +27,9 @@
 #include <stdexcept>
 #include <thread>
 
-#include "dptrain/data/data.h"
 #include "dptrain/core/errors.h"
-#include "dptrain/parallel/rendezvous.h"
-#include "dptrain/train/checkpoint.h"
 
 namespace dptrain::testing {
-
-TrainResult train(const FashionMnist& data, const TrainOptions& options, const WorldPlan& world,
-                  const TrainCallbacks& callbacks) {
-  return dptrain::train(data, check_world(options, world), callbacks);
-}
-
-TrainResult train(const FashionMnist& data, const TrainOptions& options, const WorldPlan& world,
-                  const EpochCallback& on_epoch, const StepCallback& on_step) {
-  TrainCallbacks callbacks;
-  callbacks.on_epoch = on_epoch;
-  callbacks.on_step = on_step;
-  return train(data, options, world, callbacks);
-}
-
-EvalResult evaluate_weights(const FashionMnist& data, const TrainOptions& options,
-                            const WorldPlan& world,
-                            const std::vector<std::pair<std::string, torch::Tensor>>& weights,
-                            const std::string& name) {
-  return dptrain::evaluate_weights(data, check_world(options, world), weights, options.width,
-                                   name);
-}
 
 TempDir::TempDir() {
   const char* base = std::getenv("TMPDIR");
@@ -179,14 +155,6 @@ std::vector<uint8_t> make_idx(uint8_t type, const std::vector<uint32_t>& dims,
 void expect_data_error(const std::function<void()>& action,
                        const std::vector<std::string>& phrases) {
   expect_throws<DataError>(action, phrases);
-}
-
-std::optional<std::string> real_data_dir() {
-  try {
-    return resolve_data_dir(std::nullopt);
-  } catch (const std::exception&) {
-    return std::nullopt;
-  }
 }
 
 namespace {
@@ -384,32 +352,6 @@ CommandResult wait_command(const ChildProcess& child, int timeout_seconds) {
   return result;
 }
 
-void run_thread_ranks(int world_size, const std::function<void(Communicator&)>& fn,
-                      std::chrono::milliseconds timeout) {
-  // As the dptrain binary does (app/signals.h): a rank whose peer closed its Gloo connection
-  // gets EPIPE, not a SIGPIPE that ends the whole test.
-  signal(SIGPIPE, SIG_IGN);
-  auto store = make_in_process_store(timeout);
-  std::vector<std::exception_ptr> errors(static_cast<size_t>(world_size));
-  std::vector<std::thread> threads;
-  for (int rank = 0; rank < world_size; ++rank) {
-    threads.emplace_back([&, rank] {
-      try {
-        WorldOptions options;
-        options.timeout = timeout;
-        Communicator communicator(store, rank, world_size, options);
-        fn(communicator);
-      } catch (...) {
-        errors[static_cast<size_t>(rank)] = std::current_exception();
-      }
-    });
-  }
-  for (auto& thread : threads) thread.join();
-  for (auto& error : errors) {
-    if (error) std::rethrow_exception(error);
-  }
-}
-
 std::string read_text(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   std::stringstream text;
@@ -438,28 +380,6 @@ std::vector<std::string> temporary_files_in(const std::string& directory) {
     }
   }
   return temporaries;
-}
-
-FashionMnist synthetic_data(int64_t train, int64_t test) {
-  // Callers in threads would race on LibTorch's global generator; the tests call it up front.
-  torch::manual_seed(21);
-  FashionMnist data;
-  data.train.images = torch::randint(0, 256, {train, 28, 28}, torch::kUInt8);
-  data.train.labels = torch::randint(0, 10, {train}, torch::kInt64);
-  data.test.images = torch::randint(0, 256, {test, 28, 28}, torch::kUInt8);
-  data.test.labels = torch::randint(0, 10, {test}, torch::kInt64);
-  return data;
-}
-
-WorldPlan cpu_world(int replicas) {
-  WorldPlan world;
-  world.local_devices.assign(static_cast<size_t>(replicas), torch::Device(torch::kCPU));
-  world.world_size = replicas;
-  return world;
-}
-
-void load_model_file(ResNet& model, const std::string& path) {
-  load_model_tensors(*model, read_checkpoint(path, "--model").tensors, path);
 }
 
 }  // namespace dptrain::testing

@@ -1,34 +1,20 @@
-// Helpers shared by the tests: temporary directories, hand-made IDX files, the real data set,
-// and running the dptrain binary (or torchrun) as a child process with a time limit.
+// Helpers shared by the tests of every layer: temporary directories, files, hand-made IDX and
+// gzip bytes, and running the dptrain binary (or torchrun) as a child process with a time limit.
+// They use no dptrain layer but core's errors; the helpers that need a layer live in that layer's
+// support file (data_support.h, parallel_support.h, train_support.h), so that each layer's test
+// binary links that layer and the ones below, no more.
 #pragma once
 
 #include <gtest/gtest.h>
 
-#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <map>
-#include <optional>
 #include <string>
 #include <vector>
 
-#include "dptrain/data/data.h"
-#include "dptrain/model/model.h"
-#include "dptrain/parallel/distributed.h"
-#include "dptrain/train/train.h"
 
 namespace dptrain::testing {
-
-// The tests' train() and evaluate_weights(): the world checked (check_world), then the run, as
-// the driver does; on_step is the per-step callback, which makes the host wait every step.
-TrainResult train(const FashionMnist& data, const TrainOptions& options, const WorldPlan& world,
-                  const TrainCallbacks& callbacks);
-TrainResult train(const FashionMnist& data, const TrainOptions& options, const WorldPlan& world,
-                  const EpochCallback& on_epoch = nullptr, const StepCallback& on_step = nullptr);
-EvalResult evaluate_weights(const FashionMnist& data, const TrainOptions& options,
-                            const WorldPlan& world,
-                            const std::vector<std::pair<std::string, torch::Tensor>>& weights,
-                            const std::string& name = "in memory");
 
 // A fresh directory under $TMPDIR, removed with everything in it on destruction.
 class TempDir {
@@ -97,18 +83,6 @@ std::vector<std::string> list_directory(const std::string& directory);
 // The names in `directory` that end in ".tmp": what an interrupted or failed write would leave.
 std::vector<std::string> temporary_files_in(const std::string& directory);
 
-// `train` and `test` random images and labels from a fixed seed: enough to compare runs with
-// each other, no files needed.
-FashionMnist synthetic_data(int64_t train, int64_t test);
-// `replicas` CPU replicas, threads of this process.
-WorldPlan cpu_world(int replicas);
-
-// Where the real Fashion-MNIST is (resolve_data_dir without a flag), or nullopt.
-std::optional<std::string> real_data_dir();
-
-// Loads a --save-model file (the checkpoint format) into `model`, which must have its width.
-void load_model_file(ResNet& model, const std::string& path);
-
 struct CommandResult {
   int exit_code = -1;  // the exit status; 128 + N when killed by signal N
   bool timed_out = false;
@@ -151,10 +125,5 @@ ChildProcess spawn_command(const std::vector<std::string>& args,
                            const std::string& log_prefix);
 // Waits for the child, killing it after `timeout_seconds`; collects its output files.
 CommandResult wait_command(const ChildProcess& child, int timeout_seconds);
-
-// Runs fn(communicator) on `world_size` threads, each one rank of a Gloo world over loopback
-// with the given timeout. Rethrows the first failure after all threads have ended.
-void run_thread_ranks(int world_size, const std::function<void(Communicator&)>& fn,
-                      std::chrono::milliseconds timeout = std::chrono::seconds(60));
 
 }  // namespace dptrain::testing

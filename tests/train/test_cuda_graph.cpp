@@ -18,6 +18,7 @@
 #include "dptrain/model/model.h"
 #include "dptrain/train/cuda_graph_step.h"
 #include "dptrain/train/train.h"
+#include "support/train_support.h"
 #include "support/test_support.h"
 
 namespace dptrain {

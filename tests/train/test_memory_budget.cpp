@@ -6,6 +6,7 @@
 
 #include "dptrain/core/errors.h"
 #include "dptrain/train/memory_budget.h"
+#include "support/data_support.h"
 #include "support/test_support.h"
 
 namespace dptrain {

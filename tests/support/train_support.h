@@ -1,0 +1,30 @@
+// Test helpers that need the train layer: training and evaluating as the driver does, and
+// reading a saved model back. Includes the data and parallel helpers, which such tests use too.
+#pragma once
+
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "dptrain/model/model.h"
+#include "dptrain/train/train.h"
+#include "support/data_support.h"
+#include "support/parallel_support.h"
+
+namespace dptrain::testing {
+
+// The tests' train() and evaluate_weights(): the world checked (check_world), then the run, as
+// the driver does; on_step is the per-step callback, which makes the host wait every step.
+TrainResult train(const FashionMnist& data, const TrainOptions& options, const WorldPlan& world,
+                  const TrainCallbacks& callbacks);
+TrainResult train(const FashionMnist& data, const TrainOptions& options, const WorldPlan& world,
+                  const EpochCallback& on_epoch = nullptr, const StepCallback& on_step = nullptr);
+EvalResult evaluate_weights(const FashionMnist& data, const TrainOptions& options,
+                            const WorldPlan& world,
+                            const std::vector<std::pair<std::string, torch::Tensor>>& weights,
+                            const std::string& name = "in memory");
+
+// Loads a --save-model file (the checkpoint format) into `model`, which must have its width.
+void load_model_file(ResNet& model, const std::string& path);
+
+}  // namespace dptrain::testing
