@@ -481,36 +481,58 @@ bool have_debian_data() {
   return dptrain::testing::path_exists(kDebianDir + "/" + kTrainImagesFile);
 }
 
-// Without flag or environment: the Debian package when it is there, else ./data/fashion-mnist.
-TEST(DataResolveDir, DefaultsToDebianThenTheLocalDir) {
+// The binary looks in Debian's directory; the tests below give their own system directory, so
+// that each step of the lookup is reached whether or not Debian's package is installed.
+TEST(DataResolveDir, TheBinarysSystemDirIsDebians) {
+  EXPECT_EQ(std::string(kSystemDataDir), kDebianDir);
   TempDir work;
-  dptrain::testing::make_directories(work.file("data/fashion-mnist"));
-  write_fake_dataset(work.file("data/fashion-mnist"), true);
   EnvGuard env("DPTRAIN_DATA", std::nullopt);
   CwdGuard cwd(work.path());
-  const std::string expected = have_debian_data() ? kDebianDir : "data/fashion-mnist";
-  EXPECT_EQ(resolve_data_dir(std::nullopt), expected);
+  if (have_debian_data()) {
+    EXPECT_EQ(resolve_data_dir(std::nullopt), kDebianDir);
+  } else {
+    expect_data_error([] { resolve_data_dir(std::nullopt); }, {"found in " + kDebianDir + " or"});
+  }
+}
+
+// Without flag or environment: the system directory when it holds the files, else
+// ./data/fashion-mnist.
+TEST(DataResolveDir, DefaultsToDebianThenTheLocalDir) {
+  TempDir work, system, empty_system;
+  dptrain::testing::make_directories(work.file("data/fashion-mnist"));
+  write_fake_dataset(work.file("data/fashion-mnist"), true);
+  write_fake_dataset(system.path(), true);
+  EnvGuard env("DPTRAIN_DATA", std::nullopt);
+  CwdGuard cwd(work.path());
+  EXPECT_EQ(resolve_data_dir(std::nullopt, system.path()), system.path());
+  EXPECT_EQ(resolve_data_dir(std::nullopt, empty_system.path()), "data/fashion-mnist");
+  EXPECT_EQ(resolve_data_dir(std::nullopt, empty_system.file("not-there")), "data/fashion-mnist");
+  // A system directory that lacks one file does not hide the local one.
+  dptrain::testing::remove_path(system.file(kTestLabelsFile));
+  EXPECT_EQ(resolve_data_dir(std::nullopt, system.path()), "data/fashion-mnist");
 }
 
 TEST(DataResolveDir, EmptyEnvironmentIsIgnored) {
-  TempDir work;
+  TempDir work, system, empty_system;
   dptrain::testing::make_directories(work.file("data/fashion-mnist"));
   write_fake_dataset(work.file("data/fashion-mnist"), false);
+  write_fake_dataset(system.path(), false);
   EnvGuard env("DPTRAIN_DATA", std::string());
   CwdGuard cwd(work.path());
-  const std::string expected = have_debian_data() ? kDebianDir : "data/fashion-mnist";
-  EXPECT_EQ(resolve_data_dir(std::nullopt), expected);
+  EXPECT_EQ(resolve_data_dir(std::nullopt, system.path()), system.path());
+  EXPECT_EQ(resolve_data_dir(std::nullopt, empty_system.path()), "data/fashion-mnist");
 }
 
 TEST(DataResolveDir, NoDataAnywhereSaysHowToGetIt) {
-  if (have_debian_data()) {
-    GTEST_SKIP() << "Debian's dataset-fashion-mnist is installed, so the data is always found";
-  }
-  TempDir work;
+  TempDir work, empty_system;
   EnvGuard env("DPTRAIN_DATA", std::nullopt);
   CwdGuard cwd(work.path());
-  expect_data_error([] { resolve_data_dir(std::nullopt); },
-                    {"no Fashion-MNIST data found", "dataset-fashion-mnist"});
+  for (const std::string& system : {empty_system.path(), empty_system.file("not-there")}) {
+    SCOPED_TRACE(system);
+    expect_data_error([&] { resolve_data_dir(std::nullopt, system); },
+                      {"no Fashion-MNIST data found in " + system + " or ./data/fashion-mnist",
+                       "dataset-fashion-mnist", "--data-dir", "DPTRAIN_DATA"});
+  }
 }
 
 // Each of the four files missing in turn.

@@ -20,11 +20,10 @@ const char* const kTrainImagesFile = "train-images-idx3-ubyte.gz";
 const char* const kTrainLabelsFile = "train-labels-idx1-ubyte.gz";
 const char* const kTestImagesFile = "t10k-images-idx3-ubyte.gz";
 const char* const kTestLabelsFile = "t10k-labels-idx1-ubyte.gz";
+const char* const kSystemDataDir = "/usr/share/datasets/fashion-mnist";
 
 namespace {
 
-constexpr const char* kDebianDataDir =
-    "/usr/share/datasets/fashion-mnist";  // dataset-fashion-mnist
 constexpr const char* kLocalDataDir = "data/fashion-mnist";
 
 // Why `path` cannot be looked at, for a stat that failed with `error`. Permission is denied by
@@ -101,7 +100,8 @@ std::string shape_string(const std::vector<int64_t>& dims) {
 
 }  // namespace
 
-std::string resolve_data_dir(const std::optional<std::string>& flag_value) {
+std::string resolve_data_dir(const std::optional<std::string>& flag_value,
+                             const std::string& system_dir) {
   const char* kHowToGet =
       "install Debian's dataset-fashion-mnist (apt-get install dataset-fashion-mnist), or put "
       "the four Fashion-MNIST IDX files (train-images-idx3-ubyte.gz, train-labels-idx1-ubyte.gz, "
@@ -121,11 +121,11 @@ std::string resolve_data_dir(const std::optional<std::string>& flag_value) {
     }
     return env;
   }
-  for (const char* dir : {kDebianDataDir, kLocalDataDir}) {
+  for (const std::string& dir : {system_dir, std::string(kLocalDataDir)}) {
     if (holds_all_files(dir, dir)) return dir;
   }
-  throw DataError(std::string("no Fashion-MNIST data found in ") + kDebianDataDir + " or ./" +
-                  kLocalDataDir + "; " + kHowToGet);
+  throw DataError("no Fashion-MNIST data found in " + system_dir + " or ./" + kLocalDataDir + "; " +
+                  kHowToGet);
 }
 
 Dataset load_split(const std::string& images_path, const std::string& labels_path, int64_t limit) {

@@ -32,10 +32,14 @@ extern const char* const kTrainLabelsFile;  // "train-labels-idx1-ubyte.gz"
 extern const char* const kTestImagesFile;   // "t10k-images-idx3-ubyte.gz"
 extern const char* const kTestLabelsFile;   // "t10k-labels-idx1-ubyte.gz"
 
-// Where the data lives: `flag_value` when given, else $DPTRAIN_DATA, else Debian's
-// /usr/share/datasets/fashion-mnist, else ./data/fashion-mnist, taking the first that holds
-// the files. Throws DataError, saying how to get the files, when none does.
-std::string resolve_data_dir(const std::optional<std::string>& flag_value);
+// Where Debian's dataset-fashion-mnist installs the files: "/usr/share/datasets/fashion-mnist".
+extern const char* const kSystemDataDir;
+
+// Where the data lives: `flag_value` when given, else $DPTRAIN_DATA, else `system_dir` (the
+// binary's is kSystemDataDir; tests give their own), else ./data/fashion-mnist, taking the first
+// that holds the files. Throws DataError, saying how to get the files, when none does.
+std::string resolve_data_dir(const std::optional<std::string>& flag_value,
+                             const std::string& system_dir = kSystemDataDir);
 
 // Loads one split from its two files, checking that images are (N, 28, 28), labels (N), the
 // counts agree and every label is in 0..9. `limit` > 0 keeps only the first `limit` examples.
