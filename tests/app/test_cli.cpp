@@ -265,16 +265,19 @@ TEST(CliParse, MistakesThrowUsageErrorNamingTheFlag) {
   expect_parse_error({"train", "--save-model", ""}, "--save-model");
 }
 
-// A boolean flag given "=false" must not switch the feature on.
+// A boolean flag given "=false" must not switch the feature on. It is taken, not refused: a
+// switch reads true or false (SwitchValueIsTrueOrFalse), and "=false" is how a script turns off
+// what it would otherwise pass.
 TEST(CliParse, BooleanFlagWithFalseIsNotTrue) {
   for (const char* flag : {"--sync-bn=false", "--verbose=false"}) {
     SCOPED_TRACE(flag);
     try {
       const auto parsed = parse({"train", flag});
+      EXPECT_EQ(parsed.action, ParsedCommandLine::Action::kTrain);
       EXPECT_FALSE(parsed.train.options.sync_bn);
       EXPECT_FALSE(parsed.train.verbose);
-    } catch (const UsageError&) {
-      // Refusing a value for a switch is fine too.
+    } catch (const UsageError& e) {
+      ADD_FAILURE() << "refused: " << e.what();
     }
   }
 }
