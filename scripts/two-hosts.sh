@@ -33,7 +33,8 @@ while [ $# -gt 0 ]; do
   esac
 done
 [ ${#scenarios[@]} -gt 0 ] || scenarios=(same partition kill-a kill-b)
-dptrain=$(cd "$(dirname "$dptrain")" && pwd)/$(basename "$dptrain")
+# The physical path: ranks_in compares it with /proc/PID/exe, which has no symbolic links.
+dptrain=$(cd "$(dirname "$dptrain")" && pwd -P)/$(basename "$dptrain")
 
 skip() { echo "two-hosts: skipped: $*"; exit 77; }
 [ "$(id -u)" = 0 ] || skip "network namespaces need root"
@@ -184,6 +185,14 @@ scenario_partition() {
   local dir=$work/partition timeout=10
   start_two_hosts "$dir" 0 --timeout "$timeout"
   wait_for_step "$dir/checkpoints" 8 120 || return 1
+  # The ranks to watch: two a host. Finding none would make "every rank is gone" true at once.
+  local watched_a watched_b
+  watched_a=$(ranks_in "$ns_a" | wc -l) watched_b=$(ranks_in "$ns_b" | wc -l)
+  if [ "$watched_a" != 2 ] || [ "$watched_b" != 2 ]; then
+    echo "error: two-hosts: found $watched_a rank(s) of $dptrain on $host_a and $watched_b on" \
+      "$host_b before the partition, expected 2 on each" >&2
+    return 1
+  fi
   ip -n "$ns_b" link set "$veth_b" down
   local cut; cut=$(date +%s.%N)
   echo "partition: $host_b's link down at step >= 8"
@@ -202,13 +211,23 @@ scenario_partition() {
   kill "$agent_a" "$agent_b" 2>/dev/null || true
   wait "$agent_a" "$agent_b" 2>/dev/null || true
   ip -n "$ns_b" link set "$veth_b" up  # the next scenario's hosts are joined again
-  # One error line from each rank, naming what it could not reach.
-  local failed=0
+  # One error line from each rank, naming what it could not reach: four logs, none missing.
+  local failed=0 logs=0
   for log in $(find "$dir" -path '*attempt_0/*/stderr.log' | sort); do
     local errors; errors=$(grep -c '^error:' "$log" || true)
     echo "  $(echo "$log" | sed "s|$dir/||"): $(grep '^error:' "$log" | head -n 1)"
     [ "$errors" = 1 ] || { echo "error: two-hosts: $log holds $errors error lines, not 1" >&2; failed=1; }
+    # Host A's ranks name host B's ranks; host B's, cut off from the store, name host A.
+    local lost="did not answer (on $host_b)"
+    case "$log" in "$dir/logs-b/"*) lost="the rendezvous store (on $host_a)" ;; esac
+    grep '^error:' "$log" | grep -F "$lost" >/dev/null ||
+      { echo "error: two-hosts: $log does not say \"$lost\"" >&2; failed=1; }
+    logs=$((logs + 1))
   done
+  if [ "$logs" != 4 ]; then
+    echo "error: two-hosts: $logs rank log(s) (attempt_0/*/stderr.log) under $dir, expected 4" >&2
+    failed=1
+  fi
   local newest
   if newest=$(newest_step "$dir/checkpoints"); then
     echo "partition: every checkpoint reads whole; the newest is at global step $newest"
