@@ -576,6 +576,13 @@ TEST_F(MultiProcess, RankThatNeverStartsIsATimeoutNamingIt) {
   EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(30));
 }
 
+// Whether `child` has ended, leaving it to wait_command to reap.
+bool has_ended(const ChildProcess& child) {
+  siginfo_t info{};
+  return waitid(P_PID, static_cast<id_t>(child.pid), &info, WEXITED | WNOHANG | WNOWAIT) == 0 &&
+         info.si_pid == child.pid;
+}
+
 // Seconds from `since` until `child` has written a line that starts "error:" to its standard
 // error, read every 50 ms; nullopt when it ends, or `limit` passes, without one. The line's
 // time, not the process's end: a loaded machine is slow to tear a process down, not to notice
@@ -584,10 +591,7 @@ std::optional<double> seconds_until_error_line(const ChildProcess& child,
                                                std::chrono::steady_clock::time_point since,
                                                std::chrono::seconds limit) {
   while (std::chrono::steady_clock::now() - since < limit) {
-    siginfo_t info{};
-    const bool ended = waitid(P_PID, static_cast<id_t>(child.pid), &info,
-                              WEXITED | WNOHANG | WNOWAIT) == 0 &&
-                       info.si_pid == child.pid;  // still to be reaped by wait_command
+    const bool ended = has_ended(child);
     std::ifstream err(child.err_path);
     const std::string text((std::istreambuf_iterator<char>(err)), std::istreambuf_iterator<char>());
     if (text.rfind("error:", 0) == 0 || text.find("\nerror:") != std::string::npos) {
@@ -616,12 +620,22 @@ void expect_peer_failure_named(const std::vector<std::string>& args, int signal_
   auto rank0 = spawn_command(args, rank_env(0, 2, port), dir.file("rank0"));
   auto rank1 = spawn_command(args, rank_env(1, 2, port), dir.file("rank1"));
   // Wait until training is under way and a first checkpoint is written (the run checkpoints
-  // every epoch), then hit rank 1 inside a later epoch.
-  for (int i = 0; i < 600; ++i) {
+  // every epoch), then hit rank 1 inside a later epoch. A loaded 2-core runner took over a
+  // minute to get there: the wait ran out at 60 s, the hit came first, and the test failed on
+  // the missing checkpoint instead of on what it names.
+  bool checkpointed = false;
+  for (int i = 0; i < 3000 && !checkpointed && !has_ended(rank0) && !has_ended(rank1); ++i) {
     std::ifstream out(rank0.out_path);
     std::string text((std::istreambuf_iterator<char>(out)), std::istreambuf_iterator<char>());
-    if (text.find("checkpoint: ") != std::string::npos) break;
-    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    checkpointed = text.find("checkpoint: ") != std::string::npos;
+    if (!checkpointed) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  if (!checkpointed) {
+    kill(rank0.pid, SIGKILL);
+    kill(rank1.pid, SIGKILL);
+    const auto ended0 = wait_command(rank0, 5);
+    wait_command(rank1, 5);
+    FAIL() << "rank 0 wrote no checkpoint (ended early, or still none after 300 s)\n" << ended0.err;
   }
   std::this_thread::sleep_for(std::chrono::milliseconds(500));
   auto& hit = victim == 1 ? rank1 : rank0;
