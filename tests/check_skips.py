@@ -21,6 +21,7 @@ on which machines it skips (see CONDITIONS), and the reason is what a reader nee
 import argparse
 import fnmatch
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -85,8 +86,9 @@ def read_expected(path):
     return expected
 
 
-def skipped_in_xml(path):
-    """{test name: reason} of the test cases an XML results file marks as skipped."""
+def skipped_in_xml(path, ctest=False):
+    """{test name: reason} of the test cases an XML results file marks as skipped. GoogleTest
+    names a case by its suite (classname) and name; CTest's JUnit file by the CTest name alone."""
     try:
         root = ElementTree.parse(path).getroot()
     except (ElementTree.ParseError, OSError) as error:
@@ -96,13 +98,15 @@ def skipped_in_xml(path):
         marker = case.find("skipped")
         if marker is None and case.get("result") != "skipped" and case.get("status") != "notrun":
             continue
-        suite = case.get("classname", "")
+        suite = "" if ctest else case.get("classname", "")
         name = case.get("name", "")
-        full = f"{suite}.{name}" if suite and not name.startswith(suite + ".") else name
+        full = f"{suite}.{name}" if suite else name
         reason = (marker.get("message") if marker is not None else None) or ""
         if marker is not None and not reason:
             reason = (marker.text or "").strip()
-        skipped[full] = " ".join(reason.split())[:200]
+        # GoogleTest's message starts with the file and line of the skip.
+        reason = re.sub(r"^\S+:\d+\s+", "", " ".join(reason.split()))
+        skipped[full] = reason[:200]
     return skipped
 
 
@@ -117,9 +121,11 @@ def collect_skips(results_dir, ctest_junit):
         for name in files:
             skipped.update(skipped_in_xml(os.path.join(results_dir, name)))
     if ctest_junit:
-        for name, reason in skipped_in_xml(ctest_junit).items():
-            # CTest's names carry the integration binary's prefix; the gtest name is the key.
-            bare = name.split(".", 1)[1] if name.startswith("integration.") else name
+        for name, reason in skipped_in_xml(ctest_junit, ctest=True).items():
+            # CTest's names carry the integration binary's prefix and, for a parameterised test,
+            # GoogleTest's "  # GetParam() = ..." after the name; the gtest name is the key.
+            bare = name.split("  # ", 1)[0]
+            bare = bare.split(".", 1)[1] if bare.startswith("integration.") else bare
             if bare not in skipped:
                 skipped[bare] = reason or "skipped (CTest)"
     return skipped
