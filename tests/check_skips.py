@@ -51,9 +51,11 @@ def has_gpu():
 
 def machine_facts():
     flags = cpu_flags()
+    gpu = has_gpu()
     return {
         "always": True,
-        "no-gpu": not has_gpu(),
+        "no-gpu": not gpu,
+        "gpu": gpu,
         "no-avx512": "avx512f" not in flags,
         "avx512": "avx512f" in flags,
         "root": os.geteuid() == 0,
@@ -62,7 +64,7 @@ def machine_facts():
     }
 
 
-CONDITIONS = ("always", "no-gpu", "no-avx512", "avx512", "root", "not-root", "sanitizer")
+CONDITIONS = ("always", "no-gpu", "gpu", "no-avx512", "avx512", "root", "not-root", "sanitizer")
 
 
 def read_expected(path):
