@@ -49,7 +49,21 @@ def has_gpu():
         return False
 
 
-def machine_facts():
+def pypi_libtorch(build_dir):
+    """Whether the build under test links a LibTorch from PyPI (2.x) rather than Debian's 1.13,
+    read from its CMake cache (Torch_DIR); False where there is no cache to read."""
+    try:
+        with open(os.path.join(build_dir, "CMakeCache.txt"), encoding="utf-8",
+                  errors="replace") as cache:
+            for line in cache:
+                if line.startswith("Torch_DIR:"):
+                    return not line.split("=", 1)[1].strip().startswith("/usr/")
+    except OSError:
+        pass
+    return False
+
+
+def machine_facts(build_dir=None):
     flags = cpu_flags()
     gpu = has_gpu()
     return {
@@ -61,10 +75,12 @@ def machine_facts():
         "root": os.geteuid() == 0,
         "not-root": os.geteuid() != 0,
         "sanitizer": os.environ.get("DPTRAIN_SANITIZED_RUN") == "1",
+        "pypi-libtorch": bool(build_dir) and pypi_libtorch(build_dir),
     }
 
 
-CONDITIONS = ("always", "no-gpu", "gpu", "no-avx512", "avx512", "root", "not-root", "sanitizer")
+CONDITIONS = ("always", "no-gpu", "gpu", "no-avx512", "avx512", "root", "not-root", "sanitizer",
+              "pypi-libtorch")
 
 
 def read_expected(path):
@@ -150,7 +166,10 @@ def check(skipped, expected, facts):
 def run(args):
     expected = read_expected(args.expected)
     skipped = collect_skips(args.results, args.ctest_junit)
-    facts = machine_facts()
+    # The build directory: the one given, or the one the results lie in (<build>/Testing/gtest).
+    build_dir = args.build_dir or (os.path.dirname(os.path.dirname(os.path.abspath(args.results)))
+                                   if args.results else None)
+    facts = machine_facts(build_dir)
     problems = check(skipped, expected, facts)
     held = ", ".join(k for k in CONDITIONS if facts[k])
     for line in problems:
@@ -213,6 +232,7 @@ def main():
     parser.add_argument("--expected")
     parser.add_argument("--results", help="directory of GoogleTest-style XML results")
     parser.add_argument("--ctest-junit", help="CTest's --output-junit file")
+    parser.add_argument("--build-dir", help="the build under test (default: from --results)")
     parser.add_argument("--self-test", metavar="EXPECTED")
     args = parser.parse_args()
     if args.self_test:
