@@ -4,6 +4,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
+# The pinned Python the tests read our files back with (TensorBoard's reader, safetensors).
+bash scripts/test-venv.sh
 bash scripts/build.sh -DBUILD_TESTING=ON
 cd "${DPTRAIN_BUILD_DIR:-build}"
 # CTest starts the tests it knows to be longest first, from the cost data it writes after each
