@@ -215,7 +215,7 @@ def dptrain_common(args):
 
 def make_start(args):
     start_dir = os.path.join(args.out, f"start-seed{args.seed}-warm{args.warm_epochs}")
-    name = f"checkpoint-e{args.warm_epochs:04d}-s000000.dpt"
+    name = f"checkpoint-e{args.warm_epochs:04d}-s000000.safetensors"
     path = os.path.join(start_dir, name)
     if not os.path.exists(path):
         subprocess.run([args.dptrain, "train", *dptrain_common(args), "--threads", "2",
@@ -261,7 +261,8 @@ def run_dptrain(args, start_path, processes, out_path):
     seconds = time.perf_counter() - began
     records = {}
     # Only the checkpoints: the directory also holds dptrain's lock file.
-    for name in sorted(n for n in os.listdir(work) if re.fullmatch(r"checkpoint-.*\.dpt", n)):
+    for name in sorted(n for n in os.listdir(work)
+                       if re.fullmatch(r"checkpoint-.*\.safetensors", n)):
         checkpoint = read_checkpoint(os.path.join(work, name))
         done = checkpoint["global_step"] - first
         if done <= 0 or done % args.every:

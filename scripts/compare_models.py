@@ -2,11 +2,11 @@
 """Compares two models written by `dptrain train --save-model`: prints the largest absolute
 difference over all parameters (and which), and exits 1 when it exceeds --tolerance.
 
-    /usr/bin/python3 scripts/compare_models.py a.dpt b.dpt --tolerance 1e-6 [--buffers]
+    python3 scripts/compare_models.py a.safetensors b.safetensors --tolerance 1e-6 [--buffers]
 
-The files are in dptrain's checkpoint format, read by read_checkpoint.py beside this script,
-which checks them and never executes anything in them (as torch.jit.load of an archive could).
-Needs a Python with torch (Debian's python3-torch).
+The files are dptrain's safetensors files, read by read_checkpoint.py beside this script, which
+checks their digest and run state and never executes anything in them (as torch.jit.load of an
+archive could). Needs a Python with torch (Debian's python3-torch).
 """
 import argparse
 import os

@@ -118,7 +118,7 @@ import glob, os, sys
 sys.path.insert(0, sys.argv[2])
 from read_checkpoint import CheckpointError, read_checkpoint
 steps = []
-for path in sorted(glob.glob(os.path.join(sys.argv[1], "checkpoint-*.dpt"))):
+for path in sorted(glob.glob(os.path.join(sys.argv[1], "checkpoint-*.safetensors"))):
     try:
         steps.append(read_checkpoint(path)["global_step"])
     except (CheckpointError, OSError) as e:
@@ -145,10 +145,10 @@ free_port() { "$python" -c 'import socket; s=socket.socket(); s.bind(("", 0)); p
 # The reference: the same run as four replicas in one process, uninterrupted.
 reference() {
   local dir=$work/reference
-  [ -f "$dir/model.dpt" ] && return 0
+  [ -f "$dir/model.safetensors" ] && return 0
   mkdir -p "$dir"
   "$dptrain" train --devices cpu,cpu,cpu,cpu "${train_flags[@]}" --threads 4 \
-    --checkpoint-dir "$dir/checkpoints" --save-model "$dir/model.dpt" >"$dir/out" 2>"$dir/err"
+    --checkpoint-dir "$dir/checkpoints" --save-model "$dir/model.safetensors" >"$dir/out" 2>"$dir/err"
   echo "reference (4 replicas in one process): $(tail -n 1 "$dir/out")"
 }
 
@@ -159,15 +159,16 @@ start_two_hosts() {
   mkdir -p "$dir"
   local port; port=$(free_port)
   torchrun_on a "$dir" "$restarts" "$port" "${train_flags[@]}" --checkpoint-dir "$dir/checkpoints" \
-    --save-model "$dir/model.dpt" "$@" &
+    --save-model "$dir/model.safetensors" "$@" &
   agent_a=$!
   torchrun_on b "$dir" "$restarts" "$port" "${train_flags[@]}" --checkpoint-dir "$dir/checkpoints" \
-    --save-model "$dir/model.dpt" "$@" &
+    --save-model "$dir/model.safetensors" "$@" &
   agent_b=$!
 }
 
 compare_with_reference() {
-  "$python" "$here/compare_models.py" --buffers "$work/reference/model.dpt" "$1/model.dpt"
+  "$python" "$here/compare_models.py" --buffers "$work/reference/model.safetensors" \
+    "$1/model.safetensors"
 }
 
 # ---- The scenarios --------------------------------------------------------------------------
