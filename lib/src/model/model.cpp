@@ -6,7 +6,9 @@
 #include <torch/nn/modules/linear.h>
 
 #include <cmath>
+#include <stdexcept>
 #include <string>
+#include <utility>
 
 #include "dptrain/core/random.h"
 #include "dptrain/model/projection.h"
@@ -45,6 +47,17 @@ torch::Tensor ResidualBlockImpl::forward(const torch::Tensor& x) {
   auto y = bn1_->forward_add_relu(conv1_->forward(x), torch::Tensor());  // (N, C_out, H', W')
   const auto shortcut = conv3_ ? project(*conv3_, x) : x;                // (N, C_out, H', W')
   return bn2_->forward_add_relu(conv2_->forward(y), shortcut);           // (N, C_out, H', W')
+}
+
+ActivationShape ResidualBlockImpl::count_flops(FlopCounter& counter, const std::string& name,
+                                               const ActivationShape& in) const {
+  const auto y = counter.conv(*conv1_, name + ".conv1", in);
+  const auto shortcut = conv3_ ? counter.conv(*conv3_, name + ".conv3", in) : in;
+  const auto out = counter.conv(*conv2_, name + ".conv2", y);
+  if (!(out == shortcut)) {
+    throw std::logic_error("count_flops: " + name + "'s main path and shortcut differ in shape");
+  }
+  return out;
 }
 
 torch::nn::Sequential make_resnet_stage(int64_t in_channels, int64_t out_channels,
@@ -98,6 +111,21 @@ torch::Tensor ResNetImpl::forward(const torch::Tensor& x) {
   return fc_->forward(y);                                                        // (N, K)
 }
 
+ActivationShape ResNetImpl::count_flops(FlopCounter& counter, const ActivationShape& in) const {
+  auto y = counter.conv(*stem_conv_, "0", in);
+  for (const auto& [name, stage] :
+       {std::pair{"resnet_block1", &stage1_}, std::pair{"resnet_block2", &stage2_},
+        std::pair{"resnet_block3", &stage3_}, std::pair{"resnet_block4", &stage4_}}) {
+    for (size_t i = 0; i < (*stage)->size(); ++i) {
+      y = (*stage)->at<ResidualBlockImpl>(i).count_flops(
+          counter, std::string(name) + "." + std::to_string(i), y);
+    }
+  }
+  y = ActivationShape{y.channels, 1, 1};  // adaptive_avg_pool2d(y, {1, 1})
+  // fc: Flatten, then the Linear registered as "1".
+  return counter.linear(fc_->at<torch::nn::LinearImpl>(1), "fc.1", y);
+}
+
 // ---- Initialisation -----------------------------------------------------------
 
 void init_reference_weights(torch::nn::Module& model, uint64_t seed) {
@@ -124,6 +152,28 @@ void init_reference_weights(torch::nn::Module& model, uint64_t seed) {
       }
     }
   }
+}
+
+std::vector<LayerFlops> count_layer_flops(const ResNetImpl& model, int64_t in_height,
+                                          int64_t in_width) {
+  FlopCounter counter;
+  model.count_flops(counter, ActivationShape{model.options().in_channels, in_height, in_width});
+  size_t layers = 0;
+  for (const auto& module : model.modules(/*include_self=*/false)) {
+    if (module->as<torch::nn::Conv2dImpl>() || module->as<torch::nn::LinearImpl>()) ++layers;
+  }
+  if (layers != counter.layers().size()) {
+    throw std::logic_error("count_layer_flops: the model has " + std::to_string(layers) +
+                           " convolution and linear layers but count_flops reached " +
+                           std::to_string(counter.layers().size()));
+  }
+  return counter.layers();
+}
+
+int64_t forward_flops_per_image(const ResNetImpl& model, int64_t in_height, int64_t in_width) {
+  int64_t macs = 0;
+  for (const auto& layer : count_layer_flops(model, in_height, in_width)) macs += layer.macs;
+  return 2 * macs;
 }
 
 int64_t count_parameters(const torch::nn::Module& model) {

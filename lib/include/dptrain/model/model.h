@@ -11,8 +11,11 @@
 
 #include <cstdint>
 #include <memory>
+#include <string>
+#include <vector>
 
 #include "dptrain/model/batch_norm.h"
+#include "dptrain/model/flops.h"
 
 namespace dptrain {
 
@@ -34,6 +37,10 @@ class ResidualBlockImpl : public torch::nn::Module {
 
   // x: (N, C_in, H, W) -> (N, C_out, H / stride, W / stride)
   torch::Tensor forward(const torch::Tensor& x);
+  // forward()'s convolutions for one image of shape `in`, recorded in `counter` under
+  // `name`.conv1 etc. (Note [Walking the module tree] in flops.h); returns the output's shape.
+  ActivationShape count_flops(FlopCounter& counter, const std::string& name,
+                              const ActivationShape& in) const;
 
  private:
   torch::nn::Conv2d conv1_{nullptr};
@@ -55,6 +62,9 @@ class ResNetImpl : public torch::nn::Module {
 
   // x: (N, C_in, 28, 28) float in [0, 1] -> logits (N, K)
   torch::Tensor forward(const torch::Tensor& x);
+  // forward()'s convolutions and linear layer for one image of shape `in`, recorded in
+  // `counter`; returns the logits' shape (K, 1, 1).
+  ActivationShape count_flops(FlopCounter& counter, const ActivationShape& in) const;
 
   const ResNetOptions& options() const { return options_; }
 
@@ -74,6 +84,17 @@ TORCH_MODULE(ResNet);
 void init_reference_weights(torch::nn::Module& model, uint64_t seed);
 
 int64_t count_parameters(const torch::nn::Module& model);
+
+// Every convolution and linear layer of `model`, in the order its forward pass runs them, for one
+// image of in_height x in_width (flops.h, Note [Counting FLOPs]). Throws std::invalid_argument for
+// an input a layer shrinks to nothing, std::logic_error if a convolution or linear layer of the
+// module tree was not reached (a layer added to forward() but not to count_flops).
+std::vector<LayerFlops> count_layer_flops(const ResNetImpl& model, int64_t in_height,
+                                          int64_t in_width);
+
+// One image's forward FLOPs (2 x the multiply-accumulates of count_layer_flops); a trained image
+// costs kTrainingPassesPerImage times as much. Full width at 28x28: 911,601,664.
+int64_t forward_flops_per_image(const ResNetImpl& model, int64_t in_height, int64_t in_width);
 
 // Re-lays every 4-D parameter and buffer of `model` out channels-last (N, H, W, C in memory),
 // values unchanged. Convolutions on channels-last tensors run faster on CPU (oneDNN) and on
