@@ -30,7 +30,7 @@ import sys
 
 FORMAT_VERSION = 3
 MAX_HEADER = 16 << 20  # lib/include/dptrain/core/safetensors.h: kMaxSafetensorsHeaderBytes
-MAX_RANK, MAX_NAME, MAX_EPOCHS, MAX_COUNT = 8, 4096, 1000000, 2**31 - 1
+MAX_RANK, MAX_EPOCHS, MAX_COUNT = 8, 1000000, 2**31 - 1
 DTYPES = {"F32": ("float32", 4), "F64": ("float64", 8), "I64": ("int64", 8),
           "BF16": ("bfloat16", 2), "F16": ("float16", 2)}  # the dtypes a dptrain model holds
 # The run state's fields, each with its kind, in the order the C++ reader reads them
@@ -119,11 +119,13 @@ def read_file(path, fail):
             fail(f"format version {version} (DPTRNCKP), which only dptrain itself still reads; "
                  "resume or eval it with dptrain, or save it again")
         if size < 8:
-            fail(f"truncated: {size} bytes, not even the 8 of the header's length")
+            fail(f"truncated: {size} bytes, shorter than a safetensors file's 8-byte header "
+                 "length")
         n = struct.unpack_from("<Q", first)[0]
         if n > MAX_HEADER:
-            fail(f"a header of {n} bytes, more than the {MAX_HEADER} dptrain reads; not read")
-        if n > size - 8:
+            fail(f"not a safetensors file of dptrain's, or corrupt: its first 8 bytes give a "
+                 f"header of {n} bytes, more than the {MAX_HEADER} dptrain reads")
+        if n < 2 or n > size - 8:
             fail(f"truncated or corrupt: the header length says {n} bytes, the file has "
                  f"{size - 8} after it")
         c = parse_header(read_exactly(fd, 8, n, fail), size - 8 - n, fail)
@@ -162,45 +164,67 @@ def parse_json(raw, what, fail):
 
 def parse_header(raw, data_size, fail):
     """The metadata and the tensors as (name, dtype, shape, begin, end) in the order of their
-    data, which must tile the `data_size` bytes after the header exactly."""
+    data, which must tile the `data_size` bytes after the header exactly: the checks and words of
+    lib/src/core/safetensors.cpp's parse_safetensors_header."""
+    if raw[:1] != b"{":
+        fail("corrupt or not a safetensors file: the header is not a JSON object (it starts with "
+             "no '{')")
     header = parse_json(raw, "the header", fail)
     if not isinstance(header, dict):
-        fail("corrupt: the header is not a JSON object")
+        fail("the header is not a JSON object")
     metadata = header.pop("__metadata__", {})
-    if not isinstance(metadata, dict) or not all(isinstance(v, str) for v in metadata.values()):
-        fail("corrupt: __metadata__ is not a map of strings")
+    if not isinstance(metadata, dict):
+        fail("__metadata__ is not an object")
+    for key, value in metadata.items():
+        if not isinstance(value, str):
+            fail(f"__metadata__ '{shown(key.encode())}' is not a string")
     entries = []
     for name, e in header.items():
         label = f"tensor '{shown(name.encode())}'"
-        if (not isinstance(e, dict) or set(e) != {"dtype", "shape", "data_offsets"}
-                or len(name.encode()) > MAX_NAME):
-            fail(f"corrupt: {label} is not {{dtype, shape, data_offsets}}")
-        dtype, shape, offsets = e["dtype"], e["shape"], e["data_offsets"]
+        if not isinstance(e, dict):
+            fail(f"{label} is not an object in the header")
+        for key in e:
+            if key not in ("dtype", "shape", "data_offsets"):
+                fail(f"{label} has an unknown field '{shown(key.encode())}'")
+        dtype, shape, offsets = e.get("dtype"), e.get("shape"), e.get("data_offsets")
+        if not isinstance(dtype, str):
+            fail(f"{label} has no dtype")
         if dtype not in DTYPES:
-            fail(f"corrupt: {label} has dtype {shown(json.dumps(dtype).encode())}, not one of "
-                 f"{', '.join(DTYPES)}")
-        if not (isinstance(shape, list) and len(shape) <= MAX_RANK
-                and all(type(d) is int and d >= 0 for d in shape)):
-            fail(f"corrupt: {label} has no shape of rank 0 to {MAX_RANK}")
+            fail(f"{label} has dtype {dumped(dtype)}; dptrain reads F32, F64, I64, BF16 and F16")
+        if not isinstance(shape, list) or len(shape) > MAX_RANK:
+            fail(f"{label} has no shape of rank 0 to {MAX_RANK}")
+        element, numel = DTYPES[dtype][1], 1
+        for d in shape:
+            if not (type(d) is int and 0 <= d <= 2**62):
+                fail(f"{label} has a bad dimension {dumped(d)}")
+            if d and numel > data_size // element // d:  # the product stays below the data's
+                fail(f"{label} has shape {dumped(shape)}, larger than the data ({data_size} "
+                     "bytes)")
+            numel *= d
         if not (isinstance(offsets, list) and len(offsets) == 2
-                and all(type(o) is int for o in offsets) and 0 <= offsets[0] <= offsets[1]):
-            fail(f"corrupt: {label} has no data_offsets [begin, end]")
-        size = math.prod(shape) * DTYPES[dtype][1]
-        if size != offsets[1] - offsets[0]:
-            fail(f"corrupt: {label} of shape {shape} is {size} bytes of {dtype}, its "
-                 f"data_offsets {offsets} hold {offsets[1] - offsets[0]}")
-        entries.append((name, dtype, shape, *offsets))
+                and all(type(o) is int and o >= 0 for o in offsets)):
+            fail(f"{label} has no data_offsets [begin, end]")
+        begin, end = offsets
+        if end < begin or end - begin != numel * element:
+            fail(f"{label} has data_offsets [{begin}, {end}], its shape {dumped(shape)} of "
+                 f"{dtype} takes {numel * element} bytes")
+        entries.append((name, dtype, shape, begin, end))
     entries.sort(key=lambda t: (t[3], t[4]))
     at = 0
     for name, _, _, begin, end in entries:
         if begin != at:
-            fail(f"corrupt: tensor '{shown(name.encode())}' starts at byte {begin}, where the one "
-                 f"before it ends at {at} ({'a hole' if begin > at else 'an overlap'})")
+            fail(f"tensor '{shown(name.encode())}' starts at byte {begin} of the data, where {at} "
+                 "was expected (a hole or an overlap)")
         at = end
     if at != data_size:
-        fail(f"truncated or padded: the tensors take {at} bytes, the file has {data_size} after "
-             "its header")
+        fail(f"truncated or padded: the tensors take {at} bytes of data, the file holds "
+             f"{data_size}")
     return {"metadata": metadata, "entries": entries, "data_offset": 8 + len(raw)}
+
+
+def dumped(value):
+    """A JSON value from the file as the C++ messages show it: compact, non-ASCII escaped."""
+    return shown(json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode())
 
 
 # ---- The metadata: the version, the digest, the run state ----------------------------------

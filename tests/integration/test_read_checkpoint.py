@@ -138,18 +138,22 @@ class Layout(ScriptTest):
         good = valid()
         n = struct.unpack_from("<Q", good)[0]
         data = len(good) - 8 - n
+        short = "bytes, shorter than a safetensors file's 8-byte header length"
         self.expect_rows([
-            ("five bytes", good[:5], "truncated: 5 bytes, not even the 8 of the header's length"),
-            ("empty", b"", "truncated: 0 bytes, not even the 8 of the header's length"),
+            ("five bytes", good[:5], f"truncated: 5 {short}"),
+            ("empty", b"", f"truncated: 0 {short}"),
             ("header length 2^63", struct.pack("<Q", 2**63) + good[8:],
-             f"a header of {2**63} bytes, more than the 16777216 dptrain reads; not read"),
+             "not a safetensors file of dptrain's, or corrupt: its first 8 bytes give a header "
+             f"of {2**63} bytes, more than the 16777216 dptrain reads"),
             ("header longer than the file", good[:8 + n - 1],
              f"truncated or corrupt: the header length says {n} bytes, the file has {n - 1} "
              "after it"),
-            ("data cut", good[:-3], f"truncated or padded: the tensors take {data} bytes, the "
-             f"file has {data - 3} after its header"),
-            ("data padded", good + b"\0", f"truncated or padded: the tensors take {data} bytes, "
-             f"the file has {data + 1} after its header"),
+            ("header of 1 byte", struct.pack("<Q", 1) + b"{",
+             "truncated or corrupt: the header length says 1 bytes, the file has 1 after it"),
+            ("data cut", good[:-3], f"truncated or padded: the tensors take {data} bytes of "
+             f"data, the file holds {data - 3}"),
+            ("data padded", good + b"\0", f"truncated or padded: the tensors take {data} bytes "
+             f"of data, the file holds {data + 1}"),
         ])
 
     def test_a_file_larger_than_its_model_is_refused_unread(self):
@@ -165,50 +169,61 @@ class Layout(ScriptTest):
         self.expect_error([path], f"checkpoint {path}: {size} bytes of tensors, more than the "
                           f"model its metadata claims can hold (at most {limit}); not read")
 
-    def test_headers_that_do_not_fit_their_data(self):
+    def test_headers_that_do_not_fit_their_data_in_the_cpp_readers_words(self):
         four = b"\0" * 4
         twice = (b'{"w":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},'
                  b'"w":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}}')
+        dtypes = "dptrain reads F32, F64, I64, BF16 and F16"
         self.expect_rows([
+            ("a list", st.layout([1, 2], b""), "corrupt or not a safetensors file: the header is "
+             "not a JSON object (it starts with no '{')"),
             ("not JSON", struct.pack("<Q", 4) + b"{abc", "corrupt: the header is not valid "
              "JSON: Expecting property name enclosed in double quotes: line 1 column 2 (char 1)"),
             ("not UTF-8", struct.pack("<Q", 3) + b"{\"\xff", "corrupt: the header is not valid "
              "JSON: 'utf-8' codec can't decode byte 0xff in position 2: invalid start byte"),
-            ("a list", st.layout([1, 2], b""), "corrupt: the header is not a JSON object"),
-            ("a number in the metadata", st.safetensors([], {"dptrain.width": 4}),
-             "corrupt: __metadata__ is not a map of strings"),
             ("a name twice", struct.pack("<Q", len(twice)) + twice + four * 2,
              "corrupt: the header is not valid JSON: the name 'w' appears twice"),
-            ("dtype unknown", header_with({"w": entry("Q8", [1], 0, 1)}, data=b"\0"),
-             "corrupt: tensor 'w' has dtype \"Q8\", not one of F32, F64, I64, BF16, F16"),
-            ("dtype a number", header_with({"w": entry(1, [1], 0, 4)}, data=four),
-             "corrupt: tensor 'w' has dtype 1, not one of F32, F64, I64, BF16, F16"),
+            ("metadata a list", st.layout({"__metadata__": []}, b""),
+             "__metadata__ is not an object"),
+            ("a number in the metadata", st.safetensors([], {"dptrain.width": 4}),
+             "__metadata__ 'dptrain.width' is not a string"),
+            ("an entry a list", header_with({"w": []}), "tensor 'w' is not an object in the "
+             "header"),
             ("an extra field", header_with({"w": {**entry("F32", [1], 0, 4), "x": 1}}, data=four),
-             "corrupt: tensor 'w' is not {dtype, shape, data_offsets}"),
+             "tensor 'w' has an unknown field 'x'"),
+            ("no dtype", header_with({"w": {"shape": [1], "data_offsets": [0, 4]}}, data=four),
+             "tensor 'w' has no dtype"),
+            ("dtype unknown", header_with({"w": entry("Q8", [1], 0, 1)}, data=b"\0"),
+             f"tensor 'w' has dtype \"Q8\"; {dtypes}"),
+            ("dtype a number", header_with({"w": entry(1, [1], 0, 4)}, data=four),
+             "tensor 'w' has no dtype"),
             ("rank 9", header_with({"w": entry("F32", [1] * 9, 0, 4)}, data=four),
-             "corrupt: tensor 'w' has no shape of rank 0 to 8"),
+             "tensor 'w' has no shape of rank 0 to 8"),
             ("a negative dimension", header_with({"w": entry("F32", [-1], 0, 0)}),
-             "corrupt: tensor 'w' has no shape of rank 0 to 8"),
+             "tensor 'w' has a bad dimension -1"),
             ("a dimension 1.0", header_with({"w": entry("F32", [1.0], 0, 4)}, data=four),
-             "corrupt: tensor 'w' has no shape of rank 0 to 8"),
-            ("offsets reversed", header_with({"w": entry("F32", [0], 4, 0)}, data=four),
-             "corrupt: tensor 'w' has no data_offsets [begin, end]"),
-            ("shape 3, data 2 floats", header_with({"w": entry("F32", [3], 0, 8)}, data=four * 2),
-             "corrupt: tensor 'w' of shape [3] is 12 bytes of F32, its data_offsets [0, 8] hold 8"),
+             "tensor 'w' has a bad dimension 1.0"),
             ("a shape past 2^64 elements", header_with({"w": entry("F32", [2**62, 2**62], 0, 4)},
                                                         data=four),
-             f"corrupt: tensor 'w' of shape [{2**62}, {2**62}] is {2**126} bytes of F32, its "
-             "data_offsets [0, 4] hold 4"),
+             f"tensor 'w' has shape [{2**62},{2**62}], larger than the data (4 bytes)"),
+            ("offsets reversed", header_with({"w": entry("F32", [0], 4, 0)}, data=four),
+             "tensor 'w' has data_offsets [4, 0], its shape [0] of F32 takes 0 bytes"),
+            ("offsets negative", header_with({"w": entry("F32", [0], -4, 0)}, data=four),
+             "tensor 'w' has no data_offsets [begin, end]"),
+            ("shape 3, data 2 floats", header_with({"w": entry("F32", [3], 0, 8)}, data=four * 3),
+             "tensor 'w' has data_offsets [0, 8], its shape [3] of F32 takes 12 bytes"),
             ("a hole", header_with({"a": entry("F32", [1], 0, 4), "b": entry("F32", [1], 8, 12)},
                                    data=four * 3),
-             "corrupt: tensor 'b' starts at byte 8, where the one before it ends at 4 (a hole)"),
+             "tensor 'b' starts at byte 8 of the data, where 4 was expected (a hole or an "
+             "overlap)"),
             ("an overlap", header_with({"a": entry("F32", [2], 0, 8),
                                         "b": entry("F32", [1], 4, 8)}, data=four * 2),
-             "corrupt: tensor 'b' starts at byte 4, where the one before it ends at 8 (an "
+             "tensor 'b' starts at byte 4 of the data, where 8 was expected (a hole or an "
              "overlap)"),
             ("data before the first tensor", header_with({"a": entry("F32", [1], 4, 8)},
                                                          data=four * 2),
-             "corrupt: tensor 'a' starts at byte 4, where the one before it ends at 0 (a hole)"),
+             "tensor 'a' starts at byte 4 of the data, where 0 was expected (a hole or an "
+             "overlap)"),
         ])
 
     def test_foreign_and_other_versions(self):
@@ -508,8 +523,8 @@ class ValidFile(ScriptTest):
                          ["\\x1b[2Jwiped", "caf\\xc3\\xa9", "back\\\\slash"])
         self.expect_rows([("a title in a dtype error",
                            header_with({"\x1b]0;owned\x07": entry("Q8", [1], 0, 1)}, data=b"\0"),
-                           "corrupt: tensor '\\x1b]0;owned\\x07' has dtype \"Q8\", not one of "
-                           "F32, F64, I64, BF16, F16")])
+                           "tensor '\\x1b]0;owned\\x07' has dtype \"Q8\"; dptrain reads F32, "
+                           "F64, I64, BF16 and F16")])
         path = self.write("a\x1b[1mb.safetensors", valid())
         code, out, err = self.run_script(path)
         self.assertEqual((code, err), (0, ""))
