@@ -1,281 +1,48 @@
-// The checkpoint file format, its atomic writer and its strict reader. See checkpoint.h.
+// Checkpoints and model files as safetensors (format version 3): the writer, the strict reader
+// and the checks of a checkpoint's contents. See checkpoint.h; versions 1 and 2 are read by
+// checkpoint_legacy.cpp.
 #include "dptrain/train/checkpoint.h"
 
-#include <zlib.h>
+#include <torch/version.h>
+
+#include <nlohmann/json.hpp>
 
 #include <algorithm>
-#include <cerrno>
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <limits>
 #include <map>
 #include <sstream>
 
+#include "checkpoint_legacy.h"
 #include "dptrain/core/errors.h"
 #include "dptrain/core/files.h"
+#include "dptrain/core/sha256.h"
 #include "dptrain/data/data.h"
 #include "dptrain/train/options.h"
 
 namespace dptrain {
 namespace {
 
-constexpr char kMagic[8] = {'D', 'P', 'T', 'R', 'N', 'C', 'K', 'P'};
-constexpr size_t kHeaderBytes = 8 + 4 + 8 + 4;
-constexpr uint64_t kMaxTensors = 100000;  // far above any model dptrain builds
-constexpr uint64_t kMaxRank = 8;
-constexpr uint64_t kMaxName = 4096;
-constexpr uint64_t kMaxEpochs = 1000000;
-constexpr uint64_t kMaxDigest = 128;  // a hex SHA-256 is 64
+using Json = nlohmann::json;
+
 // What a file may claim of the run that wrote it: the command line's own limits (cli.cpp), and
 // for the model's shape what any dptrain could build.
 constexpr int64_t kMaxWidth = 4096;
 constexpr int64_t kMaxClassesOrChannels = 65536;
 constexpr int64_t kMaxCount = (int64_t{1} << 31) - 1;  // --batch-size, the training set
 constexpr int64_t kMaxWorldSize = int64_t{1} << 20;
-constexpr size_t kConfigBytes = 8 * 8;  // width .. world_size, before the digest
-constexpr size_t kStatsBytes = 9 * 8;   // one epoch of history
-// A zip archive's first bytes: TorchScript and torch::save files, which dptrain never opens.
-constexpr uint8_t kZipMagic[4] = {'P', 'K', 3, 4};
+constexpr int64_t kMaxEpochs = 1000000;
 
-// ---- Little-endian encoding --------------------------------------------------------------
-
-class ByteWriter {
- public:
-  void u32(uint32_t v) { put(v, 4); }
-  void u64(uint64_t v) { put(v, 8); }
-  void i64(int64_t v) { put(static_cast<uint64_t>(v), 8); }
-  void f64(double v) {
-    uint64_t bits;
-    std::memcpy(&bits, &v, 8);
-    put(bits, 8);
-  }
-  void text(const std::string& s) {
-    u64(s.size());
-    bytes_.insert(bytes_.end(), s.begin(), s.end());
-  }
-  void raw(const void* data, size_t size) {
-    const auto* p = static_cast<const uint8_t*>(data);
-    bytes_.insert(bytes_.end(), p, p + size);
-  }
-  std::vector<uint8_t>& bytes() { return bytes_; }
-
- private:
-  void put(uint64_t v, int n) {
-    for (int i = 0; i < n; ++i) bytes_.push_back(static_cast<uint8_t>(v >> (8 * i)));
-  }
-  std::vector<uint8_t> bytes_;
-};
-
-// Every read is bounds-checked; running off the end is a DataError naming the file.
-class ByteReader {
- public:
-  // `label` starts every message: "checkpoint PATH" or "--model PATH".
-  ByteReader(const uint8_t* data, size_t size, const std::string& label)
-      : data_(data), size_(size), label_(label) {}
-  uint32_t u32() { return static_cast<uint32_t>(get(4)); }
-  uint64_t u64() { return get(8); }
-  int64_t i64() { return static_cast<int64_t>(get(8)); }
-  double f64() {
-    const uint64_t bits = get(8);
-    double v;
-    std::memcpy(&v, &bits, 8);
-    return v;
-  }
-  std::string text(uint64_t max_size, const char* what) {
-    const uint64_t n = u64();
-    if (n > max_size) fail(std::string(what) + " of " + std::to_string(n) + " bytes");
-    need(n);
-    std::string s(reinterpret_cast<const char*>(data_ + offset_), n);
-    offset_ += n;
-    return s;
-  }
-  const uint8_t* raw(uint64_t n) {
-    need(n);
-    const uint8_t* p = data_ + offset_;
-    offset_ += n;
-    return p;
-  }
-  size_t remaining() const { return size_ - offset_; }
-  [[noreturn]] void fail(const std::string& what) const {
-    throw DataError(label_ + ": corrupt: " + what + " at byte " + std::to_string(offset_));
-  }
-
- private:
-  void need(uint64_t n) const {
-    if (n > size_ - offset_) {
-      throw DataError(label_ + ": truncated: needs " + std::to_string(n) +
-                      " more bytes at byte " + std::to_string(offset_) + " of " +
-                      std::to_string(size_));
-    }
-  }
-  uint64_t get(int n) {
-    need(static_cast<uint64_t>(n));
-    uint64_t v = 0;
-    for (int i = 0; i < n; ++i) v |= static_cast<uint64_t>(data_[offset_ + i]) << (8 * i);
-    offset_ += static_cast<size_t>(n);
-    return v;
-  }
-  const uint8_t* data_;
-  size_t size_;
-  size_t offset_ = 0;
-  const std::string& label_;
-};
-
-// The dtypes a model of ours holds; the codes are part of the file format.
-uint32_t dtype_code(torch::ScalarType type) {
-  switch (type) {
-    case torch::kFloat32:
-      return 1;
-    case torch::kFloat64:
-      return 2;
-    case torch::kInt64:
-      return 3;
-    case torch::kBFloat16:
-      return 4;
-    case torch::kFloat16:
-      return 5;
-    default:
-      TORCH_CHECK(false, "checkpoint: no code for dtype ", type);
-  }
-}
-
-std::optional<torch::ScalarType> dtype_of_code(uint32_t code) {
-  switch (code) {
-    case 1:
-      return torch::kFloat32;
-    case 2:
-      return torch::kFloat64;
-    case 3:
-      return torch::kInt64;
-    case 4:
-      return torch::kBFloat16;
-    case 5:
-      return torch::kFloat16;
-    default:
-      return std::nullopt;
-  }
-}
-
-void write_stats(ByteWriter& w, const EpochStats& s) {
-  w.i64(s.epoch);
-  w.i64(s.epochs);
-  w.f64(s.train_loss);
-  w.f64(s.train_acc);
-  w.f64(s.test_loss);
-  w.f64(s.test_acc);
-  w.f64(s.seconds);
-  w.f64(s.images_per_second);
-  w.i64(s.steps);
-}
-
-EpochStats read_stats(ByteReader& r) {
-  EpochStats s;
-  s.epoch = r.i64();
-  s.epochs = r.i64();
-  s.train_loss = r.f64();
-  s.train_acc = r.f64();
-  s.test_loss = r.f64();
-  s.test_acc = r.f64();
-  s.seconds = r.f64();
-  s.images_per_second = r.f64();
-  s.steps = r.i64();
-  return s;
-}
-
-// One named tensor: name, dtype code, rank, dimensions, byte count, raw bytes. Every size is
-// checked against what the file still holds before anything is allocated.
-std::pair<std::string, torch::Tensor> read_tensor(ByteReader& r) {
-  auto name = r.text(kMaxName, "tensor name");
-  const std::string shown = printable(name);  // a name is the file's bytes: escape them
-  const auto dtype = dtype_of_code(r.u32());
-  if (!dtype) r.fail("unknown dtype code in tensor " + shown);
-  const uint64_t rank = r.u64();
-  if (rank > kMaxRank) r.fail("tensor " + shown + " of rank " + std::to_string(rank));
-  std::vector<int64_t> dims;
-  uint64_t numel = 1;
-  for (uint64_t d = 0; d < rank; ++d) {
-    const int64_t size = r.i64();
-    if (size < 0 ||
-        (size > 0 && numel > std::numeric_limits<uint64_t>::max() / static_cast<uint64_t>(size))) {
-      r.fail("tensor " + shown + " with bad dimension " + std::to_string(size));
-    }
-    numel *= static_cast<uint64_t>(size);
-    dims.push_back(size);
-  }
-  const uint64_t element = c10::elementSize(*dtype);
-  const uint64_t stored = r.u64();
-  if (numel > r.remaining() / element || stored != numel * element) {
-    r.fail("tensor " + shown + " holds " + std::to_string(stored) + " bytes, its shape " +
-           std::to_string(numel) + " elements");
-  }
-  const uint8_t* data = r.raw(stored);
-  auto tensor = torch::empty(dims, torch::TensorOptions().dtype(*dtype));
-  // An empty tensor has no storage to copy into (data_ptr() is null; memcpy forbids that).
-  if (stored > 0) std::memcpy(tensor.data_ptr(), data, stored);
-  return {std::move(name), std::move(tensor)};
-}
-
-// The CRC-32 a file's header must carry. Version 1 covered the payload alone, so a flipped bit in
-// the version field read as "format version 257"; from version 2 on it covers the header's magic,
-// version and payload size too, and a header that was damaged reads as corrupt.
-uint32_t file_crc(uint32_t version, const uint8_t* file, size_t payload_size) {
-  const uint8_t* payload = file + kHeaderBytes;
-  uLong crc = ::crc32(0L, Z_NULL, 0);
-  if (version >= 2) crc = ::crc32(crc, file, static_cast<uInt>(kHeaderBytes - 4));
-  return static_cast<uint32_t>(::crc32(crc, payload, static_cast<uInt>(payload_size)));
-}
-
-}  // namespace
-
-// ---- Serialisation ---------------------------------------------------------------------
-
-std::vector<uint8_t> serialize_checkpoint(const Checkpoint& c) {
-  ByteWriter payload;
-  payload.i64(c.config.width);
-  payload.i64(c.config.num_classes);
-  payload.i64(c.config.in_channels);
-  payload.i64(c.config.batch_size);
-  payload.f64(c.config.lr);
-  payload.u64(c.config.seed);
-  payload.i64(c.config.train_size);
-  payload.i64(c.config.world_size);
-  if (c.format_version >= 2) payload.text(c.config.train_digest);
-  payload.i64(c.epochs_done);
-  payload.i64(c.step_in_epoch);
-  payload.i64(c.global_step);
-  payload.f64(c.partial_sums.loss_sum);
-  payload.f64(c.partial_sums.correct);
-  payload.f64(c.partial_sums.count);
-  payload.f64(c.partial_seconds);
-  payload.u64(c.history.size());
-  for (const auto& s : c.history) write_stats(payload, s);
-  payload.u64(c.tensors.size());
-  for (const auto& [name, tensor] : c.tensors) {
-    const auto t = tensor.detach().to(torch::kCPU).contiguous();
-    payload.text(name);
-    payload.u32(dtype_code(t.scalar_type()));
-    payload.u64(static_cast<uint64_t>(t.dim()));
-    for (int64_t d : t.sizes()) payload.i64(d);
-    const auto size = static_cast<uint64_t>(t.numel()) * t.element_size();
-    payload.u64(size);
-    payload.raw(t.data_ptr(), size);
-  }
-
-  TORCH_CHECK(c.format_version == 1 || c.format_version == kCheckpointFormatVersion,
-              "checkpoint: cannot write format version ", c.format_version);
-  ByteWriter file;
-  file.raw(kMagic, sizeof kMagic);
-  file.u32(c.format_version);
-  file.u64(payload.bytes().size());
-  file.u32(0);  // the CRC-32, filled in below
-  file.raw(payload.bytes().data(), payload.bytes().size());
-  auto& bytes = file.bytes();
-  const uint32_t crc = file_crc(c.format_version, bytes.data(), payload.bytes().size());
-  for (int i = 0; i < 4; ++i) bytes[kHeaderBytes - 4 + i] = static_cast<uint8_t>(crc >> (8 * i));
-  return std::move(bytes);
-}
-
-namespace {
+// The metadata keys of a version 3 file (docs/checkpoints.md lists them with their meaning).
+constexpr char kFormatKey[] = "dptrain.format_version";
+constexpr char kKindKey[] = "dptrain.kind";
+constexpr char kRunStateKey[] = "dptrain.run_state";
+constexpr char kDigestKey[] = "dptrain.digest";
+constexpr char kDigestPrefix[] = "sha256:";
+// The name of the stem convolution's weight, (width, in_channels, 3, 3): a plain file's width.
+constexpr char kStemWeight[] = "0.weight";
 
 // "is 1000000, ..." for the impossible-contents messages.
 std::string value_text(double value) {
@@ -287,9 +54,9 @@ std::string value_text(double value) {
   return out.str();
 }
 
-// Note [A checkpoint's contents are checked, not only its CRC]
-// The CRC-32 tells a damaged file from an intact one, not a file dptrain wrote from one made to
-// look like it: a crafted file with a fitting CRC claimed step 10^6 of a 2-step epoch, which
+// Note [A checkpoint's contents are checked, not only its digest]
+// The digest (the CRC-32 of versions 1 and 2) tells a damaged file from an intact one, not a file
+// dptrain wrote from one made to look like it: a crafted file with a fitting CRC claimed step 10^6 of a 2-step epoch, which
 // trained nothing and reported 0 img/s, or a global step of 2^63 - 1, which wrapped. So every
 // field is checked against what the command line allows and against the others: the position
 // must lie inside the epoch that the batch size and training-set size make, the history must
@@ -297,9 +64,12 @@ std::string value_text(double value) {
 // or +inf besides a number >= 0: a run that diverges writes such losses (the test loss of
 // weights grown huge, under --on-nonfinite skip or before a step's gradient overflows), and its
 // checkpoints must stay readable; a negative loss no run has.
-void check_contents(const Checkpoint& c, ByteReader& r) {
+}  // namespace
+
+void check_checkpoint_contents(const Checkpoint& c, const std::string& label) {
   const auto impossible = [&](const std::string& field, double value, const std::string& why) {
-    r.fail("impossible contents: " + field + " is " + value_text(value) + " (" + why + ")");
+    throw DataError(label + ": corrupt: impossible contents: " + field + " is " + value_text(value) +
+                    " (" + why + ")");
   };
   const auto in_range = [&](const char* field, int64_t value, int64_t low, int64_t high) {
     if (value < low || value > high) {
@@ -374,116 +144,427 @@ void check_contents(const Checkpoint& c, ByteReader& r) {
   }
 }
 
-// The configuration and position at the payload's start, parsed; then the rest.
-Checkpoint parse_payload(const uint8_t* payload, size_t payload_size, uint32_t version,
-                         const std::string& label) {
-  ByteReader r(payload, payload_size, label);
+
+namespace {
+
+// ---- The content digest ------------------------------------------------------------------
+
+// Note [A digest of the content, not of the bytes]
+// safetensors carries no checksum, so a version 3 file carries its own in "dptrain.digest": the
+// SHA-256 of the metadata (but the digest), the tensor table and the data, each string framed as
+// a netstring ("5:hello,"), in an order fixed by the content alone (metadata by key, tensors by
+// offset). It does not depend on how the JSON was spaced or ordered, so a file that another
+// safetensors tool rewrote with the same content still verifies; scripts/read_checkpoint.py
+// computes the same. Names and shapes are covered, so two tensors whose names were swapped do
+// not load as each other.
+class ContentDigest {
+ public:
+  void text(const std::string& s) {
+    const std::string frame = std::to_string(s.size()) + ":";
+    sha_.update(frame);
+    sha_.update(s);
+    sha_.update(",", 1);
+  }
+  void raw(const void* data, size_t size) { sha_.update(data, size); }
+  std::string hex() { return sha_.hex_digest(); }
+
+ private:
+  Sha256 sha_;
+};
+
+std::string shape_text(const std::vector<int64_t>& shape) {
+  std::string text;
+  for (size_t i = 0; i < shape.size(); ++i) text += (i ? "," : "") + std::to_string(shape[i]);
+  return text;
+}
+
+// `data` feeds the data bytes in order.
+template <typename FeedData>
+std::string content_digest(const SafetensorsMetadata& metadata,
+                           const std::vector<SafetensorsEntry>& entries, FeedData&& data) {
+  ContentDigest digest;
+  digest.raw("dptrain safetensors digest 1\n", 29);
+  for (const auto& [key, value] : metadata) {  // std::map: by key, bytewise
+    if (key == kDigestKey) continue;
+    digest.text(key);
+    digest.text(value);
+  }
+  digest.raw("\n", 1);
+  for (const auto& e : entries) {
+    digest.text(e.name);
+    digest.text(safetensors_dtype_name(e.dtype));
+    digest.text(shape_text(e.shape));
+    digest.text(std::to_string(e.begin));
+    digest.text(std::to_string(e.end));
+  }
+  digest.raw("\n", 1);
+  data(digest);
+  return kDigestPrefix + digest.hex();
+}
+
+// ---- The run state as JSON -----------------------------------------------------------------
+
+// A double as JSON: a number when finite, else the string "nan", "inf" or "-inf" (JSON has none).
+Json number(double value) {
+  if (std::isfinite(value)) return value;
+  return std::isnan(value) ? "nan" : (value > 0 ? "inf" : "-inf");
+}
+
+Json stats_json(const EpochStats& s) {
+  return {{"epoch", s.epoch},
+          {"epochs", s.epochs},
+          {"train_loss", number(s.train_loss)},
+          {"train_acc", number(s.train_acc)},
+          {"test_loss", number(s.test_loss)},
+          {"test_acc", number(s.test_acc)},
+          {"seconds", number(s.seconds)},
+          {"images_per_second", number(s.images_per_second)},
+          {"steps", s.steps},
+          {"gpu_ms_per_step", number(s.gpu_ms_per_step)},
+          {"tflops", number(s.tflops)},
+          {"mfu", number(s.mfu)},
+          {"peak_host_bytes", number(s.peak_host_bytes)},
+          {"peak_device_bytes", number(s.peak_device_bytes)}};
+}
+
+Json run_state_json(const Checkpoint& c) {
+  const auto& config = c.config;
+  Json history = Json::array();
+  for (const auto& s : c.history) history.push_back(stats_json(s));
+  return {{"config",
+           {{"width", config.width},
+            {"num_classes", config.num_classes},
+            {"in_channels", config.in_channels},
+            {"batch_size", config.batch_size},
+            {"lr", number(config.lr)},
+            {"seed", config.seed},
+            {"train_size", config.train_size},
+            {"world_size", config.world_size},
+            {"train_digest", config.train_digest}}},
+          {"epochs_done", c.epochs_done},
+          {"step_in_epoch", c.step_in_epoch},
+          {"global_step", c.global_step},
+          {"partial_sums",
+           {{"loss_sum", number(c.partial_sums.loss_sum)},
+            {"correct", number(c.partial_sums.correct)},
+            {"count", number(c.partial_sums.count)}}},
+          {"partial_seconds", number(c.partial_seconds)},
+          {"history", history}};
+}
+
+// Reads the run state's fields by name; a missing field or one of the wrong type is a DataError
+// naming it ("run state: history[2].seconds is not a number"). Fields it does not know are left
+// alone: a newer dptrain adds them under a new format version only when they matter.
+class RunStateReader {
+ public:
+  explicit RunStateReader(const std::string& label) : label_(label) {}
+
+  const Json& field(const Json& object, const char* key, const std::string& at) const {
+    if (!object.is_object()) fail(at.empty() ? "the run state" : at, "is not an object");
+    const auto found = object.find(key);
+    if (found == object.end()) fail(join(at, key), "is missing");
+    return *found;
+  }
+  const Json& object(const Json& parent, const char* key, const std::string& at) const {
+    const Json& value = field(parent, key, at);
+    if (!value.is_object()) fail(join(at, key), "is not an object");
+    return value;
+  }
+  int64_t integer(const Json& object, const char* key, const std::string& at) const {
+    const Json& value = field(object, key, at);
+    if (!value.is_number_integer() ||
+        (value.is_number_unsigned() && value.get<uint64_t>() > uint64_t{INT64_MAX})) {
+      fail(join(at, key), "is not an integer of 64 bits");
+    }
+    return value.get<int64_t>();
+  }
+  uint64_t unsigned_integer(const Json& object, const char* key, const std::string& at) const {
+    const Json& value = field(object, key, at);
+    if (!value.is_number_unsigned()) fail(join(at, key), "is not an integer from 0 to 2^64 - 1");
+    return value.get<uint64_t>();
+  }
+  double real(const Json& object, const char* key, const std::string& at) const {
+    const Json& value = field(object, key, at);
+    if (value.is_number()) return value.get<double>();
+    if (value == "nan") return std::numeric_limits<double>::quiet_NaN();
+    if (value == "inf") return std::numeric_limits<double>::infinity();
+    if (value == "-inf") return -std::numeric_limits<double>::infinity();
+    fail(join(at, key), "is not a number (nor \"nan\", \"inf\", \"-inf\")");
+  }
+  // A figure later versions may add: NaN when absent.
+  double optional_real(const Json& object, const char* key, const std::string& at) const {
+    return object.contains(key) ? real(object, key, at)
+                                : std::numeric_limits<double>::quiet_NaN();
+  }
+  std::string text(const Json& object, const char* key, const std::string& at) const {
+    const Json& value = field(object, key, at);
+    if (!value.is_string()) fail(join(at, key), "is not a string");
+    return value.get<std::string>();
+  }
+  [[noreturn]] void fail(const std::string& field, const std::string& what) const {
+    throw DataError(label_ + ": corrupt: run state: " + field + " " + what);
+  }
+
+ private:
+  static std::string join(const std::string& at, const char* key) {
+    return at.empty() ? std::string(key) : at + "." + key;
+  }
+  const std::string& label_;
+};
+
+EpochStats read_stats(const RunStateReader& r, const Json& s, const std::string& at) {
+  EpochStats stats;
+  stats.epoch = r.integer(s, "epoch", at);
+  stats.epochs = r.integer(s, "epochs", at);
+  stats.train_loss = r.real(s, "train_loss", at);
+  stats.train_acc = r.real(s, "train_acc", at);
+  stats.test_loss = r.real(s, "test_loss", at);
+  stats.test_acc = r.real(s, "test_acc", at);
+  stats.seconds = r.real(s, "seconds", at);
+  stats.images_per_second = r.real(s, "images_per_second", at);
+  stats.steps = r.integer(s, "steps", at);
+  stats.gpu_ms_per_step = r.optional_real(s, "gpu_ms_per_step", at);
+  stats.tflops = r.optional_real(s, "tflops", at);
+  stats.mfu = r.optional_real(s, "mfu", at);
+  stats.peak_host_bytes = r.optional_real(s, "peak_host_bytes", at);
+  stats.peak_device_bytes = r.optional_real(s, "peak_device_bytes", at);
+  return stats;
+}
+
+CheckpointConfig read_config(const RunStateReader& r, const Json& state) {
+  const Json& c = r.object(state, "config", "");
+  CheckpointConfig config;
+  config.width = r.integer(c, "width", "config");
+  config.num_classes = r.integer(c, "num_classes", "config");
+  config.in_channels = r.integer(c, "in_channels", "config");
+  config.batch_size = r.integer(c, "batch_size", "config");
+  config.lr = r.real(c, "lr", "config");
+  config.seed = r.unsigned_integer(c, "seed", "config");
+  config.train_size = r.integer(c, "train_size", "config");
+  config.world_size = r.integer(c, "world_size", "config");
+  config.train_digest = r.text(c, "train_digest", "config");
+  return config;
+}
+
+Json parse_run_state(const SafetensorsMetadata& metadata, const std::string& label) {
+  const auto found = metadata.find(kRunStateKey);
+  if (found == metadata.end()) throw DataError(label + ": corrupt: no run state (" + kRunStateKey + ")");
+  try {
+    return Json::parse(found->second);
+  } catch (const Json::exception& e) {
+    throw DataError(label + ": corrupt: the run state is not valid JSON: " + e.what());
+  }
+}
+
+Checkpoint read_run_state(const Json& state, const std::string& label) {
+  const RunStateReader r(label);
   Checkpoint c;
-  c.format_version = version;
-  c.config.width = r.i64();
-  c.config.num_classes = r.i64();
-  c.config.in_channels = r.i64();
-  c.config.batch_size = r.i64();
-  c.config.lr = r.f64();
-  c.config.seed = r.u64();
-  c.config.train_size = r.i64();
-  c.config.world_size = r.i64();
-  if (version >= 2) c.config.train_digest = r.text(kMaxDigest, "training-set digest");
-  c.epochs_done = r.i64();
-  c.step_in_epoch = r.i64();
-  c.global_step = r.i64();
-  c.partial_sums.loss_sum = r.f64();
-  c.partial_sums.correct = r.f64();
-  c.partial_sums.count = r.f64();
-  c.partial_seconds = r.f64();
-  const uint64_t epochs = r.u64();
-  if (epochs > kMaxEpochs) r.fail("history of " + std::to_string(epochs) + " epochs");
-  if (epochs > r.remaining() / kStatsBytes) r.fail("history of " + std::to_string(epochs) + " epochs");
-  for (uint64_t i = 0; i < epochs; ++i) c.history.push_back(read_stats(r));
-  check_contents(c, r);
-  const uint64_t count = r.u64();
-  if (count > kMaxTensors) r.fail(std::to_string(count) + " tensors");
-  for (uint64_t i = 0; i < count; ++i) c.tensors.push_back(read_tensor(r));
-  if (r.remaining() != 0) r.fail(std::to_string(r.remaining()) + " stray bytes after the tensors");
+  c.config = read_config(r, state);
+  c.epochs_done = r.integer(state, "epochs_done", "");
+  c.step_in_epoch = r.integer(state, "step_in_epoch", "");
+  c.global_step = r.integer(state, "global_step", "");
+  const Json& sums = r.object(state, "partial_sums", "");
+  c.partial_sums.loss_sum = r.real(sums, "loss_sum", "partial_sums");
+  c.partial_sums.correct = r.real(sums, "correct", "partial_sums");
+  c.partial_sums.count = r.real(sums, "count", "partial_sums");
+  c.partial_seconds = r.real(state, "partial_seconds", "");
+  const Json& history = r.field(state, "history", "");
+  if (!history.is_array()) r.fail("history", "is not an array");
+  for (size_t i = 0; i < history.size(); ++i) {
+    c.history.push_back(read_stats(r, history[i], "history[" + std::to_string(i) + "]"));
+  }
   return c;
 }
 
-// The header's fields, checked against the file's size: a file is refused by what its first
-// bytes say before the rest is read. `size` is the whole file's.
-struct Header {
-  uint32_t version = 0;
-  uint64_t payload_size = 0;
-  uint32_t crc = 0;
-};
-Header parse_header(const uint8_t* bytes, size_t available, uint64_t size,
-                    const std::string& label) {
-  if (available >= sizeof kZipMagic && std::memcmp(bytes, kZipMagic, sizeof kZipMagic) == 0) {
-    throw DataError(label +
-                    ": a zip archive (TorchScript or torch.save; --save-model wrote these "
-                    "before it wrote checkpoints), not a dptrain checkpoint; dptrain never opens "
-                    "archives, because loading one runs the code it may carry");
-  }
-  if (available < sizeof kMagic || std::memcmp(bytes, kMagic, sizeof kMagic) != 0) {
-    throw DataError(label + ": not a dptrain checkpoint (no DPTRNCKP header)");
-  }
-  ByteReader header(bytes, available, label);
-  header.raw(sizeof kMagic);
-  Header h;
-  h.version = header.u32();
-  h.payload_size = header.u64();
-  h.crc = header.u32();
-  if (h.payload_size != size - kHeaderBytes) {
-    throw DataError(label + ": truncated or padded: the header promises " +
-                    std::to_string(h.payload_size) + " bytes of payload, the file has " +
-                    std::to_string(size - kHeaderBytes));
-  }
-  // zlib takes the length as uInt; a checkpoint of ours is far below 4 GiB, but check anyway.
-  if (h.payload_size > std::numeric_limits<uInt>::max()) {
-    throw DataError(label + ": payload of " + std::to_string(h.payload_size) +
-                    " bytes is larger than dptrain writes");
-  }
-  return h;
+// The metadata of a version 3 file but its digest: the run state, and facts for a person or a
+// tool that never runs dptrain (safetensors' own metadata viewers show them).
+SafetensorsMetadata metadata_of(const Checkpoint& c) {
+  SafetensorsMetadata m;
+  m["format"] = "pt";  // the tensors are PyTorch's (Hugging Face's convention for this key)
+  m[kFormatKey] = std::to_string(kCheckpointFormatVersion);
+  m[kKindKey] = c.kind == CheckpointKind::kModel ? "model" : "checkpoint";
+  m[kRunStateKey] = run_state_json(c).dump();
+  m["dptrain.version"] = DPTRAIN_VERSION;
+  m["dptrain.libtorch"] = TORCH_VERSION;
+  m["dptrain.width"] = std::to_string(c.config.width);
+  m["dptrain.num_classes"] = std::to_string(c.config.num_classes);
+  m["dptrain.in_channels"] = std::to_string(c.config.in_channels);
+  m["dptrain.epochs_done"] = std::to_string(c.epochs_done);
+  m["dptrain.train_digest"] = c.config.train_digest;
+  if (!c.history.empty()) m["dptrain.test_acc"] = number(c.history.back().test_acc).dump();
+  return m;
 }
 
-Checkpoint parse_labelled(const uint8_t* bytes, size_t size, const std::string& label) {
-  const Header h = parse_header(bytes, size, size, label);
-  // The CRC first: only a header that is intact may claim a version this dptrain does not know.
-  // Later versions keep version 2's CRC, which covers the version field.
-  if (file_crc(h.version == 1 ? 1 : 2, bytes, h.payload_size) != h.crc) {
-    throw DataError(label + ": corrupt: the CRC-32 of the contents does not match");
+// A file that is neither DPTRNCKP nor plausibly safetensors (too short, a header length past the
+// cap, no JSON object after it) is named foreign first; `first` holds min(9, size) bytes.
+void check_not_foreign(const uint8_t* first, size_t available, uint64_t size,
+                       const std::string& label) {
+  uint64_t n = 0;
+  for (size_t i = 0; i < 8 && i < available; ++i) n |= static_cast<uint64_t>(first[i]) << (8 * i);
+  if (size < 10 || n > kMaxSafetensorsHeaderBytes || (available > 8 && first[8] != '{')) {
+    throw DataError(label + ": not a dptrain checkpoint (neither a safetensors file nor " +
+                    "dptrain's older DPTRNCKP format)");
   }
-  if (h.version == 0) {
-    throw DataError(label + ": format version 0, which no dptrain writes (corrupt or foreign)");
+}
+
+// The file's format version from its metadata, checked: 3, or a DataError saying why not.
+void check_format_version(const SafetensorsMetadata& metadata, const std::string& label) {
+  const auto found = metadata.find(kFormatKey);
+  if (found == metadata.end()) {
+    throw DataError(label + ": a safetensors file without dptrain's run state, not a checkpoint " +
+                    "(dptrain eval --model reads the weights of such a file)");
   }
-  if (h.version != 1 && h.version != kCheckpointFormatVersion) {
-    throw DataError(label + ": format version " + std::to_string(h.version) +
-                    ", written by a newer dptrain; this one reads versions 1 to " +
+  const std::string& v = found->second;
+  const bool digits = !v.empty() && v.size() < 10 &&
+                      std::all_of(v.begin(), v.end(), [](char ch) { return ch >= '0' && ch <= '9'; });
+  if (digits && std::stoul(v) > kCheckpointFormatVersion) {
+    throw DataError(label + ": format version " + v + ", written by a newer dptrain (or " +
+                    "damaged); this one reads versions 1 to " +
                     std::to_string(kCheckpointFormatVersion));
   }
-  return parse_payload(bytes + kHeaderBytes, h.payload_size, h.version, label);
+  if (v != std::to_string(kCheckpointFormatVersion)) {
+    throw DataError(label + ": corrupt: format version '" + printable(v) + "'");
+  }
 }
 
 }  // namespace
 
-Checkpoint parse_checkpoint(const std::vector<uint8_t>& bytes, const std::string& name) {
-  return parse_labelled(bytes.data(), bytes.size(), "checkpoint " + name);
+std::string checkpoint_content_digest(const SafetensorsHeader& header, const uint8_t* data) {
+  return content_digest(header.metadata, header.entries, [&](ContentDigest& d) {
+    d.raw(data, static_cast<size_t>(header.data_bytes));
+  });
 }
 
-uint64_t checkpoint_size_limit(int64_t width, int64_t num_classes, int64_t in_channels,
-                               int64_t epochs_done) {
-  // Elements of the book's ResNet-18 at width w (model.h): about 2729 w^2 in the convolutions
-  // (11,175,818 at w = 64), plus terms linear in w (BatchNorm, the stem, the linear layer).
-  // Bounded generously, at 8 bytes an element (float64 is the widest dtype a file may hold).
+namespace {
+
+void check_digest(const SafetensorsHeader& header, const uint8_t* data, const std::string& label) {
+  const auto found = header.metadata.find(kDigestKey);
+  if (found == header.metadata.end()) throw DataError(label + ": corrupt: no digest (" + kDigestKey + ")");
+  if (checkpoint_content_digest(header, data) != found->second) {
+    throw DataError(label + ": corrupt: the content digest does not match (the file was damaged " +
+                    "or changed after dptrain wrote it)");
+  }
+}
+
+// A version 3 checkpoint from its checked header and data.
+Checkpoint checkpoint_from(const SafetensorsHeader& header, const uint8_t* data,
+                           const std::string& label) {
+  check_format_version(header.metadata, label);  // a newer version is named before its digest
+  check_digest(header, data, label);
+  const auto kind = header.metadata.find(kKindKey);
+  if (kind == header.metadata.end() || (kind->second != "model" && kind->second != "checkpoint")) {
+    throw DataError(label + ": corrupt: " + kKindKey + " is neither \"checkpoint\" nor \"model\"");
+  }
+  Checkpoint c = read_run_state(parse_run_state(header.metadata, label), label);
+  c.format_version = kCheckpointFormatVersion;
+  c.kind = kind->second == "model" ? CheckpointKind::kModel : CheckpointKind::kCheckpoint;
+  check_checkpoint_contents(c, label);
+  c.tensors = safetensors_tensors(header, data);
+  return c;
+}
+
+// The elements of the book's ResNet-18 at width w (model.h): about 2729 w^2 in the convolutions
+// (11,175,818 at w = 64), plus terms linear in w (BatchNorm, the stem, the linear layer),
+// bounded generously.
+uint64_t model_elements_bound(int64_t width, int64_t num_classes, int64_t in_channels) {
   const auto w = static_cast<uint64_t>(std::clamp<int64_t>(width, 1, kMaxWidth));
   const auto k = static_cast<uint64_t>(std::clamp<int64_t>(num_classes, 1, kMaxClassesOrChannels));
   const auto c = static_cast<uint64_t>(std::clamp<int64_t>(in_channels, 1, kMaxClassesOrChannels));
-  const auto e = static_cast<uint64_t>(std::clamp<int64_t>(epochs_done, 0, kMaxEpochs));
-  const uint64_t elements = 2800 * w * w + 64 * w * (16 + k + c) + 4 * k;
-  // Per tensor: its name (at most kMaxName bytes), dtype, rank, dims and byte count; a model
-  // holds about 120 tensors.
-  const uint64_t per_tensor = 8 + kMaxName + 4 + 8 + 8 * kMaxRank + 8;
-  return kConfigBytes + 8 + kMaxDigest + 7 * 8 + 8 + e * kStatsBytes + 8 + 1000 * per_tensor +
-         8 * elements;
+  return 2800 * w * w + 64 * w * (16 + k + c) + 4 * k;
+}
+
+// A version 3 file opened: its header read and checked, and its size checked against the model
+// `bound_width` says it holds before the data is read.
+struct OpenedFile {
+  SafetensorsHeader header;
+  std::vector<uint8_t> data;
+};
+
+OpenedFile open_safetensors(const RegularFile& file,
+                            const std::function<int64_t(const SafetensorsHeader&)>& bound_width,
+                            const std::string& label) {
+  uint8_t first[8] = {};
+  file.read_at(0, first, static_cast<size_t>(std::min<uint64_t>(file.size(), 8)));
+  const uint64_t n = safetensors_header_bytes(first, file.size(), label);
+  std::vector<uint8_t> json(static_cast<size_t>(n));
+  file.read_at(8, json.data(), json.size());
+  OpenedFile opened{parse_safetensors_header(json.data(), n, file.size(), label), {}};
+  const int64_t width = bound_width(opened.header);
+  const uint64_t limit = checkpoint_size_limit(width, kNumClasses, 1);
+  if (file.size() > limit) {
+    throw DataError(label + ": " + std::to_string(file.size()) +
+                    " bytes, more than a file of a width-" + std::to_string(width) +
+                    " model can hold (at most " + std::to_string(limit) + "); not read");
+  }
+  opened.data.resize(static_cast<size_t>(opened.header.data_bytes));
+  file.read_at(opened.header.data_offset(), opened.data.data(), opened.data.size());
+  return opened;
+}
+
+// The width a checkpoint's run state claims, for the size bound only (the digest and the
+// contents are checked once the file is read; a damaged width only loosens the bound).
+int64_t claimed_width(const SafetensorsHeader& header, const std::string& label) {
+  check_format_version(header.metadata, label);
+  const Json state = parse_run_state(header.metadata, label);
+  const RunStateReader r(label);
+  return r.integer(r.object(state, "config", ""), "width", "config");
+}
+
+// The width of a plain safetensors file's model: the stem convolution's output channels.
+int64_t stem_width(const SafetensorsHeader& header, const std::string& label) {
+  for (const auto& e : header.entries) {
+    if (e.name != kStemWeight) continue;
+    if (e.shape.size() != 4 || e.shape[0] < 1 || e.shape[0] > kMaxWidth) {
+      throw DataError(label + ": tensor '" + kStemWeight + "' has shape [" + shape_text(e.shape) +
+                      "], not the stem convolution's [width, 1, 3, 3] of a dptrain model");
+    }
+    return e.shape[0];
+  }
+  throw DataError(label + ": has no tensor '" + kStemWeight + "' (the stem convolution of the " +
+                  "book's ResNet-18 as dptrain and tests/support/pytorch_resnet.py name it)");
+}
+
+}  // namespace
+
+// ---- Serialisation ---------------------------------------------------------------------
+
+std::vector<uint8_t> serialize_checkpoint(const Checkpoint& c) {
+  if (c.format_version < kCheckpointFormatVersion) return serialize_legacy_checkpoint(c);
+  TORCH_CHECK(c.format_version == kCheckpointFormatVersion, "checkpoint: cannot write format version ",
+              c.format_version);
+  NamedTensors tensors;
+  std::vector<SafetensorsEntry> entries;
+  uint64_t offset = 0;
+  for (const auto& [name, tensor] : c.tensors) {
+    auto t = tensor.detach().to(torch::kCPU).contiguous();
+    const uint64_t bytes = static_cast<uint64_t>(t.numel()) * t.element_size();
+    entries.push_back({name, t.scalar_type(), t.sizes().vec(), offset, offset + bytes});
+    offset += bytes;
+    tensors.emplace_back(name, std::move(t));
+  }
+  auto metadata = metadata_of(c);
+  metadata[kDigestKey] = content_digest(metadata, entries, [&](ContentDigest& d) {
+    for (const auto& [name, t] : tensors) {
+      d.raw(t.data_ptr(), static_cast<size_t>(t.numel()) * t.element_size());
+    }
+  });
+  return serialize_safetensors(tensors, metadata);
+}
+
+Checkpoint parse_checkpoint(const std::vector<uint8_t>& bytes, const std::string& name) {
+  const std::string label = "checkpoint " + name;
+  if (is_legacy_checkpoint(bytes.data(), bytes.size())) {
+    return parse_legacy_checkpoint(bytes.data(), bytes.size(), label);
+  }
+  check_not_foreign(bytes.data(), std::min<size_t>(bytes.size(), 9), bytes.size(), label);
+  const uint64_t n = safetensors_header_bytes(bytes.data(), bytes.size(), label);
+  const auto header = parse_safetensors_header(bytes.data() + 8, n, bytes.size(), label);
+  return checkpoint_from(header, bytes.data() + header.data_offset(), label);
+}
+
+uint64_t checkpoint_size_limit(int64_t width, int64_t num_classes, int64_t in_channels) {
+  // At 8 bytes an element: float64 is the widest dtype a file may hold.
+  return 8 + kMaxSafetensorsHeaderBytes + 8 * model_elements_bound(width, num_classes, in_channels);
 }
 
 // ---- Files -------------------------------------------------------------------------------
@@ -496,30 +577,62 @@ void write_checkpoint_atomically(const Checkpoint& checkpoint, const std::string
 
 Checkpoint read_checkpoint(const std::string& path, const std::string& what) {
   const RegularFile file(path, what);
-  const std::string label = file.name();
-  // The header and the configuration first, read where they stand; the file is read whole only
-  // when its size is one a checkpoint of the model it claims can have.
-  uint8_t head[kHeaderBytes + kConfigBytes] = {};
-  const auto head_size = static_cast<size_t>(std::min<uint64_t>(file.size(), sizeof head));
-  file.read_at(0, head, head_size);
-  parse_header(head, head_size, file.size(), label);
-  if (head_size == sizeof head) {
-    ByteReader config(head + kHeaderBytes, kConfigBytes, label);
-    const int64_t width = config.i64();
-    const int64_t classes = config.i64();
-    const int64_t channels = config.i64();
-    // The history's length lies beyond the digest; the bound takes the longest one. A damaged
-    // width only loosens the bound: the CRC finds the damage once the file is read.
-    const uint64_t limit = checkpoint_size_limit(width, classes, channels, kMaxEpochs);
-    if (file.size() > limit) {
-      throw DataError(label + ": " + std::to_string(file.size()) +
-                      " bytes, more than a checkpoint of a width-" + std::to_string(width) +
-                      " model can hold (at most " + std::to_string(limit) + "); not read");
-    }
+  const std::string& label = file.name();
+  uint8_t first[9] = {};
+  const auto available = static_cast<size_t>(std::min<uint64_t>(file.size(), sizeof first));
+  file.read_at(0, first, available);
+  if (is_legacy_checkpoint(first, available)) return read_legacy_checkpoint(file);
+  check_not_foreign(first, available, file.size(), label);
+  const auto opened = open_safetensors(
+      file, [&](const SafetensorsHeader& header) { return claimed_width(header, label); }, label);
+  return checkpoint_from(opened.header, opened.data.data(), label);
+}
+
+ModelWeights read_model_weights(const std::string& path, const std::string& what) {
+  const RegularFile file(path, what);
+  const std::string& label = file.name();
+  uint8_t first[8] = {};
+  const auto available = static_cast<size_t>(std::min<uint64_t>(file.size(), sizeof first));
+  file.read_at(0, first, available);
+  if (is_legacy_checkpoint(first, available)) {
+    auto c = read_legacy_checkpoint(file);
+    return {std::move(c.tensors), c.config.width, true};
   }
-  std::vector<uint8_t> bytes(static_cast<size_t>(file.size()));
-  file.read_at(0, bytes.data(), bytes.size());
-  return parse_labelled(bytes.data(), bytes.size(), label);
+  bool from_dptrain = false;
+  const auto opened = open_safetensors(
+      file,
+      [&](const SafetensorsHeader& header) {
+        from_dptrain = header.metadata.count(kFormatKey) != 0;
+        return from_dptrain ? claimed_width(header, label) : stem_width(header, label);
+      },
+      label);
+  if (from_dptrain) {
+    auto c = checkpoint_from(opened.header, opened.data.data(), label);
+    return {std::move(c.tensors), c.config.width, true};
+  }
+  return {safetensors_tensors(opened.header, opened.data.data()),
+          stem_width(opened.header, label), false};
+}
+
+bool is_checkpoint_file(const RegularFile& file) {
+  uint8_t first[8] = {};
+  const auto available = static_cast<size_t>(std::min<uint64_t>(file.size(), sizeof first));
+  file.read_at(0, first, available);
+  if (available == sizeof first && std::memcmp(first, "DPTRNCKP", sizeof first) == 0) return true;
+  try {
+    const uint64_t n = safetensors_header_bytes(first, file.size(), file.name());
+    std::string json(static_cast<size_t>(n), '\0');
+    file.read_at(8, json.data(), json.size());
+    const Json header = Json::parse(json);
+    const auto metadata = header.find("__metadata__");
+    if (metadata == header.end() || !metadata->is_object()) return false;
+    const auto kind = metadata->find(kKindKey);
+    return kind != metadata->end() && *kind == "checkpoint";
+  } catch (const DataError&) {
+    return false;
+  } catch (const Json::exception&) {
+    return false;
+  }
 }
 
 void check_checkpoint_matches(const CheckpointConfig& saved, const CheckpointConfig& run,

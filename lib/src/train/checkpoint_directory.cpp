@@ -26,11 +26,32 @@ namespace {
 
 constexpr char kLockFileName[] = ".dptrain.lock";
 
+// A checkpoint's name ends in ".safetensors" (format version 3) or ".dpt" (versions 1 and 2,
+// which a run still resumes from and --fresh still removes).
+constexpr const char* kCheckpointSuffixes[] = {".safetensors", ".dpt"};
+
+bool ends_with(const std::string& name, const std::string& suffix) {
+  return name.size() >= suffix.size() &&
+         name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
 bool is_checkpoint_file_name(const std::string& name) {
   const std::string prefix = "checkpoint-";
-  const std::string suffix = ".dpt";
-  return name.size() > prefix.size() + suffix.size() && name.rfind(prefix, 0) == 0 &&
-         name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0;
+  for (const std::string suffix : kCheckpointSuffixes) {
+    if (name.size() > prefix.size() + suffix.size() && name.rfind(prefix, 0) == 0 &&
+        ends_with(name, suffix)) {
+      return true;
+    }
+  }
+  return false;
+}
+
+// A checkpoint's name without its suffix: "checkpoint-e0003-s000000".
+std::string position_part(const std::string& name) {
+  for (const std::string suffix : kCheckpointSuffixes) {
+    if (ends_with(name, suffix)) return name.substr(0, name.size() - suffix.size());
+  }
+  return name;
 }
 
 // The order of positions: complete epochs, then steps into the next, then the step count.
@@ -49,14 +70,17 @@ void prepare_checkpoint_directory(const std::string& directory) {
 
 std::string checkpoint_file_name(int64_t epochs_done, int64_t step_in_epoch) {
   char name[64];
-  std::snprintf(name, sizeof name, "checkpoint-e%04lld-s%06lld.dpt",
+  std::snprintf(name, sizeof name, "checkpoint-e%04lld-s%06lld.safetensors",
                 static_cast<long long>(epochs_done), static_cast<long long>(step_in_epoch));
   return name;
 }
 
 bool named_before(const std::string& a, const std::string& b) {
   // The zero-padded names sort by position; wider numbers (epoch 10000 and up) sort by length.
-  return a.size() != b.size() ? a.size() < b.size() : a < b;
+  // At one position, an old ".dpt" file comes before the ".safetensors" one.
+  const std::string pa = position_part(a), pb = position_part(b);
+  if (pa != pb) return pa.size() != pb.size() ? pa.size() < pb.size() : pa < pb;
+  return ends_with(a, ".dpt") && !ends_with(b, ".dpt");
 }
 
 std::vector<std::string> checkpoint_file_names(const std::string& directory) {
@@ -104,17 +128,21 @@ std::optional<std::pair<std::string, Checkpoint>> newest_valid_checkpoint(
 
 namespace {
 
-// "checkpoint-e0001-s000000.dpt.1234-0.tmp": a temporary of write_file_atomically's for a
-// checkpoint, and the pid of the process that wrote it (0 when `name` is no such temporary).
+// "checkpoint-e0001-s000000.safetensors.1234-0.tmp": a temporary of write_file_atomically's for
+// a checkpoint, and the pid of the process that wrote it (0 when `name` is no such temporary).
 long temporary_writer(const std::string& name) {
   const std::string suffix = ".tmp";
-  const size_t dpt = name.find(".dpt.");
-  if (dpt == std::string::npos || name.size() <= suffix.size() ||
-      name.compare(name.size() - suffix.size(), suffix.size(), suffix) != 0 ||
-      !is_checkpoint_file_name(name.substr(0, dpt + 4))) {
-    return 0;
+  if (!ends_with(name, suffix)) return 0;
+  size_t end = std::string::npos;  // where the checkpoint's own name ends
+  for (const std::string checkpoint_suffix : kCheckpointSuffixes) {
+    const size_t at = name.find(checkpoint_suffix + ".");
+    if (at != std::string::npos && is_checkpoint_file_name(name.substr(0, at + checkpoint_suffix.size()))) {
+      end = at + checkpoint_suffix.size();
+      break;
+    }
   }
-  const std::string tail = name.substr(dpt + 5, name.size() - suffix.size() - dpt - 5);
+  if (end == std::string::npos || end + 1 + suffix.size() > name.size()) return 0;
+  const std::string tail = name.substr(end + 1, name.size() - suffix.size() - end - 1);
   const size_t dash = tail.find('-');
   if (dash == 0 || dash == std::string::npos || dash > 9) return 0;
   for (size_t i = 0; i < tail.size(); ++i) {
@@ -124,7 +152,7 @@ long temporary_writer(const std::string& name) {
 }
 
 // Why the entry `path` may not be removed by --fresh, or nothing when it may: a regular file
-// of this user's, one name only, that starts with a checkpoint's magic.
+// of this user's, one name only, that says it is a dptrain checkpoint (is_checkpoint_file).
 std::optional<std::string> why_not_removable(const std::string& path) {
   struct stat info {};
   if (::lstat(path.c_str(), &info) != 0) return "cannot look at it: " + errno_text();
@@ -135,11 +163,9 @@ std::optional<std::string> why_not_removable(const std::string& path) {
   if (info.st_nlink != 1) return "it has " + std::to_string(info.st_nlink) + " hard links";
   try {
     const RegularFile file(path, "");
-    char magic[8] = {};
-    if (file.size() < sizeof magic) return std::string("it is not a dptrain checkpoint");
-    file.read_at(0, magic, sizeof magic);
-    if (std::memcmp(magic, "DPTRNCKP", sizeof magic) != 0) {
-      return std::string("it is not a dptrain checkpoint (no DPTRNCKP header)");
+    if (!is_checkpoint_file(file)) {
+      return std::string("it is not a dptrain checkpoint (neither a safetensors file whose "
+                         "metadata says \"dptrain.kind\": \"checkpoint\" nor a DPTRNCKP file)");
     }
   } catch (const DataError& e) {
     return std::string(e.what());
@@ -351,6 +377,11 @@ void check_resumable(const Checkpoint& checkpoint, const std::string& path,
                         std::to_string(checkpoint.config.world_size) + " rank(s), this run has " +
                         std::to_string(run.world_size) +
                         ": the same global batches, split over the new world");
+  }
+  if (checkpoint.format_version < kCheckpointFormatVersion && on_notice) {
+    on_notice("--resume: " + path + " is of format version " +
+              std::to_string(checkpoint.format_version) + " (DPTRNCKP), read; this run writes " +
+              "version " + std::to_string(kCheckpointFormatVersion) + " (.safetensors) beside it");
   }
   if (checkpoint.config.train_digest.empty()) {
     if (on_notice) {

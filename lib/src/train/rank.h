@@ -45,6 +45,7 @@ struct RankPlan {
   LocalReplicas* local = nullptr;  // this process's replicas, when there are several
   std::string settings;            // settings_text of what every rank must agree on
   std::string train_digest;        // dataset_digest of the training set, for checkpoints
+  bool collect_logits = false;     // evaluate_rank: also return every test image's logits
 };
 
 // The training of one rank (rank.cpp); every rank's figures are the same, as they are

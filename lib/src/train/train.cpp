@@ -249,7 +249,7 @@ TrainResult train(const FashionMnist& data, const CheckedWorld& run,
 
 EvalResult evaluate_weights(const FashionMnist& data, const CheckedWorld& run,
                             const std::vector<std::pair<std::string, torch::Tensor>>& weights,
-                            int64_t width, const std::string& name) {
+                            int64_t width, const std::string& name, bool with_logits) {
   const TrainOptions& options = run.options();
   check_not_empty(data.test, "test");
   RankPlan base;
@@ -257,6 +257,7 @@ EvalResult evaluate_weights(const FashionMnist& data, const CheckedWorld& run,
   base.start_name = name;
   base.width = width;
   base.width_from = "the weights of " + name;
+  base.collect_logits = with_logits;
   base.settings = settings_text(
       run_settings(options, describe_set(data.train, dataset_digest(data.train)),
                    describe_set(data.test, dataset_digest(data.test)), "the weights to evaluate"));

@@ -1,17 +1,16 @@
-// Checkpoints: the whole state of a run at a step boundary (weights, position, the figures so
-// far, the configuration) in dptrain's own small file format, written atomically, and a reader
-// that refuses anything else with one clear line. Not here: when to save (RankTraining::run in
-// lib/src/train/rank.cpp).
+// Checkpoints and model files: the whole state of a run at a step boundary (weights, position,
+// the figures so far, the configuration) as a safetensors file (core/safetensors.h) whose
+// metadata holds the run state as JSON and a digest of the content, written atomically, and a
+// strict reader that refuses anything else with one clear line. Files of dptrain's own format of
+// versions 1 and 2 (DPTRNCKP) are still read. Not here: when to save (RankTraining::run in
+// lib/src/train/rank.cpp), the directory of checkpoints (checkpoint_directory.h).
 //
-// File layout, little-endian:
-//   8 bytes  magic "DPTRNCKP"
-//   u32      format version (kCheckpointFormatVersion)
-//   u64      payload size in bytes
-//   u32      CRC-32 (zlib's) of the magic, version and size, then the payload (version 1: of the
-//            payload alone)
-//   payload: the configuration (with the training set's digest from version 2 on), the
-//            position, the epoch history, then the named tensors
-//            (name, dtype code, rank, dims, raw bytes in row-major order).
+// Version 3: a safetensors file of the model's parameters and buffers under the names of the
+// book's PyTorch model, whose "__metadata__" holds "dptrain.format_version" ("3"),
+// "dptrain.kind" ("checkpoint" or "model"), "dptrain.run_state" (the configuration, position,
+// partial sums and history as JSON), "dptrain.digest" (Note [A digest of the content, not of the
+// bytes] in checkpoint.cpp) and facts for people (width, epochs, test accuracy, versions). The
+// full list: docs/checkpoints.md.
 #pragma once
 
 #include <torch/nn/module.h>
@@ -23,13 +22,19 @@
 #include <utility>
 #include <vector>
 
+#include "dptrain/core/files.h"
+#include "dptrain/core/safetensors.h"
 #include "dptrain/train/epoch_stats.h"
 
 namespace dptrain {
 
-// Version 2 added the training set's digest and a CRC-32 that covers the header; version 1
-// files are still read (and written back as version 1: see Checkpoint::format_version).
-constexpr uint32_t kCheckpointFormatVersion = 2;
+// Version 3 made checkpoints safetensors files; versions 1 and 2 (DPTRNCKP) are still read, and
+// written only where Checkpoint::format_version asks (the tests of their reader).
+constexpr uint32_t kCheckpointFormatVersion = 3;
+
+// What a version 3 file says it is: a checkpoint of --checkpoint-dir or a --save-model file.
+// Both hold the same; a model file is what a user takes elsewhere.
+enum class CheckpointKind { kCheckpoint, kModel };
 
 // What a checkpoint must agree with before its weights can be used (width, classes, input
 // channels) and what it records of the run that wrote it (the rest).
@@ -56,6 +61,7 @@ CheckpointConfig checkpoint_config(const TrainOptions& options, int64_t train_si
 
 struct Checkpoint {
   uint32_t format_version = kCheckpointFormatVersion;  // as read; what serialize_checkpoint writes
+  CheckpointKind kind = CheckpointKind::kCheckpoint;  // version 3; older files are checkpoints
   CheckpointConfig config;
   int64_t epochs_done = 0;    // complete epochs
   int64_t step_in_epoch = 0;  // steps already taken in epoch epochs_done + 1 (0: at a boundary)
@@ -70,25 +76,46 @@ struct Checkpoint {
 };
 
 std::vector<uint8_t> serialize_checkpoint(const Checkpoint& checkpoint);
-// Throws DataError "checkpoint NAME: ..." saying what is wrong: foreign (a zip archive
-// included), truncated, corrupt, a newer format, or contents no run can have (a position
-// outside its epoch, a history of another length, a non-finite figure: Note [A checkpoint's
-// contents are checked, not only its CRC] in checkpoint.cpp).
+// Throws DataError "checkpoint NAME: ..." saying what is wrong: foreign (a zip archive or a
+// safetensors file without a run state included), truncated, corrupt (a header that is no
+// safetensors header, a digest that does not match), a newer format, or contents no run can have
+// (a position outside its epoch, a history of another length, a non-finite figure: Note [A
+// checkpoint's contents are checked, not only its digest] in checkpoint.cpp).
 Checkpoint parse_checkpoint(const std::vector<uint8_t>& bytes, const std::string& name);
 
-// The most bytes a checkpoint of this model and history can take, names at their longest:
-// a file larger than this is refused before it is read.
-uint64_t checkpoint_size_limit(int64_t width, int64_t num_classes, int64_t in_channels,
-                               int64_t epochs_done);
+// The most bytes a file holding a model of this shape can take (its header at the longest a
+// reader accepts, every element at 8 bytes): a larger file is refused before its data is read.
+uint64_t checkpoint_size_limit(int64_t width, int64_t num_classes, int64_t in_channels);
 
 // Writes `path` through a temporary file in the same directory, fsync and rename, so that a
 // crash or a full disk never leaves a half-written file under `path` or harms an older
 // checkpoint. Throws DataError with the path and the cause.
 void write_checkpoint_atomically(const Checkpoint& checkpoint, const std::string& path);
-// Reads the header and the configuration first and refuses a file larger than the model it
-// claims can fill (checkpoint_size_limit), unread; then the whole file, once. Messages start
-// "<what> PATH" ("checkpoint PATH", "--model PATH").
+// Reads the header first (its length capped: kMaxSafetensorsHeaderBytes) and refuses a file
+// larger than the model it claims can fill (checkpoint_size_limit), unread; then the data, once.
+// Messages start "<what> PATH" ("checkpoint PATH", "--model PATH"). Any version.
 Checkpoint read_checkpoint(const std::string& path, const std::string& what = "checkpoint");
+
+// The weights `eval --model` reads: a model file or checkpoint of dptrain's (any version, its
+// width from its run state), or any safetensors file of the model's tensors under their names
+// (a state_dict saved in PyTorch with safetensors.torch.save_file), its width read from the stem
+// convolution's shape. The names, shapes and dtypes are checked when the weights are loaded
+// into a model (load_model_tensors).
+struct ModelWeights {
+  NamedTensors tensors;
+  int64_t width = 0;
+  bool from_dptrain = false;  // a file dptrain wrote (its run state checked), or a plain one
+};
+ModelWeights read_model_weights(const std::string& path, const std::string& what);
+
+// The "dptrain.digest" a version 3 file of this header and data must carry ("sha256:" and 64
+// hex digits; Note [A digest of the content, not of the bytes] in checkpoint.cpp).
+std::string checkpoint_content_digest(const SafetensorsHeader& header, const uint8_t* data);
+
+// Whether `file` says it is a checkpoint of dptrain's: a safetensors header whose metadata has
+// "dptrain.kind": "checkpoint", or DPTRNCKP's magic; the rest is not read or checked (--fresh
+// removes damaged checkpoints too, never another program's file).
+bool is_checkpoint_file(const RegularFile& file);
 
 // Throws UsageError listing every model setting in which `saved` differs from `run`
 // ("checkpoint F was written for --width 8, this run has --width 16").

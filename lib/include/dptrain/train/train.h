@@ -27,8 +27,10 @@ TrainResult train(const FashionMnist& data, const CheckedWorld& run,
 // sharded over the replicas of the world as after each training epoch, in a model of `width`
 // (the file records it). Uses the threads, timeout, memory format and autocast of the options.
 // `name` says where the weights came from in messages ("checkpoint PATH: has no tensor ...").
+// `with_logits`: the result also holds every test image's logits (EvalResult::logits).
 EvalResult evaluate_weights(const FashionMnist& data, const CheckedWorld& run,
                             const std::vector<std::pair<std::string, torch::Tensor>>& weights,
-                            int64_t width, const std::string& name = "in memory");
+                            int64_t width, const std::string& name = "in memory",
+                            bool with_logits = false);
 
 }  // namespace dptrain

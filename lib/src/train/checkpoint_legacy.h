@@ -1,0 +1,33 @@
+// The reader (and, for its tests, the writer) of dptrain's checkpoint files of format versions 1
+// and 2 (DPTRNCKP), inside the train layer only: checkpoint.cpp dispatches to it by a file's
+// first bytes. Not here: version 3, the safetensors checkpoint (checkpoint.h).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "dptrain/core/files.h"
+#include "dptrain/train/checkpoint.h"
+
+namespace dptrain {
+
+// Whether a file's first bytes are DPTRNCKP's magic, or a zip archive's (a TorchScript or
+// torch.save file, which the legacy reader refuses by name).
+bool is_legacy_checkpoint(const uint8_t* first, size_t available);
+
+// A version 1 or 2 file of `checkpoint` (its format_version).
+std::vector<uint8_t> serialize_legacy_checkpoint(const Checkpoint& checkpoint);
+
+// The whole file in memory; DataError "<label>: ..." as parse_checkpoint.
+Checkpoint parse_legacy_checkpoint(const uint8_t* bytes, size_t size, const std::string& label);
+
+// The file, its size bounded by the model its configuration claims before the rest is read.
+Checkpoint read_legacy_checkpoint(const RegularFile& file);
+
+// Every version's contents checks (Note [A checkpoint's contents are checked, not only its
+// digest] in checkpoint.cpp); DataError "<label>: corrupt: impossible contents: ...".
+void check_checkpoint_contents(const Checkpoint& checkpoint, const std::string& label);
+
+}  // namespace dptrain
