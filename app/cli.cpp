@@ -122,7 +122,11 @@ void add_parallel_training_flags(cxxopts::Options& options) {
   options.add_options("Speed")
       ("cuda-graph", "capture each full batch's whole step in a CUDA graph after a few eager "
                      "steps, then replay it (CUDA only, one GPU per process, not with gloo)",
-       cxxopts::value<bool>()->default_value("false")->implicit_value("true"));
+       cxxopts::value<bool>()->default_value("false")->implicit_value("true"))
+      ("peak-tflops", "one device's dense peak TFLOP/s at the run's precision, for the MFU of "
+                      "each epoch (default: NVIDIA's figure for known data-centre GPUs; none "
+                      "on CPUs)",
+       cxxopts::value<std::string>(), "X");
 }
 
 void add_output_flags(cxxopts::Options& options, bool training) {
@@ -414,6 +418,18 @@ std::string parse_choice_flag(const std::string& flag, const std::string& text,
 
 namespace {
 
+// --peak-tflops: a positive, finite number of TFLOP/s (any size: it only divides).
+double parse_peak_tflops(const std::string& text) {
+  char* end = nullptr;
+  const double value = std::strtod(text.c_str(), &end);
+  if (text.empty() || std::isspace(static_cast<unsigned char>(text[0])) ||
+      end != text.c_str() + text.size() || !std::isfinite(value) || value <= 0) {
+    throw UsageError("--peak-tflops: " + quote_argument(text) +
+                     " is not a finite number above 0 (one device's peak in TFLOP/s)");
+  }
+  return value;
+}
+
 // The train command's own flags, after the common ones.
 void read_train_flags(const cxxopts::ParseResult& result, TrainCommand& train) {
   const auto text = [&](const char* flag) { return flag_text(result, flag); };
@@ -426,6 +442,7 @@ void read_train_flags(const cxxopts::ParseResult& result, TrainCommand& train) {
   o.bucket_bytes = parse_integer_flag("bucket-mb", text("bucket-mb"), 1, 65536) * 1024 * 1024;
   o.sync_bn = result["sync-bn"].as<bool>();
   o.cuda_graph = result["cuda-graph"].as<bool>();
+  if (result.count("peak-tflops")) o.peak_tflops = parse_peak_tflops(text("peak-tflops"));
   o.on_nonfinite =
       parse_choice_flag("on-nonfinite", text("on-nonfinite"), {"stop", "skip"}) == "skip"
           ? NonFinite::kSkip

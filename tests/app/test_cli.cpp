@@ -231,6 +231,20 @@ TEST(CliParse, CudaGraphSwitch) {
   expect_parse_error({"eval", "--model", "m.pt", "--cuda-graph"}, "unknown flag '--cuda-graph'");
 }
 
+TEST(CliParse, PeakTflopsIsAPositiveFiniteNumber) {
+  EXPECT_FALSE(parse({"train"}).train.options.peak_tflops.has_value());
+  EXPECT_EQ(parse({"train", "--peak-tflops", "989.5"}).train.options.peak_tflops,
+            std::optional<double>(989.5));
+  EXPECT_EQ(parse({"train", "--peak-tflops=2e-3"}).train.options.peak_tflops,
+            std::optional<double>(2e-3));
+  for (const char* bad : {"0", "-1", "inf", "nan", "1e999", "1.5x", " 3", "fast"}) {
+    SCOPED_TRACE(bad);
+    expect_parse_error({"train", "--peak-tflops", bad},
+                       "--peak-tflops: '" + std::string(bad) + "' is not a finite number above 0");
+  }
+  expect_parse_error({"eval", "--model", "m.pt", "--peak-tflops", "1"}, "peak-tflops");
+}
+
 TEST(CliParse, EvalAndDownloadCommands) {
   const auto eval = parse({"eval", "--checkpoint", "c.dpt", "--devices", "cpu,cpu"});
   EXPECT_EQ(eval.action, ParsedCommandLine::Action::kEval);

@@ -585,7 +585,8 @@ TEST(CliRun, SteadyPaceIsPrintedBeforeTheFinalLineAndRecorded) {
                                           R"(\(epoch 1: [0-9.e-]+ s\); the book's line below )"
                                           R"(is the mean of epochs 1-3$)")))
       << describe(result);
-  // epoch,...,seconds (6th),...,steady_seconds (9th),wall_ms_per_step,gpu_ms_per_step,devices
+  // epoch,...,seconds (6th),images_per_second,lr,steady_seconds (9th),wall_ms_per_step,
+  // gpu_ms_per_step,tflops (12th),mfu,peak_host_bytes,peak_device_bytes,devices
   const auto rows = split_lines(dptrain::testing::read_text(metrics));
   ASSERT_EQ(rows.size(), 4u) << dptrain::testing::read_text(metrics);
   std::vector<std::vector<std::string>> fields;
@@ -593,7 +594,7 @@ TEST(CliRun, SteadyPaceIsPrintedBeforeTheFinalLineAndRecorded) {
     std::vector<std::string> row;
     std::stringstream stream(rows[i]);
     for (std::string field; std::getline(stream, field, ',');) row.push_back(field);
-    ASSERT_EQ(row.size(), 12u) << rows[i];
+    ASSERT_EQ(row.size(), 16u) << rows[i];
     fields.push_back(row);
   }
   EXPECT_EQ(fields[0][8], "") << rows[1];
@@ -605,6 +606,15 @@ TEST(CliRun, SteadyPaceIsPrintedBeforeTheFinalLineAndRecorded) {
     EXPECT_EQ(std::round(steps),
               std::round(std::stod(fields[0][5]) * 1000 / std::stod(fields[0][9])));
     EXPECT_EQ(row[10], "");
+    // The achieved TFLOP/s: 3 forward passes of 236,608 FLOPs (width 1 at 28x28, model/flops.h)
+    // for every image the epoch trained on; no MFU on a CPU without --peak-tflops, a process
+    // peak but no GPU peak.
+    EXPECT_NEAR(std::stod(row[11]) * 1e12, 3.0 * 236608 * std::stod(row[6]),
+                1e-9 * 3.0 * 236608 * std::stod(row[6]))
+        << rows[1];
+    EXPECT_EQ(row[12], "");
+    EXPECT_GT(std::stod(row[13]), 1e6);
+    EXPECT_EQ(row[14], "");
   }
   EXPECT_EQ(std::stod(fields[1][8]), std::stod(fields[1][5])) << rows[2];
   EXPECT_DOUBLE_EQ(std::stod(fields[2][8]), (std::stod(fields[1][5]) + std::stod(fields[2][5])) / 2)

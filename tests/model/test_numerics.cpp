@@ -75,6 +75,22 @@ TEST_F(Tf32Switches, NvidiaOverrideZeroForbidsTf32WhateverLibTorchAllows) {
             "channels-last, fp32; cuDNN: TF32 on, benchmark on; cuBLAS: TF32 on");
 }
 
+// The column of a GPU's peak that MFU is measured against follows cuDNN's switch and the override
+// (train/device_peak.h); a CPU has no TF32.
+TEST_F(Tf32Switches, ConvolutionsUseTf32WhereCudnnMayAndTheOverrideAllows) {
+  const torch::Device gpu(torch::kCUDA, 0);
+  at::globalContext().setAllowTF32CuDNN(true);
+  at::globalContext().setAllowTF32CuBLAS(false);
+  EXPECT_TRUE(convolutions_use_tf32(gpu));
+  EXPECT_FALSE(convolutions_use_tf32(torch::Device(torch::kCPU)));
+  ::setenv("NVIDIA_TF32_OVERRIDE", "0", 1);
+  EXPECT_FALSE(convolutions_use_tf32(gpu));
+  ::unsetenv("NVIDIA_TF32_OVERRIDE");
+  at::globalContext().setAllowTF32CuDNN(false);
+  at::globalContext().setAllowTF32CuBLAS(true);
+  EXPECT_FALSE(convolutions_use_tf32(gpu));
+}
+
 // LibTorch's warnings, collected while it lives, every TORCH_WARN_ONCE included. The handler's
 // interface and namespace changed in LibTorch 2.
 #if TORCH_VERSION_MAJOR >= 2

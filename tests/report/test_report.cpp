@@ -42,6 +42,40 @@ TEST(Report, NoControlCharactersInLines) {
   }
 }
 
+EpochStats epoch_three() {
+  EpochStats stats;
+  stats.epoch = 3;
+  stats.epochs = 10;
+  stats.train_loss = 0.30123;
+  stats.train_acc = 0.88912;
+  stats.test_acc = 0.87654;
+  stats.seconds = 13.21;
+  stats.images_per_second = 4545.4;
+  return stats;
+}
+
+constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
+
+// The efficiency figures follow the book's where they are known: none for an epoch from a
+// checkpoint's history; TFLOP/s and the process's peak on the CPU, with the MFU only where a peak
+// was given; the GPU's own peak on CUDA.
+TEST(Report, EpochLineIsExactWithEachEfficiencyFigureWhereKnown) {
+  const std::string book =
+      "epoch 3/10: train loss 0.3012, train acc 0.8891, test acc 0.8765, 13.2 s, 4545 img/s";
+  auto stats = epoch_three();
+  EXPECT_EQ(format_epoch_line(stats), book);
+  stats.tflops = 0.03821;
+  stats.peak_host_bytes = 1.3 * kGiB;
+  EXPECT_EQ(format_epoch_line(stats), book + ", 0.0382 TFLOP/s, peak RSS 1.3 GiB");
+  stats.mfu = 0.0041;
+  stats.peak_host_bytes = 412.0 * 1024 * 1024;
+  EXPECT_EQ(format_epoch_line(stats), book + ", 0.0382 TFLOP/s (MFU 0.41%), peak RSS 412 MiB");
+  stats.tflops = 312.4;
+  stats.mfu = 0.3158;
+  stats.peak_device_bytes = 12.1 * kGiB;
+  EXPECT_EQ(format_epoch_line(stats), book + ", 312 TFLOP/s (MFU 32%), GPU peak 12.1 GiB");
+}
+
 TEST(Report, EvalLineIsExact) {
   EvalResult result;
   result.test_acc = 0.90125;

@@ -35,6 +35,13 @@ bool cudnn_tf32() { return at::globalContext().allowTF32CuDNN(); }
 bool cublas_tf32() { return at::globalContext().allowTF32CuBLAS(); }
 #endif
 
+// NVIDIA's libraries read NVIDIA_TF32_OVERRIDE themselves: 0 forbids TF32 whatever LibTorch
+// allows (and no other value allows more than LibTorch does).
+bool tf32_forbidden_by_environment() {
+  const char* override_tf32 = std::getenv("NVIDIA_TF32_OVERRIDE");
+  return override_tf32 != nullptr && std::strcmp(override_tf32, "0") == 0;
+}
+
 }  // namespace
 
 std::string describe_arithmetic(const torch::Device& device, MemoryFormat layout, Amp amp,
@@ -42,10 +49,7 @@ std::string describe_arithmetic(const torch::Device& device, MemoryFormat layout
   std::string text =
       memory_format_name(layout) + (amp == Amp::kBFloat16 ? ", bf16 autocast" : ", fp32");
   if (!device.is_cuda()) return text;
-  // NVIDIA's libraries read NVIDIA_TF32_OVERRIDE themselves: 0 forbids TF32 whatever LibTorch
-  // allows (and no other value allows more than LibTorch does).
-  const char* override_tf32 = std::getenv("NVIDIA_TF32_OVERRIDE");
-  const bool forbidden = override_tf32 != nullptr && std::strcmp(override_tf32, "0") == 0;
+  const bool forbidden = tf32_forbidden_by_environment();
   const auto tf32 = [&](bool allowed) {
     if (forbidden) return std::string("TF32 off (NVIDIA_TF32_OVERRIDE=0)");
     return std::string(allowed ? "TF32 on" : "TF32 off");
@@ -53,6 +57,10 @@ std::string describe_arithmetic(const torch::Device& device, MemoryFormat layout
   text += "; cuDNN: " + tf32(cudnn_tf32()) + ", benchmark " + (cudnn_benchmark ? "on" : "off") +
           "; cuBLAS: " + tf32(cublas_tf32());
   return text;
+}
+
+bool convolutions_use_tf32(const torch::Device& device) {
+  return device.is_cuda() && !tf32_forbidden_by_environment() && cudnn_tf32();
 }
 
 }  // namespace dptrain

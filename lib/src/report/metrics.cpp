@@ -20,10 +20,13 @@ namespace dptrain {
 namespace {
 
 // The columns, in file order; the JSON keys are the same names.
+// clang-format off
 const char* const kColumns[] = {
     "epoch",          "train_loss",       "train_acc",         "test_loss",
     "test_acc",       "seconds",          "images_per_second", "lr",
-    "steady_seconds", "wall_ms_per_step", "gpu_ms_per_step",   "devices"};
+    "steady_seconds", "wall_ms_per_step", "gpu_ms_per_step",   "tflops",
+    "mfu",            "peak_host_bytes",  "peak_device_bytes", "devices"};
+// clang-format on
 constexpr size_t kColumnCount = sizeof kColumns / sizeof kColumns[0];
 
 std::string lowercase(std::string text) {
@@ -95,7 +98,11 @@ std::vector<std::string> record_numbers(const EpochRecord& r) {
           format_number(r.lr),
           format_number(r.steady_seconds),
           format_number(r.wall_ms_per_step),
-          format_number(r.gpu_ms_per_step)};
+          format_number(r.gpu_ms_per_step),
+          format_number(r.tflops),
+          format_number(r.mfu),
+          format_number(r.peak_host_bytes),
+          format_number(r.peak_device_bytes)};
 }
 
 // ============================================================================================
@@ -129,6 +136,10 @@ EpochRecord make_epoch_record(const EpochStats& stats, double lr,
   record.lr = lr;
   record.wall_ms_per_step = wall_ms_per_step(stats);
   record.gpu_ms_per_step = stats.gpu_ms_per_step;
+  record.tflops = stats.tflops;
+  record.mfu = stats.mfu;
+  record.peak_host_bytes = stats.peak_host_bytes;
+  record.peak_device_bytes = stats.peak_device_bytes;
   for (size_t i = 0; i < devices.size(); ++i) record.devices += (i ? "," : "") + devices[i];
   return record;
 }

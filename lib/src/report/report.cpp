@@ -2,12 +2,51 @@
 #include "dptrain/report/report.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 
 #include "dptrain/core/devices.h"
 #include "dptrain/train/step_gpu_time.h"
 
 namespace dptrain {
+
+namespace {
+
+// "1.3 GiB" from 1 GiB up, else "412 MiB".
+std::string format_bytes(double bytes) {
+  char text[32];
+  constexpr double kMiB = 1024.0 * 1024.0;
+  if (bytes >= 1024.0 * kMiB) {
+    std::snprintf(text, sizeof text, "%.1f GiB", bytes / (1024.0 * kMiB));
+  } else {
+    std::snprintf(text, sizeof text, "%.0f MiB", bytes / kMiB);
+  }
+  return text;
+}
+
+// ", 0.412 TFLOP/s (MFU 32%), GPU peak 12.1 GiB": each part where its figure is known (a
+// resumed run's earlier epochs have none); the GPU's memory on CUDA, the process's elsewhere.
+std::string format_efficiency(const EpochStats& stats) {
+  std::string text;
+  char part[64];
+  if (std::isfinite(stats.tflops)) {
+    std::snprintf(part, sizeof part, ", %.3g TFLOP/s", stats.tflops);
+    text += part;
+    if (std::isfinite(stats.mfu)) {
+      const double percent = 100.0 * stats.mfu;
+      std::snprintf(part, sizeof part, percent >= 10 ? " (MFU %.0f%%)" : " (MFU %.2g%%)", percent);
+      text += part;
+    }
+  }
+  if (std::isfinite(stats.peak_device_bytes)) {
+    text += ", GPU peak " + format_bytes(stats.peak_device_bytes);
+  } else if (std::isfinite(stats.peak_host_bytes)) {
+    text += ", peak RSS " + format_bytes(stats.peak_host_bytes);
+  }
+  return text;
+}
+
+}  // namespace
 
 std::string format_epoch_line(const EpochStats& stats) {
   char line[256];
@@ -17,7 +56,7 @@ std::string format_epoch_line(const EpochStats& stats) {
                 static_cast<long long>(stats.epoch), static_cast<long long>(stats.epochs),
                 stats.train_loss, stats.train_acc, stats.test_acc, stats.seconds,
                 stats.images_per_second);
-  return line;
+  return line + format_efficiency(stats);
 }
 
 std::string format_final_line(const TrainResult& result) {

@@ -10,6 +10,7 @@
 #include <atomic>
 #include <chrono>
 #include <cmath>
+#include <limits>
 #include <memory>
 #include <optional>
 #include <stdexcept>
@@ -24,11 +25,13 @@
 #include "dptrain/data/batching.h"
 #include "dptrain/model/autocast.h"
 #include "dptrain/model/batch_norm.h"
+#include "dptrain/model/flops.h"
 #include "dptrain/model/model.h"
 #include "dptrain/parallel/reducer.h"
 #include "dptrain/parallel/replicas.h"
 #include "dptrain/train/checkpoint_directory.h"
 #include "dptrain/train/cuda_graph_step.h"
+#include "dptrain/train/device_peak.h"
 #include "dptrain/train/finite.h"
 #include "dptrain/train/step_gpu_time.h"
 
@@ -664,6 +667,17 @@ EpochStats RankTraining::finish_epoch(double seconds) {
   const auto test = means_of(evaluate(model_, test_, options_, plan_, communicator_));
   stats.test_loss = test.loss;
   stats.test_acc = test.accuracy;
+  // How well the epoch used the machine (Note [Counting FLOPs] in model/flops.h): every image a
+  // step took over all ranks, as the seconds count them (a resumed epoch's earlier part included;
+  // a step skipped as non-finite included, as it computed all the same), at 3 forward passes
+  // each; and the memory peaks so far, the evaluation's included.
+  const int64_t forward = forward_flops_per_image(*model_, kImageSide, kImageSide);
+  const auto per_image = kTrainingPassesPerImage * forward;
+  const double flops = static_cast<double>(per_image) * static_cast<double>(at_.images);
+  stats.tflops = seconds > 0 ? flops / seconds / 1e12 : std::numeric_limits<double>::quiet_NaN();
+  stats.mfu = stats.tflops / (device_peak_tflops(options_, plan_.device) * plan_.world_size);
+  stats.peak_host_bytes = peak_host_bytes();
+  stats.peak_device_bytes = peak_device_bytes(plan_.device);
   return stats;
 }
 

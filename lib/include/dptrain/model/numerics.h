@@ -20,4 +20,9 @@ namespace dptrain {
 std::string describe_arithmetic(const torch::Device& device, MemoryFormat layout, Amp amp,
                                 bool cudnn_benchmark);
 
+// Whether cuDNN may now round `device`'s float32 convolutions through TF32: LibTorch allows it
+// (its default) and NVIDIA_TF32_OVERRIDE is not 0. False on the CPU. It picks the column of the
+// device's peak that MFU is measured against (train/device_peak.h).
+bool convolutions_use_tf32(const torch::Device& device);
+
 }  // namespace dptrain

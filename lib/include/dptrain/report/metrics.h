@@ -31,6 +31,14 @@ struct EpochRecord {
   // milliseconds of its timed steps (EpochStats::gpu_ms_per_step; missing on the CPU).
   double wall_ms_per_step = std::numeric_limits<double>::quiet_NaN();
   double gpu_ms_per_step = std::numeric_limits<double>::quiet_NaN();
+  // The epoch's efficiency, as EpochStats has it: achieved TFLOP/s over all ranks, MFU (a
+  // fraction; missing where no peak is known), the process's peak resident set in bytes, and on
+  // CUDA the allocator's peak bytes on the reporting rank's GPU (missing on the CPU). All four are
+  // missing for a resumed run's earlier epochs.
+  double tflops = std::numeric_limits<double>::quiet_NaN();
+  double mfu = std::numeric_limits<double>::quiet_NaN();
+  double peak_host_bytes = std::numeric_limits<double>::quiet_NaN();
+  double peak_device_bytes = std::numeric_limits<double>::quiet_NaN();
   std::string devices;  // every rank's device in rank order, comma-separated: "cuda:0,cuda:1"
 };
 

@@ -44,6 +44,15 @@ struct EpochStats {
   // events (step_gpu_time.h); NaN on the CPU, or when no step could be timed. Not kept in
   // checkpoints: a resumed run's earlier epochs have NaN.
   double gpu_ms_per_step = std::numeric_limits<double>::quiet_NaN();
+  // How well the epoch used the machine (model/flops.h): the model's training FLOPs for the
+  // epoch's images over its training seconds, in TFLOP/s summed over all ranks; that figure over
+  // the devices' summed peak (--peak-tflops, or the table for known GPUs), NaN where no peak is
+  // known; the process's peak resident set so far, and on CUDA the caching allocator's peak
+  // bytes on the reporting rank's device (NaN on the CPU).
+  double tflops = std::numeric_limits<double>::quiet_NaN();
+  double mfu = std::numeric_limits<double>::quiet_NaN();
+  double peak_host_bytes = std::numeric_limits<double>::quiet_NaN();
+  double peak_device_bytes = std::numeric_limits<double>::quiet_NaN();
 };
 
 // The epoch's training milliseconds per step, the wall-clock pace set beside gpu_ms_per_step;

@@ -42,6 +42,10 @@ struct TrainOptions {
   MemoryFormat memory_format = MemoryFormat::kAuto;
   bool cudnn_benchmark = true;  // let cuDNN time its algorithms for each shape (CUDA only)
   Amp amp = Amp::kOff;          // autocast the forward pass
+  // One device's dense peak in TFLOP/s at the run's precision (--peak-tflops), the denominator of
+  // EpochStats::mfu; unset takes NVIDIA's figure for known GPUs and claims none on CPUs
+  // (device_peak.h).
+  std::optional<double> peak_tflops;
   // Capture each full batch's whole step in one CUDA graph after a few eager steps, and replay
   // it (cuda_graph_step.h): one GPU per process, NCCL or none; refused elsewhere (check_world).
   bool cuda_graph = false;
