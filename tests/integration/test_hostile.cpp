@@ -18,6 +18,7 @@
 
 #include "support/cli_support.h"
 #include "dptrain/data/data.h"
+#include "dptrain/core/safetensors.h"
 #include "dptrain/model/model.h"
 #include "dptrain/train/checkpoint.h"
 #include "dptrain/train/checkpoint_directory.h"
@@ -86,7 +87,7 @@ TEST(HostileWeights, ArchivesAreRefusedAndSavedModelsEvaluate) {
   EXPECT_TRUE(contains(refused.err, "never opens archives")) << describe(refused);
   EXPECT_EQ(refused.out, "") << describe(refused);
 
-  const std::string saved = dir.file("m.pt");
+  const std::string saved = dir.file("m.safetensors");
   const auto trained = run_dptrain(tiny_train({"--save-model", saved}));
   ASSERT_EQ(trained.exit_code, 0) << describe(trained);
   const auto weights = read_checkpoint(saved);
@@ -98,6 +99,21 @@ TEST(HostileWeights, ArchivesAreRefusedAndSavedModelsEvaluate) {
   char accuracy[32];
   std::snprintf(accuracy, sizeof accuracy, "test acc: %.4f", weights.history.back().test_acc);
   EXPECT_TRUE(contains(evaluated.out, accuracy)) << accuracy << "\n" << describe(evaluated);
+  // The same tensors in a plain safetensors file (as PyTorch's save_file writes a state_dict:
+  // no run state, no digest) evaluate alike, the width read from the stem's shape.
+  const std::string plain = dir.file("plain.safetensors");
+  const auto plain_bytes = serialize_safetensors(weights.tensors, {{"format", "pt"}});
+  testing::write_bytes(plain, plain_bytes);
+  const auto from_plain =
+      run_dptrain({"eval", "--model", plain, "--data-dir", tiny_data_dir(), "--threads", "1"});
+  ASSERT_EQ(from_plain.exit_code, 0) << describe(from_plain);
+  EXPECT_EQ(from_plain.out, evaluated.out);
+  // Without the stem, or with a tensor of another shape, it is named.
+  auto tensors = weights.tensors;
+  tensors.erase(tensors.begin());  // "0.weight"
+  testing::write_bytes(plain, serialize_safetensors(tensors, {}));
+  expect_one_error_line(run_dptrain({"eval", "--model", plain, "--data-dir", tiny_data_dir()}),
+                        kRunTime, "--model " + plain + ": has no tensor '0.weight'");
   // A --width that disagrees with the file is named; the file's own width needs none.
   expect_one_error_line(
       run_dptrain({"eval", "--model", saved, "--width", "4", "--data-dir", tiny_data_dir()}),
@@ -115,23 +131,37 @@ TEST(HostileInputs, OversizedCheckpointIsRefusedUnreadNamingTheFile) {
   ASSERT_EQ(run_dptrain(tiny_train({"--checkpoint-dir", checkpoints})).exit_code, 0);
   const Checkpoint trained = read_checkpoint(only_checkpoint(checkpoints));
   const std::string huge = checkpoints + "/" + checkpoint_file_name(99, 0);
-  // Sparse files whose header declares their size: 3 GiB is within the format's 4 GiB, and
-  // refused by what a width-1 model can hold; 20 GiB is refused by the format itself.
+  // Sparse files as long as their header declares, one tensor of that many bytes: refused by
+  // what a width-1 model can hold, before their data is read.
   const std::vector<std::pair<uint64_t, std::string>> cases = {
-      {uint64_t{3} << 30, "3221225472 bytes, more than a checkpoint of a width-1 model can hold"},
-      {uint64_t{20} << 30, "payload of 21474836456 bytes is larger than dptrain writes"}};
+      {uint64_t{3} << 30, "bytes, more than a file of a width-1 model can hold"},
+      {uint64_t{20} << 30, "bytes, more than a file of a width-1 model can hold"}};
   for (const auto& [size, why] : cases) {
     SCOPED_TRACE(std::to_string(size) + " bytes");
-    auto bytes = serialize_checkpoint(trained);
-    bytes.resize(64);  // the header and the configuration
-    for (int i = 0; i < 8; ++i) bytes[12 + i] = static_cast<uint8_t>((size - 24) >> (8 * i));
+    Checkpoint claiming = trained;
+    claiming.tensors = {{"huge", torch::zeros({1}, torch::kFloat64)}};
+    auto file = serialize_checkpoint(claiming);
+    uint64_t n = 0;
+    for (int i = 0; i < 8; ++i) n |= uint64_t{file[i]} << (8 * i);
+    std::string header(file.begin() + 8, file.begin() + 8 + static_cast<long>(n));
+    const std::string one = "\"shape\":[1],\"data_offsets\":[0,8]";
+    const uint64_t count = size / 8;
+    header.replace(header.find(one), one.size(),
+                   "\"shape\":[" + std::to_string(count) + "],\"data_offsets\":[0," +
+                       std::to_string(count * 8) + "]");
+    while (header.size() % 8 != 0) header += ' ';
+    std::vector<uint8_t> bytes(8);
+    for (int i = 0; i < 8; ++i) bytes[i] = static_cast<uint8_t>(header.size() >> (8 * i));
+    bytes.insert(bytes.end(), header.begin(), header.end());
     testing::write_bytes(huge, bytes);
-    ASSERT_EQ(::truncate(huge.c_str(), static_cast<off_t>(size)), 0);
+    const uint64_t total = bytes.size() + count * 8;
+    ASSERT_EQ(::truncate(huge.c_str(), static_cast<off_t>(total)), 0);
+    const std::string expected = "checkpoint " + huge + ": " + std::to_string(total) + " " + why;
     const auto resumed = run_dptrain(tiny_train({"--checkpoint-dir", checkpoints, "--resume"}));
-    expect_one_error_line(resumed, kUsage, "checkpoint " + huge + ": " + why);
+    expect_one_error_line(resumed, kUsage, expected);
     const auto evaluated =
         run_dptrain({"eval", "--checkpoint", huge, "--data-dir", tiny_data_dir()});
-    expect_one_error_line(evaluated, kRunTime, "checkpoint " + huge + ": " + why);
+    expect_one_error_line(evaluated, kRunTime, expected);
   }
 }
 

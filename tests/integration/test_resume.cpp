@@ -150,6 +150,40 @@ TEST_P(Resume, AtAnEpochBoundaryEndsBitIdentical) {
             (std::vector<std::string>{checkpoint_file_name(1, 0), checkpoint_file_name(2, 0)}));
 }
 
+// A directory an older dptrain wrote (format version 2, ".dpt") resumes, says so once, ends
+// bit-identical, and gains version 3 files beside the old one.
+TEST_P(Resume, FromAnOlderFormatCheckpointEndsBitIdentical) {
+  ASSERT_NO_FATAL_FAILURE(run_straight());
+  auto options = resume_options(replicas(), dir_.path());
+  options.epochs = 1;
+  const auto first = train(synthetic_data(), options, cpu_world(replicas()));
+  ASSERT_TRUE(first.last_checkpoint.has_value());
+  auto old = read_checkpoint(*first.last_checkpoint);
+  old.format_version = 2;
+  const std::string old_path = dir_.file("checkpoint-e0001-s000000.dpt");
+  write_checkpoint_atomically(old, old_path);
+  remove_path(*first.last_checkpoint);
+
+  options.epochs = 2;
+  options.resume = true;
+  std::vector<std::string> notices;
+  TrainCallbacks callbacks;
+  callbacks.on_notice = [&](const std::string& text) { notices.push_back(text); };
+  const auto second = train(synthetic_data(), options, cpu_world(replicas()), callbacks);
+  EXPECT_EQ(second.resumed_from, old_path);
+  const auto said = std::count_if(notices.begin(), notices.end(), [](const std::string& n) {
+    return n.find("format version 2 (DPTRNCKP), read") != std::string::npos;
+  });
+  EXPECT_EQ(said, 1) << ::testing::PrintToString(notices);
+  ASSERT_EQ(second.last_checkpoint, dir_.file(checkpoint_file_name(2, 0)));
+  const auto final_checkpoint = read_checkpoint(*second.last_checkpoint);
+  EXPECT_EQ(final_checkpoint.format_version, kCheckpointFormatVersion);
+  expect_same_tensors(straight_final_, final_checkpoint);
+  expect_same_epochs(straight_.epochs, second.epochs, 0);
+  EXPECT_EQ(checkpoint_file_names(dir_.path()),
+            (std::vector<std::string>{"checkpoint-e0001-s000000.dpt", checkpoint_file_name(2, 0)}));
+}
+
 // ---- A stop request mid-epoch, and the resume ------------------------------------------------
 
 TEST_P(Resume, StopMidEpochWritesACheckpointAndTheResumeEndsBitIdentical) {
