@@ -102,6 +102,7 @@ TEST(CliHelp, TrainHelpDescribesEveryFlag) {
                            "--amp",
                            "--cudnn-benchmark",
                            "--cuda-graph",
+                           "--peak-tflops",
                            "--on-nonfinite",
                            "--checkpoint-dir",
                            "--checkpoint-every",
