@@ -140,7 +140,14 @@ void add_output_flags(cxxopts::Options& options, bool training) {
         ("metrics", "write one record per epoch to FILE: .csv or .jsonl",
          cxxopts::value<std::string>(), "FILE")
         ("plot", "draw test accuracy, train loss and train accuracy per epoch into FILE.svg",
-         cxxopts::value<std::string>(), "FILE");
+         cxxopts::value<std::string>(), "FILE")
+        ("tensorboard", "write TensorBoard event files into DIR (made if missing; view with "
+                        "tensorboard --logdir DIR): each epoch's figures, the running training "
+                        "loss, the settings",
+         cxxopts::value<std::string>(), "DIR")
+        ("tensorboard-every", "steps between the points of the running training loss in "
+                              "--tensorboard (default 25, as often as a GPU run's host checks)",
+         cxxopts::value<std::string>(), "N");
   }
   options.add_options("Output")
       ("verbose", "with several processes, every rank prints (default: rank 0 only)",
@@ -328,6 +335,11 @@ std::string path_text(const cxxopts::ParseResult& result, const char* flag) {
 }
 
 constexpr int64_t kMax = std::numeric_limits<int32_t>::max();
+// --tensorboard-every's default: a GPU run reads the device on the host every 25 steps anyway
+// (RankTraining::end_step), so the running loss's read adds no wait there; on the CPU, which
+// reads every step, it costs nothing either way. 25 also draws some 9 points per epoch of the
+// default 235 steps.
+constexpr int64_t kDefaultTensorBoardEvery = 25;
 
 // The flags train and eval share: data, devices, collectives and speed.
 void read_common_flags(const cxxopts::ParseResult& result, TrainCommand& train) {
@@ -469,6 +481,19 @@ void read_train_flags(const cxxopts::ParseResult& result, TrainCommand& train) {
   train.log_every = parse_integer_flag("log-every", text("log-every"), 1, kMax);
   if (result.count("metrics")) train.metrics = path_text(result, "metrics");
   if (result.count("plot")) train.plot = path_text(result, "plot");
+  if (result.count("tensorboard")) {
+    train.tensorboard = path_text(result, "tensorboard");
+    o.loss_every = kDefaultTensorBoardEvery;
+  }
+  if (result.count("tensorboard-every")) {
+    const int64_t every =
+        parse_integer_flag("tensorboard-every", text("tensorboard-every"), 1, kMax);
+    if (!train.tensorboard) {
+      throw UsageError("--tensorboard-every: only with --tensorboard DIR, whose running loss it "
+                       "spaces");
+    }
+    o.loss_every = every;
+  }
 }
 
 void read_eval_flags(const cxxopts::ParseResult& result, EvalCommand& eval) {

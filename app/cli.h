@@ -28,6 +28,9 @@ struct TrainCommand {
   int64_t log_every = 50;  // steps between plain progress lines when stderr is no terminal
   std::optional<std::string> metrics;  // .csv or .jsonl
   std::optional<std::string> plot;     // .svg
+  // TensorBoard event files (report/tensorboard.h); their running loss every
+  // options.loss_every steps (--tensorboard-every), which is 0 without them.
+  std::optional<std::string> tensorboard;
 };
 
 // `dptrain eval`: the test accuracy and loss of saved weights. Shares the data, device and

@@ -22,6 +22,8 @@
 #include "dptrain/core/files.h"
 #include "dptrain/report/plot.h"
 #include "dptrain/report/report.h"
+#include "dptrain/report/tensorboard.h"
+#include "dptrain/data/batching.h"
 #include "dptrain/model/memory_format.h"
 #include "dptrain/model/numerics.h"
 #include "dptrain/core/devices.h"
@@ -29,6 +31,7 @@
 #include "dptrain/parallel/world_plan.h"
 #include "dptrain/train/checkpoint.h"
 #include "dptrain/train/checkpoint_directory.h"
+#include "dptrain/train/run_configuration.h"
 #include "dptrain/train/train.h"
 #include "progress.h"
 #include "rendezvous_watchdog.h"
@@ -104,9 +107,11 @@ void check_train_outputs(const dptrain::TrainCommand& command, bool writer) {
   }
   if (command.metrics) dptrain::check_metrics_path(*command.metrics);
   if (command.plot) dptrain::check_plot_path(*command.plot);
+  if (command.tensorboard) dptrain::require_tensorboard_support();
   if (!writer) return;
   if (command.metrics) dptrain::check_output_file(*command.metrics, "--metrics");
   if (command.plot) dptrain::check_output_file(*command.plot, "--plot");
+  if (command.tensorboard) dptrain::prepare_tensorboard_dir(*command.tensorboard);
   if (command.options.save_model) {
     dptrain::check_output_file(*command.options.save_model, "--save-model");
   }
@@ -212,6 +217,7 @@ int run_train(dptrain::TrainCommand command, CheckedStdout& out) {
   const bool records_writer = world.first_rank == 0;
   if (command.metrics) options.driver_outputs.push_back("--metrics");
   if (command.plot) options.driver_outputs.push_back("--plot");
+  if (command.tensorboard) options.driver_outputs.push_back("--tensorboard");
   const bool reporter = world.first_rank == 0 || command.verbose;
   const bool talk = reporter && !command.quiet;
   // With every rank of a launch printing, each line says whose it is.
@@ -238,21 +244,40 @@ int run_train(dptrain::TrainCommand command, CheckedStdout& out) {
 
   dptrain::RunRecords records(command.metrics, command.plot, options.lr, options.batch_size,
                               options.epochs);
+  if (command.tensorboard) {
+    records.log_tensorboard(*command.tensorboard,
+                            dptrain::num_batches(data.train.size(), options.batch_size));
+  }
   dptrain::TrainCallbacks callbacks;
   bool started = false;
   callbacks.on_start = [&](const std::vector<std::string>& devices,
-                           const std::vector<dptrain::EpochStats>& done,
+                           const std::vector<dptrain::EpochStats>& done, int64_t start_step,
                            const std::optional<std::string>& resumed_from) {
     watchdog->cancel();
     started = true;
     if (resumed_from && talk) print("resuming from " + *resumed_from);
-    if (records_writer) records.start(devices, done);
+    if (!records_writer) return;
+    // What the event file's text says of the run: the settings the ranks compare, and where.
+    auto settings = dptrain::run_settings(
+        options, std::to_string(data.train.size()) + " images in " + data_dir,
+        std::to_string(data.test.size()) + " images",
+        resumed_from ? *resumed_from + " (global step " + std::to_string(start_step) + ")"
+                     : "the beginning");
+    std::string where;
+    for (const auto& device : devices) where += (where.empty() ? "" : ",") + device;
+    settings.emplace_back("devices", where);
+    settings.emplace_back("--tensorboard-every", std::to_string(options.loss_every));
+    records.start(devices, done, start_step, settings);
   };
   callbacks.on_notice = [&](const std::string& text) {
     progress.clear();
     std::fprintf(stderr, "%sdptrain: %s\n", prefix.c_str(), text.c_str());
   };
   callbacks.on_progress = [&](const dptrain::ProgressStats& stats) { progress.show(stats); };
+  // Only the writer reads the running loss: elsewhere the steps never wait for it.
+  if (records_writer && command.tensorboard) {
+    callbacks.on_loss = [&](const dptrain::LossStats& loss) { records.add_loss(loss); };
+  }
   callbacks.on_epoch = [&](const dptrain::EpochStats& stats) {
     if (talk) print(dptrain::format_epoch_line(stats));
     if (records_writer) records.add(stats);

@@ -16,19 +16,34 @@ RunRecords::RunRecords(std::optional<std::string> metrics, std::optional<std::st
       batch_size_(batch_size),
       epochs_(epochs) {}
 
+void RunRecords::log_tensorboard(const std::string& dir, int64_t steps_per_epoch) {
+  tensorboard_dir_ = dir;
+  steps_per_epoch_ = steps_per_epoch;
+}
+
 void RunRecords::start(const std::vector<std::string>& devices,
-                       const std::vector<EpochStats>& done) {
+                       const std::vector<EpochStats>& done, int64_t start_step,
+                       const std::vector<RunSetting>& settings) {
   devices_ = devices;
   if (metrics_path_) metrics_ = std::make_unique<MetricsWriter>(*metrics_path_);
   for (const auto& stats : done) append_record(stats);
   if (metrics_) metrics_->write(records_);
   if (!done.empty()) redraw_plot();
+  if (tensorboard_dir_) {
+    tensorboard_ = std::make_unique<TensorBoardLog>(*tensorboard_dir_, steps_per_epoch_);
+    tensorboard_->start(start_step, settings_markdown(settings));
+  }
 }
 
 void RunRecords::add(const EpochStats& stats) {
   append_record(stats);
   if (metrics_) metrics_->write(records_.back());
   redraw_plot();
+  if (tensorboard_) tensorboard_->add_epoch(stats);
+}
+
+void RunRecords::add_loss(const LossStats& loss) {
+  if (tensorboard_) tensorboard_->add_loss(loss);
 }
 
 void RunRecords::append_record(const EpochStats& stats) {

@@ -1,7 +1,9 @@
 // The files a training run leaves beside its output: the metrics file (--metrics) and the plot
 // (--plot), both written by global rank 0, anew from the epochs a resumed run starts with (in
-// one write, one drawing) and then after every epoch, so that each holds every epoch once.
-// Not here: their formats (metrics.h, plot.h), checkpoints (train/checkpoint.h).
+// one write, one drawing) and then after every epoch, so that each holds every epoch once; and
+// the TensorBoard event file (--tensorboard), a new one per run, which holds this run's epochs
+// and running loss only (a resumed run's earlier ones are in the stopped run's file).
+// Not here: their formats (metrics.h, plot.h, tensorboard.h), checkpoints (train/checkpoint.h).
 #pragma once
 
 #include <memory>
@@ -12,6 +14,7 @@
 #include <vector>
 
 #include "dptrain/report/metrics.h"
+#include "dptrain/report/tensorboard.h"
 #include "dptrain/train/epoch_stats.h"
 
 namespace dptrain {
@@ -22,11 +25,18 @@ class RunRecords {
   RunRecords(std::optional<std::string> metrics, std::optional<std::string> plot, double lr,
              int64_t batch_size, int64_t epochs);
 
+  // --tensorboard: from start() on, also an event file in `dir` (prepared), whose epochs are
+  // placed at their last step of `steps_per_epoch` each.
+  void log_tensorboard(const std::string& dir, int64_t steps_per_epoch);
   // Once the world is up: every rank's device, and the epochs a resumed run already has. Opens
-  // (truncates) the metrics file and writes those epochs.
-  void start(const std::vector<std::string>& devices, const std::vector<EpochStats>& done);
-  // After each epoch: appends it to the metrics file and redraws the plot.
+  // (truncates) the metrics file and writes those epochs. With --tensorboard, opens the event
+  // file and writes `settings`, marking the run's start after global step `start_step`.
+  void start(const std::vector<std::string>& devices, const std::vector<EpochStats>& done,
+             int64_t start_step = 0, const std::vector<RunSetting>& settings = {});
+  // After each epoch: appends it to the metrics file and the event file and redraws the plot.
   void add(const EpochStats& stats);
+  // Every --tensorboard-every steps: the running loss, into the event file.
+  void add_loss(const LossStats& loss);
 
  private:
   // Appends the record of `stats`, its steady seconds the median of epochs 2 on so far.
@@ -40,6 +50,9 @@ class RunRecords {
   int64_t epochs_;
   std::vector<std::string> devices_;
   std::unique_ptr<MetricsWriter> metrics_;
+  std::optional<std::string> tensorboard_dir_;
+  int64_t steps_per_epoch_ = 0;
+  std::unique_ptr<TensorBoardLog> tensorboard_;
   std::vector<EpochRecord> records_;
   // The seconds of epochs 2 on, split at their median (a running median: a resumed history of
   // n epochs costs n log n, not n^2): `lower_` a max-heap of the smaller half, `upper_` a

@@ -4,7 +4,8 @@
 # sources, Gloo's headers, zlib's and OpenSSL's libcrypto's headers and static libraries). Run here, on a machine with
 # scripts/install-deps.sh's packages; carry .device-kit with the device call. Prints what it
 # took from where and the size of tree + kit, which must stay under the tool's 64 MiB.
-# Not here: libcurl (the device build leaves `dptrain download` out, see DPTRAIN_DOWNLOAD) and
+# Not here: libcurl (the device build leaves `dptrain download` out, see DPTRAIN_DOWNLOAD),
+# protobuf and ISA-L (it leaves --tensorboard out, see DPTRAIN_TENSORBOARD) and
 # LibTorch, CUDA and NCCL (the image's python3 torch provides them).
 set -euo pipefail
 cd "$(dirname "$0")/.."

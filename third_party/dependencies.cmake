@@ -4,7 +4,8 @@
 # is checked against it after (nccl.cmake). cxxopts (3 or newer) and GoogleTest: Debian's packages, else a pinned
 # FetchContent (FETCHCONTENT_SOURCE_DIR_<NAME> points it at local sources: the device kit).
 # zlib and OpenSSL's libcrypto (SHA-256): required. libcurl (dptrain download) and Gloo's headers
-# (--backend gloo): used when found, see DPTRAIN_DOWNLOAD and DPTRAIN_GLOO. libpng: the plot test
+# (--backend gloo): used when found, see DPTRAIN_DOWNLOAD and DPTRAIN_GLOO; so are protobuf and
+# ISA-L (--tensorboard, DPTRAIN_TENSORBOARD). libpng: the plot test
 # (DPTRAIN_PLOT_RENDER_TEST). Every search also looks under CMAKE_PREFIX_PATH.
 include(FetchContent)
 
@@ -21,9 +22,12 @@ set(DPTRAIN_GLOO AUTO CACHE STRING
     "--backend gloo: AUTO (when this LibTorch has Gloo and Gloo headers that compile against it are found) or OFF")
 set(DPTRAIN_DOWNLOAD AUTO CACHE STRING
     "dptrain download: AUTO (when libcurl is found) or OFF")
+set(DPTRAIN_TENSORBOARD AUTO CACHE STRING
+    "--tensorboard: AUTO (when protobuf, protoc and ISA-L are found) or OFF")
 set_property(CACHE DPTRAIN_GLOO PROPERTY STRINGS AUTO OFF)
 set_property(CACHE DPTRAIN_DOWNLOAD PROPERTY STRINGS AUTO OFF)
-foreach(knob DPTRAIN_GLOO DPTRAIN_DOWNLOAD)
+set_property(CACHE DPTRAIN_TENSORBOARD PROPERTY STRINGS AUTO OFF)
+foreach(knob DPTRAIN_GLOO DPTRAIN_DOWNLOAD DPTRAIN_TENSORBOARD)
   if(NOT ${knob} MATCHES "^(AUTO|OFF)$")
     message(FATAL_ERROR "${knob} must be AUTO or OFF, not '${${knob}}'")
   endif()
@@ -263,6 +267,60 @@ if(DPTRAIN_DOWNLOAD STREQUAL "AUTO")
   endif()
 endif()
 message(STATUS "dptrain: libcurl (dptrain download): ${DPTRAIN_WITH_CURL}")
+
+# ---- protobuf and ISA-L: TensorBoard event files (--tensorboard) ----------------------------
+# Optional, like libcurl: protoc and protobuf-lite serialise the events from our own .proto
+# (lib/src/report/tensorboard_event.proto), ISA-L's crc32_iscsi checksums the records. Where one
+# is missing (the GPU machine's device kit has no apt), dptrain builds without them and refuses
+# --tensorboard in one line naming what this build lacked (DPTRAIN_TENSORBOARD_MISSING).
+# Debian's libtorch-dev already links Debian's libprotobuf; a PyPI LibTorch keeps its own
+# protobuf's symbols hidden (only onnx_torch's are exported), so Debian's links beside it.
+set(DPTRAIN_WITH_TENSORBOARD OFF)
+set(DPTRAIN_TENSORBOARD_MISSING "DPTRAIN_TENSORBOARD=OFF")
+if(DPTRAIN_TENSORBOARD STREQUAL "AUTO")
+  find_package(Protobuf QUIET)
+  find_path(DPTRAIN_ISAL_INCLUDE_DIR isa-l/crc.h)
+  find_library(DPTRAIN_ISAL_LIBRARY isal)
+  set(dptrain_tensorboard_lacks "")
+  if(NOT Protobuf_FOUND OR NOT TARGET protobuf::libprotobuf-lite)
+    list(APPEND dptrain_tensorboard_lacks "protobuf's headers and library (libprotobuf-dev)")
+  endif()
+  if(NOT Protobuf_PROTOC_EXECUTABLE)
+    list(APPEND dptrain_tensorboard_lacks "the protobuf compiler protoc (protobuf-compiler)")
+  elseif(Protobuf_FOUND)
+    # The generated code compiles only against the headers of protoc's own version.
+    execute_process(COMMAND "${Protobuf_PROTOC_EXECUTABLE}" --version
+                    OUTPUT_VARIABLE dptrain_protoc_version ERROR_QUIET
+                    OUTPUT_STRIP_TRAILING_WHITESPACE)
+    string(REGEX MATCH "[0-9]+\\.[0-9]+" dptrain_protoc_version "${dptrain_protoc_version}")
+    string(REGEX MATCH "[0-9]+\\.[0-9]+" dptrain_protobuf_headers "${Protobuf_VERSION}")
+    if(NOT dptrain_protoc_version STREQUAL dptrain_protobuf_headers)
+      list(APPEND dptrain_tensorboard_lacks
+           "a protoc of the headers' version (protoc ${dptrain_protoc_version}, headers "
+           "${Protobuf_VERSION})")
+    endif()
+  endif()
+  if(NOT DPTRAIN_ISAL_INCLUDE_DIR OR NOT DPTRAIN_ISAL_LIBRARY)
+    list(APPEND dptrain_tensorboard_lacks "ISA-L's CRC-32C (libisal-dev)")
+  endif()
+  if(dptrain_tensorboard_lacks)
+    list(JOIN dptrain_tensorboard_lacks ", " dptrain_tensorboard_lacks)
+    set(DPTRAIN_TENSORBOARD_MISSING "no ${dptrain_tensorboard_lacks} found at build time")
+  else()
+    set(DPTRAIN_WITH_TENSORBOARD ON)
+    set(DPTRAIN_TENSORBOARD_MISSING "")
+    add_library(dptrain_isal UNKNOWN IMPORTED)
+    set_target_properties(dptrain_isal PROPERTIES IMPORTED_LOCATION "${DPTRAIN_ISAL_LIBRARY}"
+                          INTERFACE_INCLUDE_DIRECTORIES "${DPTRAIN_ISAL_INCLUDE_DIR}")
+  endif()
+endif()
+if(DPTRAIN_WITH_TENSORBOARD)
+  message(STATUS "dptrain: TensorBoard event files (--tensorboard): ON (protobuf "
+                 "${Protobuf_VERSION}, ISA-L ${DPTRAIN_ISAL_LIBRARY})")
+else()
+  message(STATUS "dptrain: TensorBoard event files (--tensorboard): OFF: "
+                 "${DPTRAIN_TENSORBOARD_MISSING}")
+endif()
 
 # ---- Python with torch: torchrun for the multi-process tests ----------------------
 # The first interpreter whose torch has the same major.minor version as the LibTorch found:

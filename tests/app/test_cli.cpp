@@ -220,6 +220,28 @@ TEST(CliParse, FastPathAndRecoveryFlags) {
                      "--checkpoint-every-steps");
 }
 
+// --tensorboard DIR turns the running loss on, every 25 steps unless --tensorboard-every says;
+// that flag alone, or out of range, is a usage error. Whether the build can is main()'s check.
+TEST(CliParse, TensorBoardAndItsEvery) {
+  const auto none = parse({"train"}).train;
+  EXPECT_FALSE(none.tensorboard.has_value());
+  EXPECT_EQ(none.options.loss_every, 0);  // no step ever waits for the running loss
+  const auto given = parse({"train", "--tensorboard", "runs/a"}).train;
+  EXPECT_EQ(given.tensorboard, std::optional<std::string>("runs/a"));
+  EXPECT_EQ(given.options.loss_every, 25);
+  EXPECT_EQ(parse({"train", "--tensorboard-every=7", "--tensorboard", "tb"})
+                .train.options.loss_every,
+            7);
+  expect_parse_error({"train", "--tensorboard-every", "5"},
+                     "--tensorboard-every: only with --tensorboard DIR");
+  expect_parse_error({"train", "--tensorboard", "tb", "--tensorboard-every", "0"},
+                     "--tensorboard-every: '0' is out of range");
+  expect_parse_error({"train", "--tensorboard", "tb", "--tensorboard-every", "x"},
+                     "--tensorboard-every: 'x' is not an integer");
+  expect_parse_error({"eval", "--model", "m.pt", "--tensorboard", "tb"},
+                     "unknown flag '--tensorboard'");
+}
+
 // --cuda-graph is a train switch, off by default; where it cannot run is check_world's to say
 // (test_cuda_graph.cpp), and the binary's line is a CliErrors case.
 TEST(CliParse, CudaGraphSwitch) {

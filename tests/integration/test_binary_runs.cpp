@@ -111,7 +111,9 @@ TEST(CliHelp, TrainHelpDescribesEveryFlag) {
                            "--quiet",
                            "--log-every",
                            "--metrics",
-                           "--plot"}) {
+                           "--plot",
+                           "--tensorboard",
+                           "--tensorboard-every"}) {
     EXPECT_TRUE(contains(result.out, std::string(flag) + " ")) << flag << "\n" << result.out;
   }
 }

@@ -335,6 +335,9 @@ class RankTraining {
     result_.world_size = plan.world_size;
     result_.devices = world.devices();
     result_.parameter_count = count_parameters(*model_);
+    if (reports_loss()) {
+      loss_window_.sum = torch::zeros({}, torch::dtype(torch::kFloat64).device(plan.device));
+    }
     if (plan.start) {  // a resumed run carries on at the checkpoint's epoch and step
       at_ = Position{plan.start->epochs_done, plan.start->step_in_epoch, plan.start->global_step, 0};
       result_.epochs = plan.start->history;
@@ -347,6 +350,9 @@ class RankTraining {
  private:
   bool reporter() const { return plan_.first_local; }  // calls the callbacks
   bool checkpoints() const { return options_.checkpoint_dir.has_value(); }
+  bool reports_loss() const {
+    return reporter() && callbacks_.on_loss && options_.loss_every > 0;
+  }
   bool max_steps_reached() const {
     return options_.max_steps > 0 && at_.global_step >= options_.max_steps;
   }
@@ -392,12 +398,19 @@ class RankTraining {
   double saving_seconds_ = 0;  // step checkpoints' writing, which is not training time
   StepGpuTimer gpu_timer_;     // a few steps' GPU time per epoch, beside the wall time
   const std::vector<int64_t> gpu_timed_steps_;  // which steps of an epoch it times
+  // The running loss (on_loss): the steps since the last report add their shard's summed loss
+  // on the device, so that only a report makes the host wait.
+  struct LossWindow {
+    torch::Tensor sum;   // () float64, on the device
+    int64_t count = 0;   // examples in `sum`
+    int64_t steps = 0;   // steps since the last report
+  } loss_window_;
   TrainResult result_;
 };
 
 TrainResult RankTraining::run() {
   if (reporter() && callbacks_.on_start) {
-    callbacks_.on_start(result_.devices, result_.epochs, result_.resumed_from);
+    callbacks_.on_start(result_.devices, result_.epochs, at_.global_step, result_.resumed_from);
   }
   NonFiniteGuard guard(options_, model_, plan_.device, batches_per_epoch_);
   for (; at_.epoch < options_.epochs && !max_steps_reached(); ++at_.epoch, at_.step = 0) {
@@ -431,6 +444,15 @@ RankTraining::Next RankTraining::end_step(const StepLoss& loss, NonFiniteGuard& 
     callbacks_.on_progress(ProgressStats{at_.epoch + 1, options_.epochs, at_.step,
                                          batches_per_epoch_, at_.images, epoch_seconds(),
                                          running.loss, running.accuracy});
+  }
+  if (reports_loss() && at_.global_step % options_.loss_every == 0 && loss_window_.count > 0) {
+    wait_host("the running loss");
+    callbacks_.on_loss(LossStats{at_.epoch + 1, at_.global_step, loss_window_.steps,
+                                 loss_window_.sum.item<double>() /
+                                     static_cast<double>(loss_window_.count)});
+    loss_window_.sum.zero_();
+    loss_window_.count = 0;
+    loss_window_.steps = 0;
   }
   if (options_.check_replicas_every > 0 && at_.global_step % options_.check_replicas_every == 0) {
     wait_host("the replica check");
@@ -557,7 +579,12 @@ RankTraining::StepLoss RankTraining::take_step(NonFiniteGuard& guard) {
     if (!update_in_step()) reducer_->sgd_step(options_.lr);
     tally_.add(loss_sum, logits, y);
     guard.keep_buffers();
+    if (reports_loss()) {
+      loss_window_.sum += loss_sum.detach().to(torch::kFloat64);
+      loss_window_.count += index.size(0);
+    }
   }
+  ++loss_window_.steps;
   if (timed) gpu_timer_.end();
   ++at_.step;
   at_.images += global_batch;

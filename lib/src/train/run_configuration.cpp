@@ -51,6 +51,7 @@ std::vector<RunSetting> run_settings(const TrainOptions& options, const std::str
       {"--save-model", options.save_model ? "given" : "none"},
       {"--metrics", on_off(has(options.driver_outputs, "--metrics"))},
       {"--plot", on_off(has(options.driver_outputs, "--plot"))},
+      {"--tensorboard", on_off(has(options.driver_outputs, "--tensorboard"))},
       {"--checkpoint-every", std::to_string(options.checkpoint_every)},
       {"--checkpoint-every-steps", std::to_string(options.checkpoint_every_steps)},
       {"--resume", on_off(options.resume)},

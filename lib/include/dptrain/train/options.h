@@ -80,6 +80,7 @@ struct TrainOptions {
   const std::atomic<int>* stop_signal = nullptr;
   NonFinite on_nonfinite = NonFinite::kStop;
   int64_t progress_every = 0;  // steps between progress callbacks; 0 = none
+  int64_t loss_every = 0;      // global steps between running-loss callbacks (on_loss); 0 = none
 };
 
 // Checks that --resume and --fresh come with a checkpoint directory and not together;

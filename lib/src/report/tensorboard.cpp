@@ -1,0 +1,356 @@
+// TensorBoard event files. See tensorboard.h.
+// The events are serialised by protobuf-lite from tensorboard_event.proto (generated into the
+// build tree) and framed with ISA-L's CRC-32C; file access is plain POSIX (open, write, fsync).
+// Not here: choosing what to log when (the driver, app/run_records.cpp).
+#include "dptrain/report/tensorboard.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <sys/time.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <climits>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <ctime>
+
+#include "dptrain/core/errors.h"
+#include "dptrain/core/files.h"
+#include "dptrain/train/epoch_stats.h"
+
+#if defined(DPTRAIN_WITH_TENSORBOARD)
+#include <isa-l/crc.h>
+
+#include "tensorboard_event.pb.h"
+#endif
+
+// Note [TensorBoard's format from protobuf and ISA-L]
+// An event file is TensorFlow's TFRecord framing around serialised `tensorboard.Event` protocol
+// buffers. Two ways were weighed. Hand-written varints and a table CRC would be some 150 lines
+// with no dependency, but each field's wire type, each nested length and the checksum's
+// reflection and mask would be ours to get right and to keep right. protoc over a .proto of our
+// own (TensorBoard's field numbers; tensorboard_event.proto says where they were checked) leaves
+// the encoding to the library TensorBoard itself reads with, and Debian's libprotobuf is already
+// in every dptrain process (Debian's libtorch-dev links it). The lite runtime is enough
+// (serialising only) and registers no descriptors beside LibTorch's onnx ones. The CRC-32C is
+// ISA-L's crc32_iscsi, packaged by Debian (libisal-dev) and vectorised; its convention is
+// crc32_iscsi(buf, len, 0xFFFFFFFF) ^ 0xFFFFFFFF, which the unit test pins to the standard check
+// value (CRC-32C("123456789") = 0xE3069283). What remains ours is the 16 bytes of framing per
+// record and the file's name. Checked against TensorBoard's own reader (PyPI tensorboard's
+// EventAccumulator, tests/integration/test_tensorboard.py): every scalar of a run read back equal
+// to the metrics file's (to float32), the text, and a resume's purge of the steps it replaces.
+
+// Note [Resuming without a step twice]
+// A run that stops (a signal, --max-steps, a crash) has logged up to some step S in its file;
+// its last checkpoint is at global step G <= S. The resumed run appends a new file to the same
+// directory and trains steps G + 1 on, so steps G + 1 .. S would appear twice. TensorBoard's own
+// mechanism, from TensorFlow's Supervisor, is a SessionLog START event: on reading one at step
+// s, EventAccumulator (purge_orphaned_data=True, its default) drops every event it has read
+// from earlier files at steps >= s. So each run's file starts with START at its first step,
+// start + 1 (G + 1 when resumed), then its settings at that step, then its scalars; the
+// stopped run's events at steps <= G stay, the resumed run does not log them again. The reader
+// reads a directory's files in name order, so a new file's name must sort after every earlier
+// one: its seconds are moved past theirs when the clock has not (two runs in one second).
+// A fresh run (no --resume) in a directory that holds an earlier run's files starts at step 1,
+// and so hides that run in TensorBoard: give each run a directory of its own to compare them.
+
+namespace dptrain {
+namespace {
+
+void put_le(std::string& out, uint64_t value, int bytes) {
+  for (int i = 0; i < bytes; ++i) out += static_cast<char>((value >> (8 * i)) & 0xff);
+}
+
+// `text` as one cell of a markdown table row.
+std::string markdown_cell(const std::string& text) {
+  std::string cell;
+  for (char c : text) {
+    if (c == '|') {
+      cell += "\\|";  // a bar would end the cell
+    } else if (c == '\n' || c == '\r') {
+      cell += ' ';
+    } else {
+      cell += c;
+    }
+  }
+  return cell;
+}
+
+}  // namespace
+
+// ============================================================================================
+// Whether this build can, and the directory
+
+bool tensorboard_supported() {
+#if defined(DPTRAIN_WITH_TENSORBOARD)
+  return true;
+#else
+  return false;
+#endif
+}
+
+void require_tensorboard_support() {
+#if !defined(DPTRAIN_WITH_TENSORBOARD)
+  throw UsageError(std::string("--tensorboard: this dptrain was built without TensorBoard event "
+                               "files (") +
+                   DPTRAIN_TENSORBOARD_MISSING +
+                   "); install libprotobuf-dev, protobuf-compiler and libisal-dev "
+                   "(scripts/install-deps.sh) and build again");
+#endif
+}
+
+void prepare_tensorboard_dir(const std::string& dir) {
+  struct stat info {};
+  if (::stat(dir.c_str(), &info) == 0 && !S_ISDIR(info.st_mode)) {
+    throw UsageError("--tensorboard " + dir + ": is " + file_kind(info.st_mode) +
+                     ", not a directory (the event files go into DIR, made if missing)");
+  }
+  try {
+    make_directories(dir, "--tensorboard " + dir);
+  } catch (const DataError& e) {
+    throw UsageError(e.what());
+  }
+  // The writer will create a file there: try exactly that now, so that a read-only place fails
+  // before the training rather than after its first epoch.
+  const std::string trial = dir + "/.dptrain-tensorboard-check." + std::to_string(::getpid());
+  const int fd = ::open(trial.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+  if (fd < 0) {
+    throw UsageError("--tensorboard " + dir + ": cannot create a file there: " + errno_text());
+  }
+  ::close(fd);
+  ::unlink(trial.c_str());
+}
+
+// ============================================================================================
+// The record framing
+
+#if defined(DPTRAIN_WITH_TENSORBOARD)
+
+uint32_t crc32c(const void* data, size_t size) {
+  // crc32_iscsi takes an int length and the running (uninverted) CRC: chained in pieces.
+  auto* bytes = static_cast<unsigned char*>(const_cast<void*>(data));
+  uint32_t crc = 0xFFFFFFFFu;
+  while (size > 0) {
+    const int piece = size > static_cast<size_t>(INT_MAX) ? INT_MAX : static_cast<int>(size);
+    crc = crc32_iscsi(bytes, piece, crc);
+    bytes += piece;
+    size -= static_cast<size_t>(piece);
+  }
+  return crc ^ 0xFFFFFFFFu;
+}
+
+#else
+
+uint32_t crc32c(const void*, size_t) {
+  require_tensorboard_support();
+  return 0;
+}
+
+#endif
+
+uint32_t masked_crc32c(const void* data, size_t size) {
+  const uint32_t crc = crc32c(data, size);
+  return ((crc >> 15) | (crc << 17)) + 0xa282ead8u;
+}
+
+std::string frame_tensorboard_record(const std::string& data) {
+  std::string record;
+  record.reserve(data.size() + 16);
+  put_le(record, data.size(), 8);
+  put_le(record, masked_crc32c(record.data(), 8), 4);
+  record += data;
+  put_le(record, masked_crc32c(data.data(), data.size()), 4);
+  return record;
+}
+
+// ============================================================================================
+// One event file
+
+#if defined(DPTRAIN_WITH_TENSORBOARD)
+
+namespace {
+
+constexpr const char* kFilePrefix = "events.out.tfevents.";
+
+double wall_time_now() {
+  timeval now {};
+  ::gettimeofday(&now, nullptr);
+  return static_cast<double>(now.tv_sec) + static_cast<double>(now.tv_usec) * 1e-6;
+}
+
+// The largest <seconds> of the event files already in `dir`, or -1.
+long long newest_event_file_seconds(const std::string& dir) {
+  long long newest = -1;
+  DIR* listing = ::opendir(dir.c_str());
+  if (listing == nullptr) return newest;
+  const size_t prefix = std::strlen(kFilePrefix);
+  while (const dirent* entry = ::readdir(listing)) {
+    const char* name = entry->d_name;
+    if (std::strncmp(name, kFilePrefix, prefix) != 0) continue;
+    char* end = nullptr;
+    const long long seconds = std::strtoll(name + prefix, &end, 10);
+    if (end != name + prefix && seconds > newest) newest = seconds;
+  }
+  ::closedir(listing);
+  return newest;
+}
+
+std::string host_name() {
+  char name[256] = {};
+  if (::gethostname(name, sizeof name - 1) != 0 || name[0] == '\0') return "localhost";
+  // A '/' would make it a path; TensorBoard needs none of the name but "tfevents".
+  for (char* c = name; *c; ++c) {
+    if (*c == '/') *c = '_';
+  }
+  return name;
+}
+
+tensorboard::Event new_event(int64_t step) {
+  tensorboard::Event event;
+  event.set_wall_time(wall_time_now());
+  event.set_step(step);
+  return event;
+}
+
+}  // namespace
+
+TensorBoardWriter::TensorBoardWriter(const std::string& dir) {
+  const long long now = static_cast<long long>(std::time(nullptr));
+  const long long newest = newest_event_file_seconds(dir);
+  const long long seconds = newest >= now ? newest + 1 : now;
+  path_ = dir + "/" + kFilePrefix + std::to_string(seconds) + "." + host_name() + "." +
+          std::to_string(::getpid());
+  fd_ = ::open(path_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_APPEND | O_NOFOLLOW | O_CLOEXEC,
+               0644);
+  if (fd_ < 0) {
+    throw DataError("cannot create TensorBoard event file " + path_ + ": " + errno_text());
+  }
+  sync_parent_directory(path_);
+  tensorboard::Event event = new_event(0);
+  event.set_file_version("brain.Event:2");
+  write_event(event.SerializeAsString());
+}
+
+void TensorBoardWriter::write_scalars(int64_t step,
+                                      const std::vector<TensorBoardScalar>& scalars) {
+  tensorboard::Event event = new_event(step);
+  for (const auto& scalar : scalars) {
+    auto* value = event.mutable_summary()->add_value();
+    value->set_tag(scalar.tag);
+    value->set_simple_value(static_cast<float>(scalar.value));
+  }
+  write_event(event.SerializeAsString());
+}
+
+void TensorBoardWriter::write_text(int64_t step, const std::string& tag,
+                                   const std::string& text) {
+  tensorboard::Event event = new_event(step);
+  auto* value = event.mutable_summary()->add_value();
+  value->set_tag(tag);
+  // The text plugin's marker; its content (a TextPluginData of version 0) serialises to nothing.
+  value->mutable_metadata()->mutable_plugin_data()->set_plugin_name("text");
+  auto* tensor = value->mutable_tensor();
+  tensor->set_dtype(tensorboard::DT_STRING);
+  tensor->mutable_tensor_shape();  // no dimension: a scalar string, as tf.summary.text writes
+  tensor->add_string_val(text);
+  write_event(event.SerializeAsString());
+}
+
+void TensorBoardWriter::write_session_start(int64_t step) {
+  tensorboard::Event event = new_event(step);
+  event.mutable_session_log()->set_status(tensorboard::SessionLog::START);
+  write_event(event.SerializeAsString());
+}
+
+#else
+
+TensorBoardWriter::TensorBoardWriter(const std::string&) { require_tensorboard_support(); }
+void TensorBoardWriter::write_scalars(int64_t, const std::vector<TensorBoardScalar>&) {}
+void TensorBoardWriter::write_text(int64_t, const std::string&, const std::string&) {}
+void TensorBoardWriter::write_session_start(int64_t) {}
+
+#endif
+
+TensorBoardWriter::~TensorBoardWriter() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+void TensorBoardWriter::write_event(const std::string& event) {
+  const std::string record = frame_tensorboard_record(event);
+  size_t done = 0;
+  while (done < record.size()) {
+    const ssize_t n = ::write(fd_, record.data() + done, record.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) throw DataError("cannot write TensorBoard event file " + path_ + ": " + errno_text());
+    done += static_cast<size_t>(n);
+  }
+}
+
+void TensorBoardWriter::sync() {
+  if (::fsync(fd_) != 0) {
+    throw DataError("cannot sync TensorBoard event file " + path_ + ": " + errno_text());
+  }
+}
+
+// ============================================================================================
+// What a training run logs
+
+std::vector<TensorBoardScalar> epoch_scalars(const EpochStats& stats) {
+  const TensorBoardScalar all[] = {
+      {"epoch/train_loss", stats.train_loss},
+      {"epoch/train_acc", stats.train_acc},
+      {"epoch/test_loss", stats.test_loss},
+      {"epoch/test_acc", stats.test_acc},
+      {"epoch/seconds", stats.seconds},
+      {"epoch/images_per_second", stats.images_per_second},
+      {"epoch/wall_ms_per_step", wall_ms_per_step(stats)},
+      {"epoch/gpu_ms_per_step", stats.gpu_ms_per_step},
+      {"epoch/tflops", stats.tflops},
+      {"epoch/mfu", stats.mfu},
+      {"epoch/peak_host_bytes", stats.peak_host_bytes},
+      {"epoch/peak_device_bytes", stats.peak_device_bytes},
+  };
+  // A figure unknown here is NaN (the CPU has no GPU time or device memory; no peak is known
+  // for an MFU): left out rather than drawn as a value, as the metrics file leaves it empty.
+  std::vector<TensorBoardScalar> known;
+  for (const auto& scalar : all) {
+    if (std::isfinite(scalar.value)) known.push_back(scalar);
+  }
+  return known;
+}
+
+std::string settings_markdown(const std::vector<RunSetting>& settings) {
+  std::string table = "| setting | value |\n|---|---|\n";
+  for (const auto& [name, value] : settings) {
+    table += "| " + markdown_cell(name) + " | " + markdown_cell(value) + " |\n";
+  }
+  return table;
+}
+
+TensorBoardLog::TensorBoardLog(const std::string& dir, int64_t steps_per_epoch)
+    : writer_(dir), steps_per_epoch_(steps_per_epoch) {}
+
+void TensorBoardLog::start(int64_t start_step, const std::string& settings) {
+  // Note [Resuming without a step twice]
+  writer_.write_session_start(start_step + 1);
+  writer_.write_text(start_step + 1, "run/settings", settings);
+  writer_.sync();
+}
+
+void TensorBoardLog::add_epoch(const EpochStats& stats) {
+  // An epoch cut short by --max-steps is reported on the terminal but not recorded (as in the
+  // checkpoint's history): its figures cover part of an epoch, and a resume trains the rest and
+  // logs the whole epoch at its last step, where the part would otherwise stay beside it.
+  if (stats.steps < steps_per_epoch_) return;
+  writer_.write_scalars(stats.epoch * steps_per_epoch_, epoch_scalars(stats));
+  writer_.sync();
+}
+
+void TensorBoardLog::add_loss(const LossStats& loss) {
+  writer_.write_scalars(loss.global_step, {{"step/train_loss", loss.loss}});
+}
+
+}  // namespace dptrain
