@@ -64,8 +64,8 @@ void add_training_flags(cxxopts::Options& options) {
        cxxopts::value<std::string>(), "N")
       ("on-nonfinite", "a step whose gradient is NaN or infinite: stop (with an error) or skip",
        cxxopts::value<std::string>()->default_value("stop"), "WHAT")
-      ("save-model", "write the final weights to FILE (dptrain's checkpoint format: plain "
-                     "tensors, no code)",
+      ("save-model", "write the final weights to FILE.safetensors (PyTorch loads it with "
+                     "safetensors.torch.load_file; the run's facts are in its metadata)",
        cxxopts::value<std::string>(), "FILE");
   options.add_options("Checkpoints")
       ("checkpoint-dir", "write a checkpoint into DIR after every --checkpoint-every epochs, "
@@ -176,8 +176,12 @@ cxxopts::Options eval_options() {
   options.add_options("Weights")
       ("checkpoint", "a checkpoint written by train --checkpoint-dir (its width is in the file)",
        cxxopts::value<std::string>(), "FILE")
-      ("model", "a file written by train --save-model (its width is in the file; a --width "
+      ("model", "a file written by train --save-model, or any safetensors file of the model's "
+                "tensors under their PyTorch names (its width is read from the file; a --width "
                 "given must match it)",
+       cxxopts::value<std::string>(), "FILE")
+      ("logits", "also write the test images' logits and labels, in order, to "
+                 "FILE.safetensors (tensors \"logits\" (N, 10) and \"labels\" (N))",
        cxxopts::value<std::string>(), "FILE");
   add_data_flags(options);
   add_device_flags(options);
@@ -334,6 +338,21 @@ std::string path_text(const cxxopts::ParseResult& result, const char* flag) {
   return path;
 }
 
+// A file written as safetensors must be named so: "model.pt" would send users to torch.load,
+// which cannot read it.
+void check_safetensors_name(const std::string& path, const char* flag) {
+  const std::string suffix = ".safetensors";
+  const size_t slash = path.rfind('/');
+  const std::string base = slash == std::string::npos ? path : path.substr(slash + 1);
+  if (base.size() <= suffix.size() ||
+      base.compare(base.size() - suffix.size(), suffix.size(), suffix) != 0) {
+    throw UsageError(std::string(flag) + " " + quote_argument(path) +
+                     ": the file is written as safetensors, so its name must end in "
+                     ".safetensors (PyTorch reads it with safetensors.torch.load_file, not "
+                     "torch.load)");
+  }
+}
+
 constexpr int64_t kMax = std::numeric_limits<int32_t>::max();
 // --tensorboard-every's default: a GPU run reads the device on the host every 25 steps anyway
 // (RankTraining::end_step), so the running loss's read adds no wait there; on the CPU, which
@@ -465,7 +484,10 @@ void read_train_flags(const cxxopts::ParseResult& result, TrainCommand& train) {
   if (result.count("max-steps")) {
     o.max_steps = parse_integer_flag("max-steps", text("max-steps"), 1, kMax);
   }
-  if (result.count("save-model")) o.save_model = path_text(result, "save-model");
+  if (result.count("save-model")) {
+    o.save_model = path_text(result, "save-model");
+    check_safetensors_name(*o.save_model, "--save-model");
+  }
   if (result.count("train-limit")) {
     train.train_limit = parse_integer_flag("train-limit", text("train-limit"), 1, kMax);
   }
@@ -500,6 +522,10 @@ void read_eval_flags(const cxxopts::ParseResult& result, EvalCommand& eval) {
   read_common_flags(result, eval.common);
   if (result.count("checkpoint")) eval.checkpoint = path_text(result, "checkpoint");
   if (result.count("model")) eval.model = path_text(result, "model");
+  if (result.count("logits")) {
+    eval.logits = path_text(result, "logits");
+    check_safetensors_name(*eval.logits, "--logits");
+  }
   if (eval.checkpoint.has_value() == eval.model.has_value()) {
     throw UsageError("eval needs exactly one of --checkpoint FILE and --model FILE");
   }

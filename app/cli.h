@@ -40,6 +40,7 @@ struct EvalCommand {
   std::optional<std::string> checkpoint;  // a dptrain checkpoint (its width is in the file)
   std::optional<std::string> model;       // a --save-model file (also records its width)
   bool width_given = false;               // --width on the command line: checked against --model
+  std::optional<std::string> logits;      // where to write the test images' logits (safetensors)
 };
 
 // `dptrain download`: the four Fashion-MNIST files into a directory.

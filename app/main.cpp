@@ -20,6 +20,7 @@
 #include "dptrain/core/errors.h"
 #include "dptrain/data/download.h"
 #include "dptrain/core/files.h"
+#include "dptrain/core/safetensors.h"
 #include "dptrain/report/plot.h"
 #include "dptrain/report/report.h"
 #include "dptrain/report/tensorboard.h"
@@ -302,30 +303,39 @@ int run_train(dptrain::TrainCommand command, CheckedStdout& out) {
   return report_training(result, reporter, command.quiet, prefix, print, out);
 }
 
-// The weights to evaluate, from a checkpoint or a --save-model file: both are dptrain's
-// checkpoint format and know their width (Note [A model file is a checkpoint] in rank.cpp).
-// The weights `eval` reads, and the width of the model they fit (the file records it).
-struct LoadedWeights {
-  std::vector<std::pair<std::string, torch::Tensor>> tensors;
-  int64_t width = 0;
-};
-
-LoadedWeights load_weights(const dptrain::EvalCommand& command) {
-  const bool from_model = command.model.has_value();
-  const std::string& path = from_model ? *command.model : *command.checkpoint;
-  auto checkpoint = dptrain::read_checkpoint(path, from_model ? "--model" : "checkpoint");
+// The weights to evaluate: a checkpoint, a --save-model file, or any safetensors file of the
+// model's tensors (checkpoint.h: read_model_weights); each knows its width.
+dptrain::ModelWeights load_weights(const dptrain::EvalCommand& command) {
+  if (command.checkpoint) {
+    auto checkpoint = dptrain::read_checkpoint(*command.checkpoint, "checkpoint");
+    dptrain::CheckpointConfig model;  // what this dptrain builds, at the file's width
+    model.width = checkpoint.config.width;
+    model.num_classes = dptrain::kNumClasses;
+    model.in_channels = 1;
+    dptrain::check_checkpoint_matches(checkpoint.config, model, *command.checkpoint);
+    return {std::move(checkpoint.tensors), checkpoint.config.width, true};
+  }
+  auto weights = dptrain::read_model_weights(*command.model, "--model");
   const int64_t width = command.common.options.width;
-  if (command.width_given && width != checkpoint.config.width) {
-    throw UsageError("--width " + std::to_string(width) + ": --model " + path +
-                     " holds a model of width " + std::to_string(checkpoint.config.width) +
+  if (command.width_given && width != weights.width) {
+    throw UsageError("--width " + std::to_string(width) + ": --model " + *command.model +
+                     " holds a model of width " + std::to_string(weights.width) +
                      " (leave --width out: the file records it)");
   }
-  dptrain::CheckpointConfig model;  // what this dptrain builds, at the file's width
-  model.width = checkpoint.config.width;
-  model.num_classes = dptrain::kNumClasses;
-  model.in_channels = 1;
-  dptrain::check_checkpoint_matches(checkpoint.config, model, path);
-  return {std::move(checkpoint.tensors), checkpoint.config.width};
+  return weights;
+}
+
+// --logits: the test images' logits and labels, in test-set order, as safetensors.
+void write_logits(const dptrain::EvalResult& result, const torch::Tensor& labels,  // (N)
+                  const std::string& path, const std::string& weights) {
+  const auto n = static_cast<int64_t>(result.logits.size()) / dptrain::kNumClasses;
+  const auto logits =
+      torch::from_blob(const_cast<float*>(result.logits.data()), {n, dptrain::kNumClasses},
+                       torch::kFloat32);  // (N, 10), borrowed for the write
+  const auto bytes = dptrain::serialize_safetensors(
+      {{"logits", logits}, {"labels", labels.to(torch::kInt64)}},
+      {{"dptrain.kind", "logits"}, {"dptrain.weights", weights}});
+  dptrain::write_file_atomically(path, bytes.data(), bytes.size(), "--logits " + path);
 }
 
 int run_download(const dptrain::DownloadCommand& command, CheckedStdout& out) {
@@ -378,13 +388,17 @@ int run_download(const dptrain::DownloadCommand& command, CheckedStdout& out) {
 int run_eval(dptrain::EvalCommand command, CheckedStdout& out) {
   const auto world = plan_command_world(command.common);
   const auto run = check_command_world(command.common.options, world);
+  const bool writer = world.first_rank == 0;
+  if (command.logits && writer) dptrain::check_output_file(*command.logits, "--logits");
   const auto weights = load_weights(command);
   const auto data_dir = dptrain::resolve_data_dir(command.common.data_dir);
   // Only the test set is evaluated; one training image keeps the data set's shape valid.
   const auto data = dptrain::load_fashion_mnist(data_dir, 1, command.common.test_limit);
-  const auto result = dptrain::evaluate_weights(
-      data, run, weights.tensors, weights.width, command.model ? *command.model : *command.checkpoint);
-  if (world.first_rank == 0 || command.common.verbose) {
+  const std::string& source = command.model ? *command.model : *command.checkpoint;
+  const auto result = dptrain::evaluate_weights(data, run, weights.tensors, weights.width, source,
+                                                command.logits.has_value());
+  if (command.logits && writer) write_logits(result, data.test.labels, *command.logits, source);
+  if (writer || command.common.verbose) {
     out.line(dptrain::format_eval_line(result));
   }
   return out.error() != 0 ? out.report_failure("", "the result line is lost") : 0;

@@ -29,6 +29,8 @@ need /usr/lib/x86_64-linux-gnu/libz.a "zlib1g-dev"
 need /usr/include/openssl/evp.h "libssl-dev"
 need /usr/include/x86_64-linux-gnu/openssl/configuration.h "libssl-dev"
 need /usr/lib/x86_64-linux-gnu/libcrypto.a "libssl-dev"
+need /usr/include/nlohmann/json.hpp "nlohmann-json3-dev"
+need /usr/share/cmake/nlohmann_json/nlohmann_jsonConfig.cmake "nlohmann-json3-dev"
 
 rm -rf "$kit"
 mkdir -p "$kit/data/fashion-mnist" "$kit/prefix/include" "$kit/prefix/lib/cmake" "$kit/src"
@@ -37,6 +39,11 @@ cp "$data"/{train,t10k}-{images-idx3,labels-idx1}-ubyte.gz "$kit/data/fashion-mn
 # cxxopts: header-only; its CMake package finds the header three folders above itself.
 cp /usr/include/cxxopts.hpp "$kit/prefix/include/"
 cp -r /usr/lib/cmake/cxxopts "$kit/prefix/lib/cmake/"
+# nlohmann-json: header-only (safetensors headers); its CMake package finds the headers three
+# folders above itself, so it travels under prefix/share/cmake.
+mkdir -p "$kit/prefix/share/cmake"
+cp -r /usr/include/nlohmann "$kit/prefix/include/"
+cp -r /usr/share/cmake/nlohmann_json "$kit/prefix/share/cmake/"
 # GoogleTest: sources, built there with dptrain (FETCHCONTENT_SOURCE_DIR_GOOGLETEST). gmock is
 # not needed; the top-level CMakeLists.txt builds googletest alone with BUILD_GMOCK off.
 mkdir -p "$kit/src/googletest"
@@ -57,7 +64,7 @@ cp /usr/lib/x86_64-linux-gnu/libcrypto.a "$kit/prefix/lib/"
 
 {
   echo "# dptrain device kit, made $(date -u +%Y-%m-%dT%H:%M:%SZ) on $(hostname) by scripts/device-kit.sh"
-  for package in dataset-fashion-mnist libcxxopts-dev googletest libgloo-dev zlib1g-dev libssl-dev; do
+  for package in dataset-fashion-mnist libcxxopts-dev googletest libgloo-dev zlib1g-dev libssl-dev nlohmann-json3-dev; do
     echo "# $package $(dpkg-query -W -f='${Version}' "$package" 2>/dev/null || echo '(version unknown)')"
   done
   (cd "$kit" && find . -type f ! -name MANIFEST -print0 | sort -z | xargs -0 sha256sum)

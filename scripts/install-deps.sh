@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs what dptrain needs on Debian 12 (run as root, or with sudo available):
 # the compiler and CMake, Debian's CPU LibTorch 1.13 with Gloo headers, cxxopts, GoogleTest,
-# zlib, libcurl, OpenSSL's libcrypto, protobuf and ISA-L (--tensorboard's event files),
+# zlib, libcurl, OpenSSL's libcrypto, nlohmann-json (safetensors headers), protobuf and ISA-L (--tensorboard's event files),
 # tcmalloc-minimal (linked: the dptrain binary's malloc), the
 # real Fashion-MNIST, Debian's python3-torch (torchrun for the multi-process tests), Chromium and
 # libpng (the plot test renders the SVG headless and reads the screenshot) and valgrind (the
@@ -16,6 +16,7 @@ packages=(
   libtcmalloc-minimal4          # the dptrain binary's malloc, linked (core/cpu_allocator.h)
   libcurl4-openssl-dev          # dptrain download: http, https and file URLs
   libssl-dev                    # libcrypto's SHA-256, checking the downloaded files
+  nlohmann-json3-dev            # safetensors headers and checkpoints' run state (JSON)
   libprotobuf-dev protobuf-compiler  # --tensorboard: events serialised from our .proto
   libisal-dev                   # --tensorboard: the event records' CRC-32C (crc32_iscsi)
   libpng-dev                    # the plot test decodes Chromium's PNG screenshots

@@ -60,6 +60,7 @@ fi
 hidden=(usr/include/cxxopts.hpp usr/include/gtest usr/include/gloo usr/include/curl
   usr/include/zlib.h usr/lib/x86_64-linux-gnu/libz.so usr/lib/x86_64-linux-gnu/libz.a
   usr/lib/x86_64-linux-gnu/libcurl.so usr/src/googletest usr/lib/cmake/cxxopts
+  usr/include/nlohmann usr/share/cmake/nlohmann_json
   usr/share/datasets/fashion-mnist usr/lib/x86_64-linux-gnu/cmake/Torch usr/include/openssl
   usr/lib/x86_64-linux-gnu/libcrypto.so usr/lib/x86_64-linux-gnu/libcrypto.a
   usr/include/nccl.h usr/local/include/nccl.h usr/include/cudnn.h usr/local/include/cudnn.h)

@@ -361,6 +361,19 @@ else()
   message(STATUS "dptrain: cxxopts ${cxxopts_VERSION}: ${cxxopts_DIR}")
 endif()
 
+# ---- nlohmann-json ------------------------------------------------------------
+# The JSON of safetensors headers and of a checkpoint's run state (core/safetensors.h,
+# train/checkpoint.h). Header-only: Debian's nlohmann-json3-dev, else a pinned release.
+find_package(nlohmann_json 3.9 CONFIG QUIET)
+if(NOT TARGET nlohmann_json::nlohmann_json)
+  message(STATUS "dptrain: nlohmann-json 3 not installed, fetching v3.11.2")
+  FetchContent_Declare(nlohmann_json
+    URL https://github.com/nlohmann/json/releases/download/v3.11.2/json.tar.xz)
+  FetchContent_MakeAvailable(nlohmann_json)
+else()
+  message(STATUS "dptrain: nlohmann-json ${nlohmann_json_VERSION}: ${nlohmann_json_DIR}")
+endif()
+
 # ---- GoogleTest -------------------------------------------------------------
 if(BUILD_TESTING)
   find_package(GTest CONFIG QUIET)

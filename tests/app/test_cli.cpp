@@ -125,7 +125,7 @@ TEST(CliParse, EveryOtherFlag) {
   // Devices are only named here, not checked against the machine.
   const auto parsed =
       parse({"train", "--data-dir",       "/some/dir", "--devices",    "cuda:1",   "--test-limit",
-             "50",    "--threads",        "3",         "--save-model", "model.pt", "--backend",
+             "50",    "--threads",        "3",         "--save-model", "model.safetensors", "--backend",
              "gloo",  "--check-replicas", "5",         "--timeout",    "60",       "--max-steps",
              "7",     "--verbose"});
   ASSERT_EQ(parsed.action, ParsedCommandLine::Action::kTrain);
@@ -135,7 +135,7 @@ TEST(CliParse, EveryOtherFlag) {
   EXPECT_EQ(train.devices, std::optional<std::string>("cuda:1"));
   EXPECT_EQ(train.test_limit, 50);
   EXPECT_EQ(o.threads, 3);
-  EXPECT_EQ(o.save_model, std::optional<std::string>("model.pt"));
+  EXPECT_EQ(o.save_model, std::optional<std::string>("model.safetensors"));
   EXPECT_EQ(train.backend, std::optional<std::string>("gloo"));
   EXPECT_EQ(o.check_replicas_every, 5);
   EXPECT_EQ(o.timeout, std::chrono::seconds(60));
@@ -279,6 +279,8 @@ TEST(CliParse, EvalAndDownloadCommands) {
   expect_parse_error({"eval", "--checkpoint", "a", "--model", "b"}, "exactly one of");
   expect_parse_error({"eval", "--checkpoint", "a", "--width", "8"}, "--width");
   expect_parse_error({"eval", "--model", "m.pt", "--epochs", "3"}, "epochs");
+  const auto logits = parse({"eval", "--model", "m.pt", "--logits", "out/l.safetensors"});
+  EXPECT_EQ(logits.eval.logits, std::optional<std::string>("out/l.safetensors"));
   const auto download = parse({"download", "--data-dir", "d", "--url", "file:///x/", "--force"});
   EXPECT_EQ(download.action, ParsedCommandLine::Action::kDownload);
   EXPECT_EQ(download.download.directory, "d");
@@ -365,6 +367,21 @@ TEST(CliParse, EveryFlagGivenAnEmptyValueIsAUsageErrorNamingIt) {
     }
   }
   EXPECT_GE(checked, 40);  // 26 of train, 14 of eval, 5 of download
+}
+
+// What dptrain writes as safetensors must be named so: a "model.pt" sent users to torch.load.
+TEST(CliParse, SafetensorsOutputsMustBeNamedSo) {
+  for (const std::string name : {"model.pt", "model.dpt", ".safetensors", "dir/.safetensors",
+                                 "model.safetensors/", "model.SAFETENSORS"}) {
+    SCOPED_TRACE(name);
+    expect_parse_error({"train", "--save-model", name},
+                       "--save-model '" + name + "': the file is written as safetensors, so its "
+                       "name must end in .safetensors");
+    expect_parse_error({"eval", "--model", "m.safetensors", "--logits", name},
+                       "--logits '" + name + "': the file is written as safetensors");
+  }
+  EXPECT_EQ(parse({"train", "--save-model", "a/b.safetensors"}).train.options.save_model,
+            std::optional<std::string>("a/b.safetensors"));
 }
 
 // A switch given a value takes only what reads as true or false.

@@ -279,7 +279,7 @@ const std::vector<ErrorCase> kErrorCases = {
      "--save-model /dev/full: is a character device"},
     {"save_model_is_a_directory", {"train", "--save-model", "/tmp"}, kUsage, "is a directory"},
     {"save_model_directory_missing",
-     {"train", "--save-model", "/nonexistent-dptrain-dir/m.pt"},
+     {"train", "--save-model", "/nonexistent-dptrain-dir/m.safetensors"},
      kUsage,
      "its directory /nonexistent-dptrain-dir cannot be used"},
     {"plot_directory_missing",
@@ -562,7 +562,7 @@ TEST(CliRun, RealDataTwoCpuReplicas) {
 
 TEST(CliRun, TinyDataTwoEpochsSavesTheModel) {
   TempDir out;
-  const std::string model = out.file("model.pt");
+  const std::string model = out.file("model.safetensors");
   const auto result =
       run_dptrain({"train", "--data-dir", tiny_data_dir(), "--devices", "cpu", "--width", "1",
                    "--epochs", "2", "--batch-size", "4", "--threads", "1", "--save-model", model});
@@ -637,7 +637,7 @@ TEST(CliRun, MaxStepsStopsEarly) {
 // Issue 11: the path was first tried after the training, so the weights were lost. It is checked
 // before the first step now: a usage error, and no epoch runs.
 TEST(CliRun, UnwritableSaveModelIsAUsageErrorBeforeTraining) {
-  const std::string model = "/nonexistent-dptrain-dir/model.pt";
+  const std::string model = "/nonexistent-dptrain-dir/model.safetensors";
   const auto result =
       run_dptrain({"train", "--data-dir", tiny_data_dir(), "--devices", "cpu", "--width", "1",
                    "--epochs", "1", "--batch-size", "4", "--threads", "1", "--save-model", model});
@@ -652,7 +652,7 @@ TEST(CliRun, UnwritableSaveModelIsAUsageErrorBeforeTraining) {
 
 // A bad --save-model must not leave rank 1 waiting out the whole collective timeout.
 TEST(CliRun, UnwritableSaveModelWithTwoReplicasFailsPromptly) {
-  const std::string model = "/nonexistent-dptrain-dir/model.pt";
+  const std::string model = "/nonexistent-dptrain-dir/model.safetensors";
   const auto start = std::chrono::steady_clock::now();
   const auto result =
       run_dptrain({"train", "--data-dir", tiny_data_dir(), "--devices", "cpu,cpu", "--width", "1",
@@ -1006,7 +1006,7 @@ TEST(CliErrorsEnvironment, UnresolvableMasterAddrFailsAtOnceNamingIt) {
 // the count, for train and for eval.
 TEST(CliEmptyData, ZeroImagesIsADataErrorNamingTheFile) {
   TempDir out;
-  const std::string model = out.file("model.pt");
+  const std::string model = out.file("model.safetensors");
   ASSERT_EQ(run_dptrain({"train", "--data-dir", tiny_data_dir(), "--devices", "cpu", "--width", "1",
                          "--epochs", "1", "--threads", "1", "--save-model", model})
                 .exit_code,
@@ -1127,7 +1127,7 @@ TEST(CliLostWork, WritesPastTheFileSizeLimitAreOneErrorLineAndLeaveNothing) {
     EXPECT_TRUE(contains(lines[0], message)) << describe(result);
     EXPECT_TRUE(contains(lines[0], std::strerror(EFBIG))) << describe(result);
   };
-  const std::string model = dir.file("m.pt");
+  const std::string model = dir.file("m.safetensors");
   expect_failed_write(testing::run_command(tiny_run({"--save-model", model}), {}, 120, small_files),
                       "--save-model " + model + ": cannot write");
   const std::string checkpoints = dir.file("ck");

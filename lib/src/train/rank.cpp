@@ -87,15 +87,22 @@ struct Tally {
 };
 
 // The evaluation after each epoch: every rank takes a contiguous shard of the test set. Returns
-// the sums over all ranks.
+// the sums over all ranks. With `all_logits`, also every test image's logits, in order, on every
+// rank: each rank fills its shard's rows of a zero tensor and a sum over the ranks joins them
+// (adding zeros is exact).
 Totals evaluate(ResNet& model, const DeviceSplit& test, const TrainOptions& options,
-                const RankPlan& plan, Communicator& communicator) {
+                const RankPlan& plan, Communicator& communicator,
+                torch::Tensor* all_logits = nullptr) {
   const int64_t batch_size = options.batch_size;
   torch::NoGradGuard no_grad;
   model->eval();
   const auto [begin, end] =
       shard_range(test.labels.size(0), communicator.world_size(), communicator.rank());
   Tally tally(test.labels.device());
+  if (all_logits) {
+    *all_logits = torch::zeros({test.labels.size(0), kNumClasses},
+                               torch::dtype(torch::kFloat32).device(test.labels.device()));
+  }
   for (int64_t i = begin; i < end; i += batch_size) {
     const int64_t n = std::min(batch_size, end - i);
     auto x = to_model_input(test.images.narrow(0, i, n));  // (n, 1, 28, 28)
@@ -107,22 +114,26 @@ Totals evaluate(ResNet& model, const DeviceSplit& test, const TrainOptions& opti
       logits = model->forward(x);
     }
     logits = logits.to(torch::kFloat32);
+    if (all_logits) all_logits->narrow(0, i, n).copy_(logits);
     tally.add(F::cross_entropy(logits, y, F::CrossEntropyFuncOptions().reduction(torch::kSum)),
               logits, y);
   }
+  if (all_logits) communicator.allreduce_sum(*all_logits, "the test images' logits");
   return tally.reduce(communicator, "evaluation counts");
 }
 
 // Note [A model file is a checkpoint]
-// --save-model writes the checkpoint format (checkpoint.h) at the run's final position: plain
-// tensors with their names, shapes and dtypes, read back by a strict reader that runs nothing.
+// --save-model writes the checkpoint format (checkpoint.h: safetensors, "dptrain.kind": "model")
+// at the run's final position: plain tensors under the names of the book's PyTorch model, read
+// back by a strict reader that runs nothing, and by safetensors.torch.load_file in any Python.
 // It used to be torch::save's TorchScript archive, which torch::load compiles and runs: a
 // crafted file's code (its __setstate__ included) hung `eval`, allocated gigabytes or printed
-// a forged result line. scripts/read_checkpoint.py turns a model file into a PyTorch state_dict.
+// a forged result line.
 void save_model_atomically(ResNet& model, const CheckpointConfig& config, int64_t epochs_done,
                            int64_t step_in_epoch, int64_t global_step,
                            const std::vector<EpochStats>& history, const std::string& path) {
   Checkpoint weights;
+  weights.kind = CheckpointKind::kModel;
   weights.config = config;
   weights.epochs_done = epochs_done;
   weights.step_in_epoch = step_in_epoch;
@@ -753,10 +764,15 @@ EvalResult evaluate_rank(const FashionMnist& data, const TrainOptions& options,
   const c10::DeviceGuard device_guard(plan.device);
   JoinedWorld world(seat_of(options, plan));
   ResNet model = make_replica(options, plan, world.communicator());
-  const auto totals =
-      evaluate(model, to_device(data.test, plan.device), options, plan, world.communicator());
+  torch::Tensor logits;  // (test images, classes), when asked for
+  const auto totals = evaluate(model, to_device(data.test, plan.device), options, plan,
+                               world.communicator(), plan.collect_logits ? &logits : nullptr);
   const auto test = means_of(totals);
-  EvalResult result{test.loss, test.accuracy, static_cast<int64_t>(totals.count), world.devices()};
+  EvalResult result{test.loss, test.accuracy, static_cast<int64_t>(totals.count), world.devices(), {}};
+  if (plan.collect_logits) {
+    const auto host = logits.to(torch::kCPU).contiguous();
+    result.logits.assign(host.data_ptr<float>(), host.data_ptr<float>() + host.numel());
+  }
   world.leave();
   return result;
 }

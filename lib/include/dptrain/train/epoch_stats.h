@@ -95,6 +95,9 @@ struct EvalResult {
   double test_acc = 0;
   int64_t examples = 0;
   std::vector<std::string> devices;  // every rank's device, in rank order
+  // Every test image's logits in test-set order, (examples, classes) row-major float32, when
+  // evaluate_weights was asked for them; empty otherwise.
+  std::vector<float> logits;
 };
 
 }  // namespace dptrain
