@@ -156,8 +156,15 @@ def no_constant(name):
 
 def parse_json(raw, what, fail):
     try:
-        return json.loads(raw.decode("utf-8"), object_pairs_hook=unique_keys,
-                          parse_constant=no_constant)
+        value = json.loads(raw.decode("utf-8"), object_pairs_hook=unique_keys,
+                           parse_constant=no_constant)
+        # An escaped lone surrogate ("\ud800") parses to a str with no UTF-8 form, which every
+        # later .encode() (a digest's netstring, a message) would raise on; the C++ refuses it.
+        json.dumps(value, ensure_ascii=False).encode("utf-8")
+        return value
+    except UnicodeEncodeError as e:
+        fail(f"corrupt: {what} is not valid JSON: a string holds the lone surrogate "
+             f"\\u{ord(e.object[e.start]):04x}, which no UTF-8 text can hold")
     except (UnicodeDecodeError, ValueError, RecursionError) as e:
         fail(f"corrupt: {what} is not valid JSON: {shown(str(e).encode())}")
 
@@ -236,16 +243,18 @@ def netstring(text):
 
 def digest(metadata, entries, data):
     """"dptrain.digest" (docs/checkpoints.md; Note [A digest of the content, not of the bytes]
-    in checkpoint.cpp): of the metadata, the tensor table and the data, not the JSON's spelling."""
+    in checkpoint.cpp): of the metadata and of each tensor's name, dtype, shape and bytes, taken
+    in the order of the names, so that neither the JSON's spelling nor the order of the data
+    (which another writer, such as PyPI safetensors' save_file, chooses itself) changes it."""
     h = hashlib.sha256(b"dptrain safetensors digest 1\n")
     for key in sorted((k for k in metadata if k != "dptrain.digest"), key=str.encode):
         h.update(netstring(key) + netstring(metadata[key]))
     h.update(b"\n")
-    for name, dtype, shape, begin, end in entries:
-        h.update(b"".join(map(netstring, (name, dtype, ",".join(map(str, shape)), str(begin),
-                                          str(end)))))
-    h.update(b"\n")
-    h.update(data)
+    for name, dtype, shape, begin, end in sorted(entries, key=lambda e: e[0].encode()):
+        h.update(b"".join(map(netstring, (name, dtype, ",".join(map(str, shape))))))
+        h.update(str(end - begin).encode() + b":")  # the netstring of its bytes, uncopied
+        h.update(data[begin:end])
+        h.update(b",")
     return "sha256:" + h.hexdigest()
 
 

@@ -181,6 +181,10 @@ class Layout(ScriptTest):
              "JSON: Expecting property name enclosed in double quotes: line 1 column 2 (char 1)"),
             ("not UTF-8", struct.pack("<Q", 3) + b"{\"\xff", "corrupt: the header is not valid "
              "JSON: 'utf-8' codec can't decode byte 0xff in position 2: invalid start byte"),
+            ("a lone surrogate in a name", header_with({"\ud800": entry("F32", [1], 0, 4)},
+                                                       data=four),
+             "corrupt: the header is not valid JSON: a string holds the lone surrogate \\ud800, "
+             "which no UTF-8 text can hold"),
             ("a name twice", struct.pack("<Q", len(twice)) + twice + four * 2,
              "corrupt: the header is not valid JSON: the name 'w' appears twice"),
             ("metadata a list", st.layout({"__metadata__": []}, b""),
@@ -292,6 +296,45 @@ class Digest(ScriptTest):
             self.assertNotEqual(a.read(), b.read())
         code, out, err = self.run_script(self.path("again.safetensors"))
         self.assertEqual((code, err), (0, ""))
+
+    def test_a_rewrite_in_another_order_verifies_and_swapped_names_do_not(self):
+        """PyPI safetensors' save_file writes the tensors ordered by dtype, then by name, so the
+        offsets of nearly every tensor change; the digest takes the tensors by name and holds no
+        offsets, so the rewrite verifies. Two tensors of one dtype and shape whose names are
+        swapped keep every offset, shape and byte of the table, and fail."""
+        tensors = st.valid_tensors() + [("v", "F32", [3], struct.pack("<3f", 0.5, 7.0, -1.0))]
+        path = self.write("ours.safetensors", valid(tensors=tensors))
+        with open(path, "rb") as f:
+            n = struct.unpack("<Q", f.read(8))[0]
+            ours = json.loads(f.read(n))
+        metadata = ours.pop("__metadata__")
+        loaded = load_file(path)
+        save_file(loaded, self.path("theirs.safetensors"), metadata=metadata)
+        with open(self.path("theirs.safetensors"), "rb") as f:
+            n = struct.unpack("<Q", f.read(8))[0]
+            theirs = json.loads(f.read(n))
+        del theirs["__metadata__"]
+
+        def data_order(header):
+            return sorted(header, key=lambda name: header[name]["data_offsets"])
+        self.assertEqual(data_order(ours), ["w", "n", "empty", "h", "f", "v"])
+        # Its dtype order: I64, F64, F32, BF16, F16 (the Rust crate's Dtype enum, reversed).
+        self.assertEqual(data_order(theirs), ["n", "empty", "v", "w", "h", "f"])
+        self.assertEqual({name: (e["dtype"], e["shape"]) for name, e in theirs.items()},
+                         {name: (e["dtype"], e["shape"]) for name, e in ours.items()})
+        code, out, err = self.run_script(self.path("theirs.safetensors"), "--tensor-digests")
+        self.assertEqual((code, err), (0, ""))
+        names = {"F32": "float32", "I64": "int64", "F64": "float64", "BF16": "bfloat16",
+                 "F16": "float16"}
+        self.assertEqual(sorted(out.splitlines()), sorted(
+            f"{name} {names[dtype]} {'x'.join(map(str, dims)) or 'scalar'} "
+            f"{hashlib.sha256(raw).hexdigest()}" for name, dtype, dims, raw in tensors))
+
+        swapped = {**loaded, "w": loaded["v"], "v": loaded["w"]}
+        save_file(swapped, self.path("swapped.safetensors"), metadata=metadata)
+        path = self.path("swapped.safetensors")
+        self.expect_error([path], f"checkpoint {path}: corrupt: the content digest does not "
+                          "match (the file was damaged or changed after dptrain wrote it)")
 
 
 # ---- The run state: everything a run can have, nothing else ----------------------------------

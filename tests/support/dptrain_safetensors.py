@@ -18,19 +18,14 @@ def netstring(text):
 
 def digest(metadata, tensors):
     """The "dptrain.digest" of `metadata` (without it) and `tensors` ((name, dtype, shape, raw)
-    in data order)."""
+    in any order: the digest takes them sorted by name, and holds no offsets)."""
     h = hashlib.sha256(b"dptrain safetensors digest 1\n")
     for key in sorted((k for k in metadata if k != "dptrain.digest"), key=str.encode):
         h.update(netstring(key) + netstring(metadata[key]))
     h.update(b"\n")
-    at = 0
-    for name, dtype, shape, raw in tensors:
-        for text in (name, dtype, ",".join(map(str, shape)), str(at), str(at + len(raw))):
-            h.update(netstring(text))
-        at += len(raw)
-    h.update(b"\n")
-    for *_, raw in tensors:
-        h.update(raw)
+    for name, dtype, shape, raw in sorted(tensors, key=lambda t: t[0].encode()):
+        h.update(netstring(name) + netstring(dtype) + netstring(",".join(map(str, shape))))
+        h.update(str(len(raw)).encode() + b":" + bytes(raw) + b",")
     return "sha256:" + h.hexdigest()
 
 
