@@ -1,6 +1,7 @@
 // Tests for tensorboard.h: the CRC-32C and record framing byte for byte (values from TensorBoard's
 // own pywrap_tensorflow stub), an event file parsed back record by record with the generated
-// protobuf code, what a run logs and where, and the errors for bad directories and failed writes.
+// protobuf code (decode_tensorboard_event), what a run logs and where, and the errors for bad
+// directories and failed writes.
 // Not here: TensorBoard's own reader on a real run (tests/integration/test_tensorboard.py).
 #include <gtest/gtest.h>
 #include <sys/resource.h>
@@ -19,10 +20,6 @@
 #include "dptrain/core/errors.h"
 #include "dptrain/report/tensorboard.h"
 #include "support/test_support.h"
-
-#if defined(DPTRAIN_WITH_TENSORBOARD)
-#include "tensorboard_event.pb.h"
-#endif
 
 namespace dptrain {
 namespace {
@@ -72,9 +69,9 @@ uint32_t read_le(const std::string& bytes, size_t at, int size) {
 }
 
 // Every event of `path`, each record's checksums checked.
-std::vector<tensorboard::Event> read_events(const std::string& path) {
+std::vector<DecodedTensorBoardEvent> read_events(const std::string& path) {
   const std::string bytes = testing::read_text(path);
-  std::vector<tensorboard::Event> events;
+  std::vector<DecodedTensorBoardEvent> events;
   size_t at = 0;
   while (at < bytes.size()) {
     EXPECT_GE(bytes.size() - at, 16u) << "a record cut short at byte " << at;
@@ -83,8 +80,8 @@ std::vector<tensorboard::Event> read_events(const std::string& path) {
     EXPECT_EQ(read_le(bytes, at + 8, 4), masked_crc32c(bytes.data() + at, 8));
     const std::string data = bytes.substr(at + 12, length);
     EXPECT_EQ(read_le(bytes, at + 12 + length, 4), masked_crc32c(data.data(), data.size()));
-    tensorboard::Event event;
-    EXPECT_TRUE(event.ParseFromString(data)) << "event " << events.size();
+    DecodedTensorBoardEvent event;
+    EXPECT_TRUE(decode_tensorboard_event(data, event)) << "event " << events.size();
     events.push_back(event);
     at += 16 + length;
   }
@@ -115,29 +112,31 @@ TEST(TensorBoardWriter, WritesTheVersionThenEachEventParsedBack) {
 
   const auto events = read_events(path);
   ASSERT_EQ(events.size(), 4u);
-  EXPECT_EQ(events[0].file_version(), "brain.Event:2");
-  EXPECT_EQ(events[0].step(), 0);
-  EXPECT_GT(events[0].wall_time(), 1.7e9);  // seconds since 1970, not milliseconds or zero
+  EXPECT_EQ(events[0].file_version, "brain.Event:2");
+  EXPECT_EQ(events[0].step, 0);
+  EXPECT_GT(events[0].wall_time, 1.7e9);  // seconds since 1970, not milliseconds or zero
 
-  EXPECT_TRUE(events[1].has_session_log());
-  EXPECT_EQ(events[1].session_log().status(), tensorboard::SessionLog::START);
-  EXPECT_EQ(events[1].step(), 5);
+  EXPECT_TRUE(events[1].session_start);
+  EXPECT_EQ(events[1].step, 5);
 
-  ASSERT_EQ(events[2].summary().value_size(), 1);
-  const auto& text = events[2].summary().value(0);
-  EXPECT_EQ(text.tag(), "run/settings");
-  EXPECT_EQ(text.metadata().plugin_data().plugin_name(), "text");
-  EXPECT_EQ(text.tensor().dtype(), tensorboard::DT_STRING);
-  EXPECT_EQ(text.tensor().tensor_shape().dim_size(), 0);
-  ASSERT_EQ(text.tensor().string_val_size(), 1);
-  EXPECT_EQ(text.tensor().string_val(0), "| a | b |");
+  ASSERT_EQ(events[2].values.size(), 1u);
+  const auto& text = events[2].values[0];
+  EXPECT_EQ(text.tag, "run/settings");
+  EXPECT_EQ(text.plugin_name, "text");
+  EXPECT_EQ(text.dtype, 7);  // DT_STRING
+  EXPECT_EQ(text.dims, 0);
+  ASSERT_EQ(text.strings.size(), 1u);
+  EXPECT_EQ(text.strings[0], "| a | b |");
 
-  EXPECT_EQ(events[3].step(), 7);
-  ASSERT_EQ(events[3].summary().value_size(), 2);
-  EXPECT_EQ(events[3].summary().value(0).tag(), "epoch/train_loss");
-  EXPECT_EQ(events[3].summary().value(0).simple_value(), 0.25f);
-  EXPECT_EQ(events[3].summary().value(1).tag(), "epoch/test_acc");
-  EXPECT_EQ(events[3].summary().value(1).simple_value(), 0.1f);  // float32, as TensorBoard
+  EXPECT_EQ(events[3].step, 7);
+  ASSERT_EQ(events[3].values.size(), 2u);
+  EXPECT_EQ(events[3].values[0].tag, "epoch/train_loss");
+  EXPECT_EQ(events[3].values[0].simple_value, 0.25f);
+  EXPECT_EQ(events[3].values[1].tag, "epoch/test_acc");
+  EXPECT_EQ(events[3].values[1].simple_value, 0.1f);  // float32, as TensorBoard
+
+  DecodedTensorBoardEvent none;
+  EXPECT_FALSE(decode_tensorboard_event("\x0a\xff", none));  // a field cut short
 }
 
 // TensorBoard reads a directory's files in name order: a run's file must come after an earlier
@@ -247,18 +246,18 @@ TEST(TensorBoardLog, EverythingSitsAtItsGlobalStep) {
   }
   const auto events = read_events(only_event_file(dir));
   ASSERT_EQ(events.size(), 6u);
-  EXPECT_EQ(events[1].session_log().status(), tensorboard::SessionLog::START);
-  EXPECT_EQ(events[1].step(), 1);
-  EXPECT_EQ(events[2].summary().value(0).tag(), "run/settings");
-  EXPECT_EQ(events[2].step(), 1);
-  EXPECT_EQ(events[3].step(), 3);
-  EXPECT_EQ(events[3].summary().value(0).tag(), "step/train_loss");
-  EXPECT_EQ(events[3].summary().value(0).simple_value(), 2.25f);
-  EXPECT_EQ(events[4].step(), 4);
-  EXPECT_EQ(events[4].summary().value_size(), 7);
-  EXPECT_EQ(events[4].summary().value(3).tag(), "epoch/test_acc");
-  EXPECT_EQ(events[4].summary().value(3).simple_value(), 0.875f);
-  EXPECT_EQ(events[5].step(), 6);
+  EXPECT_TRUE(events[1].session_start);
+  EXPECT_EQ(events[1].step, 1);
+  EXPECT_EQ(events[2].values[0].tag, "run/settings");
+  EXPECT_EQ(events[2].step, 1);
+  EXPECT_EQ(events[3].step, 3);
+  EXPECT_EQ(events[3].values[0].tag, "step/train_loss");
+  EXPECT_EQ(events[3].values[0].simple_value, 2.25f);
+  EXPECT_EQ(events[4].step, 4);
+  EXPECT_EQ(events[4].values.size(), 7u);
+  EXPECT_EQ(events[4].values[3].tag, "epoch/test_acc");
+  EXPECT_EQ(events[4].values[3].simple_value, 0.875f);
+  EXPECT_EQ(events[5].step, 6);
 }
 
 // A run resumed after global step 10 marks its start at 11: TensorBoard then drops what the
@@ -268,8 +267,8 @@ TEST(TensorBoardLog, AResumedRunStartsAfterItsCheckpointsStep) {
   { TensorBoardLog(dir.path(), 4).start(10, ""); }
   const auto events = read_events(only_event_file(dir));
   ASSERT_EQ(events.size(), 3u);
-  EXPECT_EQ(events[1].session_log().status(), tensorboard::SessionLog::START);
-  EXPECT_EQ(events[1].step(), 11);
+  EXPECT_TRUE(events[1].session_start);
+  EXPECT_EQ(events[1].step, 11);
 }
 
 // ---- The directory ---------------------------------------------------------------------------

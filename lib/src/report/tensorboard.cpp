@@ -1,7 +1,7 @@
 // TensorBoard event files. See tensorboard.h.
-// The events are serialised by protobuf-lite from tensorboard_event.proto (generated into the
-// build tree) and framed with ISA-L's CRC-32C; file access is plain POSIX (open, write, fsync).
-// Not here: choosing what to log when (the driver, app/run_records.cpp).
+// The records framed with ISA-L's CRC-32C, the event file written with plain POSIX (open, write,
+// fsync), and what a run logs where. Not here: the events' bytes (tensorboard_event.cpp, the one
+// file that includes protobuf) or choosing what to log when (the driver, app/run_records.cpp).
 #include "dptrain/report/tensorboard.h"
 
 #include <dirent.h>
@@ -23,8 +23,6 @@
 
 #if defined(DPTRAIN_WITH_TENSORBOARD)
 #include <isa-l/crc.h>
-
-#include "tensorboard_event.pb.h"
 #endif
 
 // Note [TensorBoard's format from protobuf and ISA-L]
@@ -35,7 +33,9 @@
 // own (TensorBoard's field numbers; tensorboard_event.proto says where they were checked) leaves
 // the encoding to the library TensorBoard itself reads with, and Debian's libprotobuf is already
 // in every dptrain process (Debian's libtorch-dev links it). The lite runtime is enough
-// (serialising only) and registers no descriptors beside LibTorch's onnx ones. The CRC-32C is
+// (serialising only) and registers no descriptors beside LibTorch's onnx ones; none of the
+// protobuf symbols a PyPI LibTorch 2.11 exports (15, outside onnx_torch) is among protobuf-lite's
+// or our generated code's (checked with nm), so the two cannot bind to each other. The CRC-32C is
 // ISA-L's crc32_iscsi, packaged by Debian (libisal-dev) and vectorised; its convention is
 // crc32_iscsi(buf, len, 0xFFFFFFFF) ^ 0xFFFFFFFF, which the unit test pins to the standard check
 // value (CRC-32C("123456789") = 0xE3069283). What remains ours is the 16 bytes of framing per
@@ -208,13 +208,6 @@ std::string host_name() {
   return name;
 }
 
-tensorboard::Event new_event(int64_t step) {
-  tensorboard::Event event;
-  event.set_wall_time(wall_time_now());
-  event.set_step(step);
-  return event;
-}
-
 }  // namespace
 
 TensorBoardWriter::TensorBoardWriter(const std::string& dir) {
@@ -229,40 +222,21 @@ TensorBoardWriter::TensorBoardWriter(const std::string& dir) {
     throw DataError("cannot create TensorBoard event file " + path_ + ": " + errno_text());
   }
   sync_parent_directory(path_);
-  tensorboard::Event event = new_event(0);
-  event.set_file_version("brain.Event:2");
-  write_event(event.SerializeAsString());
+  write_event(file_version_event(wall_time_now()));
 }
 
 void TensorBoardWriter::write_scalars(int64_t step,
                                       const std::vector<TensorBoardScalar>& scalars) {
-  tensorboard::Event event = new_event(step);
-  for (const auto& scalar : scalars) {
-    auto* value = event.mutable_summary()->add_value();
-    value->set_tag(scalar.tag);
-    value->set_simple_value(static_cast<float>(scalar.value));
-  }
-  write_event(event.SerializeAsString());
+  write_event(scalars_event(wall_time_now(), step, scalars));
 }
 
 void TensorBoardWriter::write_text(int64_t step, const std::string& tag,
                                    const std::string& text) {
-  tensorboard::Event event = new_event(step);
-  auto* value = event.mutable_summary()->add_value();
-  value->set_tag(tag);
-  // The text plugin's marker; its content (a TextPluginData of version 0) serialises to nothing.
-  value->mutable_metadata()->mutable_plugin_data()->set_plugin_name("text");
-  auto* tensor = value->mutable_tensor();
-  tensor->set_dtype(tensorboard::DT_STRING);
-  tensor->mutable_tensor_shape();  // no dimension: a scalar string, as tf.summary.text writes
-  tensor->add_string_val(text);
-  write_event(event.SerializeAsString());
+  write_event(text_event(wall_time_now(), step, tag, text));
 }
 
 void TensorBoardWriter::write_session_start(int64_t step) {
-  tensorboard::Event event = new_event(step);
-  event.mutable_session_log()->set_status(tensorboard::SessionLog::START);
-  write_event(event.SerializeAsString());
+  write_event(session_start_event(wall_time_now(), step));
 }
 
 #else

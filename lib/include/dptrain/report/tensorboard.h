@@ -38,12 +38,43 @@ uint32_t masked_crc32c(const void* data, size_t size);
 // data, and the masked CRC of the data (uint32s, little-endian).
 std::string frame_tensorboard_record(const std::string& data);
 
-// ---- One event file --------------------------------------------------------------------------
+// ---- Events as bytes (tensorboard_event.cpp) --------------------------------------------------
+// Note [Protobuf apart from LibTorch's headers] in tensorboard_event.cpp: these are the only
+// functions that touch the code protoc generates. Each returns one serialised Event.
 
 struct TensorBoardScalar {
   std::string tag;  // "epoch/train_loss"
   double value;     // stored as float32, TensorBoard's simple_value
 };
+
+std::string file_version_event(double wall_time);  // "brain.Event:2", at step 0
+std::string scalars_event(double wall_time, int64_t step,
+                          const std::vector<TensorBoardScalar>& scalars);
+// `text` (markdown) under `tag`, for TensorBoard's text plugin: a scalar DT_STRING tensor.
+std::string text_event(double wall_time, int64_t step, const std::string& tag,
+                       const std::string& text);
+std::string session_start_event(double wall_time, int64_t step);  // SessionLog START
+
+// An event read back, field by field as TensorBoard's format has it (for tests).
+struct DecodedTensorBoardEvent {
+  struct Value {
+    std::string tag;
+    float simple_value = 0;
+    std::string plugin_name;           // the metadata's ("text" for a text summary)
+    int dtype = 0;                     // the tensor's (7: DT_STRING); 0 without a tensor
+    int dims = -1;                     // the tensor's dimensions (0: a scalar); -1: no tensor
+    std::vector<std::string> strings;  // the tensor's string_val
+  };
+  double wall_time = 0;
+  int64_t step = 0;
+  std::string file_version;    // "" but in the file's first event
+  bool session_start = false;  // a SessionLog with status START
+  std::vector<Value> values;   // the summary's
+};
+// Parses one serialised Event; false when `data` is none.
+bool decode_tensorboard_event(const std::string& data, DecodedTensorBoardEvent& event);
+
+// ---- One event file --------------------------------------------------------------------------
 
 // A new event file in a directory: events.out.tfevents.<unix seconds>.<host>.<pid>, its first
 // event the file version. Each write_* is one event, one write(2), so that a crash keeps every
