@@ -58,6 +58,8 @@ TEST(RunSettings, EachDifferenceIsNamedWithBothValues) {
       {[](TrainOptions& o) { o.driver_outputs = {"--metrics"}; },
        "--metrics on, rank 0 with --metrics off"},
       {[](TrainOptions& o) { o.driver_outputs = {"--plot"}; }, "--plot on, rank 0 with --plot off"},
+      {[](TrainOptions& o) { o.driver_outputs = {"--tensorboard"}; },
+       "--tensorboard on, rank 0 with --tensorboard off"},
   };
   for (const auto& change : changes) {
     TrainOptions other = base;
