@@ -9,7 +9,6 @@
 #include <string>
 #include <vector>
 
-#include "dptrain/core/errors.h"
 #include "dptrain/core/files.h"
 #include "dptrain/core/safetensors.h"
 #include "support/test_support.h"
@@ -130,6 +129,7 @@ TEST(Safetensors, EveryHeaderFaultIsNamed) {
       {"metadata not strings", R"({"__metadata__":{"k":1}})", {}, "__metadata__ 'k' is not a string"},
       {"metadata not an object", R"({"__metadata__":[]})", {}, "__metadata__ is not an object"},
       {"offsets missing", R"({"a":{"dtype":"F32","shape":[1]}})", four, "no data_offsets"},
+      {"a name twice", "{" + ok + "," + ok + "}", four, "corrupt: the header names 'a' twice"},
   };
   for (const auto& c : cases) {
     SCOPED_TRACE(c.what);

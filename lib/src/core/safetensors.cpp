@@ -16,6 +16,7 @@
 #include <algorithm>
 #include <cstring>
 #include <limits>
+#include <set>
 #include <string>
 #include <tuple>
 
@@ -181,8 +182,20 @@ SafetensorsHeader parse_safetensors_header(const uint8_t* json, uint64_t size, u
                 "with no '{')");
   }
   nlohmann::json header;
+  // A name given twice would leave one of its two entries unread (the parser keeps the last):
+  // the top level's keys are checked as they are parsed.
+  std::set<std::string> names;
+  const auto no_name_twice = [&](int depth, nlohmann::json::parse_event_t event,
+                                 nlohmann::json& parsed) {
+    if (depth == 1 && event == nlohmann::json::parse_event_t::key &&
+        !names.insert(parsed.get<std::string>()).second) {
+      fail(label, "corrupt: the header names '" + printable(parsed.get<std::string>()) +
+                      "' twice");
+    }
+    return true;
+  };
   try {
-    header = nlohmann::json::parse(json, json + size);
+    header = nlohmann::json::parse(json, json + size, no_name_twice);
   } catch (const nlohmann::json::exception& e) {
     fail(label, "corrupt: the header is not valid JSON: " + printable(e.what()));
   }

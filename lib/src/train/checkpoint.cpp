@@ -151,20 +151,22 @@ namespace {
 
 // Note [A digest of the content, not of the bytes]
 // safetensors carries no checksum, so a version 3 file carries its own in "dptrain.digest": the
-// SHA-256 of the metadata (but the digest), the tensor table and the data, each string framed as
-// a netstring ("5:hello,"), in an order fixed by the content alone (metadata by key, tensors by
-// offset). It does not depend on how the JSON was spaced or ordered, so a file that another
-// safetensors tool rewrote with the same content still verifies; scripts/read_checkpoint.py
-// computes the same. Names and shapes are covered, so two tensors whose names were swapped do
-// not load as each other.
+// SHA-256 of the metadata (but the digest), sorted by key, then of every tensor sorted by name:
+// its name, dtype, shape and bytes, each framed as a netstring ("5:hello,"). Nothing of the
+// layout enters it (not the JSON's spacing or order, not the offsets), so a file that another
+// tool rewrote with the same content verifies: PyPI safetensors' save_file, which orders the
+// tensors by dtype, is tested (tests/integration/test_read_checkpoint.py).
+// scripts/read_checkpoint.py computes the same. Names and shapes are covered, so two tensors
+// whose names were swapped do not load as each other.
 class ContentDigest {
  public:
-  void text(const std::string& s) {
-    const std::string frame = std::to_string(s.size()) + ":";
+  void text(const void* data, size_t size) {
+    const std::string frame = std::to_string(size) + ":";
     sha_.update(frame);
-    sha_.update(s);
+    sha_.update(data, size);
     sha_.update(",", 1);
   }
+  void text(const std::string& s) { text(s.data(), s.size()); }
   void raw(const void* data, size_t size) { sha_.update(data, size); }
   std::string hex() { return sha_.hex_digest(); }
 
@@ -178,10 +180,16 @@ std::string shape_text(const std::vector<int64_t>& shape) {
   return text;
 }
 
-// `data` feeds the data bytes in order.
-template <typename FeedData>
-std::string content_digest(const SafetensorsMetadata& metadata,
-                           const std::vector<SafetensorsEntry>& entries, FeedData&& data) {
+// One tensor as the digest sees it: where its bytes are, wherever the file put them.
+struct DigestedTensor {
+  const std::string* name;
+  torch::ScalarType dtype;
+  const std::vector<int64_t>* shape;
+  const uint8_t* bytes;
+  size_t size;
+};
+
+std::string content_digest(const SafetensorsMetadata& metadata, std::vector<DigestedTensor> tensors) {
   ContentDigest digest;
   digest.raw("dptrain safetensors digest 1\n", 29);
   for (const auto& [key, value] : metadata) {  // std::map: by key, bytewise
@@ -190,15 +198,14 @@ std::string content_digest(const SafetensorsMetadata& metadata,
     digest.text(value);
   }
   digest.raw("\n", 1);
-  for (const auto& e : entries) {
-    digest.text(e.name);
-    digest.text(safetensors_dtype_name(e.dtype));
-    digest.text(shape_text(e.shape));
-    digest.text(std::to_string(e.begin));
-    digest.text(std::to_string(e.end));
+  std::sort(tensors.begin(), tensors.end(),
+            [](const DigestedTensor& a, const DigestedTensor& b) { return *a.name < *b.name; });
+  for (const auto& t : tensors) {
+    digest.text(*t.name);
+    digest.text(safetensors_dtype_name(t.dtype));
+    digest.text(shape_text(*t.shape));
+    digest.text(t.bytes, t.size);
   }
-  digest.raw("\n", 1);
-  data(digest);
   return kDigestPrefix + digest.hex();
 }
 
@@ -391,7 +398,10 @@ SafetensorsMetadata metadata_of(const Checkpoint& c) {
   m["dptrain.in_channels"] = std::to_string(c.config.in_channels);
   m["dptrain.epochs_done"] = std::to_string(c.epochs_done);
   m["dptrain.train_digest"] = c.config.train_digest;
-  if (!c.history.empty()) m["dptrain.test_acc"] = number(c.history.back().test_acc).dump();
+  if (!c.history.empty()) {
+    const double acc = c.history.back().test_acc;
+    m["dptrain.test_acc"] = std::isfinite(acc) ? Json(acc).dump() : number(acc).get<std::string>();
+  }
   return m;
 }
 
@@ -430,9 +440,12 @@ void check_format_version(const SafetensorsMetadata& metadata, const std::string
 }  // namespace
 
 std::string checkpoint_content_digest(const SafetensorsHeader& header, const uint8_t* data) {
-  return content_digest(header.metadata, header.entries, [&](ContentDigest& d) {
-    d.raw(data, static_cast<size_t>(header.data_bytes));
-  });
+  std::vector<DigestedTensor> tensors;
+  for (const auto& e : header.entries) {
+    tensors.push_back({&e.name, e.dtype, &e.shape, data + e.begin,
+                       static_cast<size_t>(e.end - e.begin)});
+  }
+  return content_digest(header.metadata, std::move(tensors));
 }
 
 namespace {
@@ -533,21 +546,21 @@ std::vector<uint8_t> serialize_checkpoint(const Checkpoint& c) {
   TORCH_CHECK(c.format_version == kCheckpointFormatVersion, "checkpoint: cannot write format version ",
               c.format_version);
   NamedTensors tensors;
-  std::vector<SafetensorsEntry> entries;
-  uint64_t offset = 0;
+  std::vector<std::vector<int64_t>> shapes;  // beside the tensors, for the digest's pointers
   for (const auto& [name, tensor] : c.tensors) {
     auto t = tensor.detach().to(torch::kCPU).contiguous();
-    const uint64_t bytes = static_cast<uint64_t>(t.numel()) * t.element_size();
-    entries.push_back({name, t.scalar_type(), t.sizes().vec(), offset, offset + bytes});
-    offset += bytes;
+    shapes.push_back(t.sizes().vec());
     tensors.emplace_back(name, std::move(t));
   }
+  std::vector<DigestedTensor> digested;
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const auto& t = tensors[i].second;
+    digested.push_back({&tensors[i].first, t.scalar_type(), &shapes[i],
+                        static_cast<const uint8_t*>(t.data_ptr()),
+                        static_cast<size_t>(t.numel()) * t.element_size()});
+  }
   auto metadata = metadata_of(c);
-  metadata[kDigestKey] = content_digest(metadata, entries, [&](ContentDigest& d) {
-    for (const auto& [name, t] : tensors) {
-      d.raw(t.data_ptr(), static_cast<size_t>(t.numel()) * t.element_size());
-    }
-  });
+  metadata[kDigestKey] = content_digest(metadata, std::move(digested));
   return serialize_safetensors(tensors, metadata);
 }
 
