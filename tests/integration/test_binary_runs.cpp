@@ -273,11 +273,18 @@ const std::vector<ErrorCase> kErrorCases = {
      "--batch-size 1"},
     // Output paths, checked before the data are read (issue 11: they were first tried after the
     // training, and /dev/full was replaced by a model file).
+    // --save-model's name must end in .safetensors, so a device or a directory is refused by
+    // its name first; check_output_file's refusal of them is the same for --metrics and --plot.
     {"save_model_is_a_device",
      {"train", "--save-model", "/dev/full", "--data-dir", "/nonexistent"},
      kUsage,
-     "--save-model /dev/full: is a character device"},
-    {"save_model_is_a_directory", {"train", "--save-model", "/tmp"}, kUsage, "is a directory"},
+     "--save-model '/dev/full': the file is written as safetensors"},
+    {"save_model_is_a_directory", {"train", "--save-model", "/tmp"}, kUsage,
+     "--save-model '/tmp': the file is written as safetensors"},
+    {"metrics_is_a_device",
+     {"train", "--metrics", "/dev/full", "--data-dir", "/nonexistent"},
+     kUsage,
+     "--metrics /dev/full"},
     {"save_model_directory_missing",
      {"train", "--save-model", "/nonexistent-dptrain-dir/m.safetensors"},
      kUsage,

@@ -51,7 +51,7 @@ TEST(CpuMemory, TheDptrainBinaryLinksTcmalloc) {
 TEST(GuardedCpuAllocator, TrainingUnderItEndsBitIdentical) {
   TempDir out;
   const auto run_with = [&](const std::string& allocator) {
-    const std::string model = out.file(allocator + ".pt");
+    const std::string model = out.file(allocator + ".safetensors");
     const auto result = run_dptrain(
         {"train", "--data-dir", tiny_data_dir(), "--devices", "cpu,cpu", "--width", "4",
          "--epochs", "1", "--batch-size", "4", "--threads", "1", "--seed", "5",

@@ -151,9 +151,9 @@ TEST(CudaReplicas, SyncBnProcessesOnOneGpuMatchOneReplica) {
                                     "--data-dir",        *data_dir, "--save-model",    save};
   };
   const std::map<std::string, std::string> no_tf32{{"NVIDIA_TF32_OVERRIDE", "0"}};
-  const auto one = run_command(args(dir.file("one.pt")), no_tf32, 300);
+  const auto one = run_command(args(dir.file("one.safetensors")), no_tf32, 300);
   ASSERT_EQ(one.exit_code, 0) << one.err;
-  auto two = args(dir.file("two.pt"));
+  auto two = args(dir.file("two.safetensors"));
   two.insert(two.end(), {"--backend", "gloo", "--sync-bn"});
   const int port = free_port();
   auto env0 = rank_env(0, 2, port, 0), env1 = rank_env(1, 2, port, 0);
@@ -165,8 +165,8 @@ TEST(CudaReplicas, SyncBnProcessesOnOneGpuMatchOneReplica) {
   const auto result1 = wait_command(rank1, 300);
   ASSERT_EQ(result0.exit_code, 0) << result0.err;
   ASSERT_EQ(result1.exit_code, 0) << result1.err;
-  const auto a = load_parameters(dir.file("one.pt"), 8);
-  const auto b = load_parameters(dir.file("two.pt"), 8);
+  const auto a = load_parameters(dir.file("one.safetensors"), 8);
+  const auto b = load_parameters(dir.file("two.safetensors"), 8);
   ASSERT_EQ(a.size(), b.size());
   float worst = 0;
   for (size_t i = 0; i < a.size(); ++i)

@@ -100,16 +100,16 @@ TEST(Training, SameSeedGivesBitIdenticalWeights) {
   const auto data = synthetic_data(80, 16);
   TempDir dir;
   auto options = small_options();
-  options.save_model = dir.file("a.pt");
+  options.save_model = dir.file("a.safetensors");
   train(data, options, cpu_world(1));
-  options.save_model = dir.file("b.pt");
+  options.save_model = dir.file("b.safetensors");
   train(data, options, cpu_world(1));
   options.seed = 4;
-  options.save_model = dir.file("c.pt");
+  options.save_model = dir.file("c.safetensors");
   train(data, options, cpu_world(1));
-  const auto a = load_parameters(dir.file("a.pt"), 4);
-  EXPECT_TRUE(all_equal(a, load_parameters(dir.file("b.pt"), 4)));
-  EXPECT_FALSE(all_equal(a, load_parameters(dir.file("c.pt"), 4)));
+  const auto a = load_parameters(dir.file("a.safetensors"), 4);
+  EXPECT_TRUE(all_equal(a, load_parameters(dir.file("b.safetensors"), 4)));
+  EXPECT_FALSE(all_equal(a, load_parameters(dir.file("c.safetensors"), 4)));
 }
 
 TEST(Training, PinnedFirstLosses) {
@@ -176,23 +176,23 @@ TEST_P(SyncBnEquivalence, ReplicasMatchOneReplicaOnTheGlobalBatch) {
   auto options = small_options();
   options.lr = c.lr;
   options.sync_bn = true;
-  options.save_model = dir.file("one.pt");
+  options.save_model = dir.file("one.safetensors");
   train(data, options, cpu_world(1));
-  options.save_model = dir.file("many.pt");
+  options.save_model = dir.file("many.safetensors");
   options.threads = c.replicas;
   options.check_replicas_every = 1;
   const auto result = train(data, options, cpu_world(c.replicas));
   EXPECT_EQ(result.devices.size(), static_cast<size_t>(c.replicas));
-  const float difference = max_difference(load_parameters(dir.file("one.pt"), 4),
-                                          load_parameters(dir.file("many.pt"), 4));
+  const float difference = max_difference(load_parameters(dir.file("one.safetensors"), 4),
+                                          load_parameters(dir.file("many.safetensors"), 4));
   EXPECT_LT(difference, c.tolerance);
   // Not vacuous: the same runs without sync-bn differ by far more (each replica normalises
   // with its own shard's statistics).
   options.sync_bn = false;
-  options.save_model = dir.file("unsynced.pt");
+  options.save_model = dir.file("unsynced.safetensors");
   train(data, options, cpu_world(c.replicas));
-  EXPECT_GT(max_difference(load_parameters(dir.file("one.pt"), 4),
-                           load_parameters(dir.file("unsynced.pt"), 4)),
+  EXPECT_GT(max_difference(load_parameters(dir.file("one.safetensors"), 4),
+                           load_parameters(dir.file("unsynced.safetensors"), 4)),
             100 * c.tolerance);
 }
 
@@ -226,7 +226,7 @@ TEST_P(PerReplicaBatchNorm, ReplicasTakeTheHandWrittenStepOverTheirShards) {
   // The hand-written step runs contiguous; so must the replicas, or the comparison measures
   // channels-last's BatchNorm rounding (1.8e-3 here), not the step (Note [Channels-last numerics]).
   options.memory_format = MemoryFormat::kContiguous;
-  options.save_model = dir.file("replicas.pt");
+  options.save_model = dir.file("replicas.safetensors");
   train(data, options, cpu_world(replicas));
 
   ResNet model(ResNetOptions{10, 1, options.width});
@@ -249,13 +249,13 @@ TEST_P(PerReplicaBatchNorm, ReplicasTakeTheHandWrittenStepOverTheirShards) {
     torch::NoGradGuard no_grad;
     for (auto& p : model->parameters()) expected.push_back(p - options.lr * p.grad());
   }
-  const auto got = load_parameters(dir.file("replicas.pt"), options.width);
+  const auto got = load_parameters(dir.file("replicas.safetensors"), options.width);
   EXPECT_LT(max_difference(expected, got), 1e-5f);
   // Not vacuous: one replica on the whole batch takes another step.
   options.threads = 1;
-  options.save_model = dir.file("one.pt");
+  options.save_model = dir.file("one.safetensors");
   train(data, options, cpu_world(1));
-  EXPECT_GT(max_difference(expected, load_parameters(dir.file("one.pt"), options.width)), 1e-3f);
+  EXPECT_GT(max_difference(expected, load_parameters(dir.file("one.safetensors"), options.width)), 1e-3f);
 }
 
 INSTANTIATE_TEST_SUITE_P(, PerReplicaBatchNorm, ::testing::Values(2, 3),
@@ -443,13 +443,13 @@ TEST(Replicas, OneReplicaWithItsProcessGroupGivesTheSameBits) {
   TempDir dir;
   auto options = small_options();
   options.check_replicas_every = 2;  // the checksum all-reduce runs through the group as well
-  options.save_model = dir.file("plain.pt");
+  options.save_model = dir.file("plain.safetensors");
   train(data, options, cpu_world(1));
   options.process_group_for_one = true;
-  options.save_model = dir.file("group.pt");
+  options.save_model = dir.file("group.safetensors");
   train(data, options, cpu_world(1));
-  EXPECT_TRUE(all_equal(load_parameters(dir.file("plain.pt"), 4),
-                        load_parameters(dir.file("group.pt"), 4)));
+  EXPECT_TRUE(all_equal(load_parameters(dir.file("plain.safetensors"), 4),
+                        load_parameters(dir.file("group.safetensors"), 4)));
 }
 
 // ---- Checks of the world ----------------------------------------------------------------------
@@ -526,7 +526,7 @@ TEST_F(MultiProcess, TorchrunMatchesThreadsBitForBit) {
     GTEST_SKIP() << "no Python with torch.distributed.run found at configure time";
   }
   TempDir dir;
-  auto threads = train_args(dir.file("threads.pt"));
+  auto threads = train_args(dir.file("threads.safetensors"));
   for (const char* extra : {"--devices", "cpu,cpu", "--threads", "2"}) threads.push_back(extra);
   const auto in_process = run_command(threads, {}, 300);
   ASSERT_EQ(in_process.exit_code, 0) << in_process.err;
@@ -544,14 +544,14 @@ TEST_F(MultiProcess, TorchrunMatchesThreadsBitForBit) {
                                   "--tee=0:2,1:2",
                                   "--master_addr=127.0.0.1",
                                   "--master_port=" + std::to_string(free_port())};
-  for (const auto& a : train_args(dir.file("torchrun.pt"))) launch.push_back(a);
+  for (const auto& a : train_args(dir.file("torchrun.safetensors"))) launch.push_back(a);
   for (const char* extra : {"--devices", "cpu", "--threads", "1"}) launch.push_back(extra);
   const auto torchrun = run_command(launch, {{"OMP_NUM_THREADS", "1"}}, 300);
   ASSERT_EQ(torchrun.exit_code, 0) << torchrun.out << torchrun.err;
   // Rank 0 prints the final line, listing both ranks' devices; rank 1 stays quiet.
   EXPECT_NE(torchrun.out.find("sec/epoch on [cpu, cpu]"), std::string::npos) << torchrun.out;
-  EXPECT_TRUE(all_equal(load_parameters(dir.file("threads.pt"), 4),
-                        load_parameters(dir.file("torchrun.pt"), 4)));
+  EXPECT_TRUE(all_equal(load_parameters(dir.file("threads.safetensors"), 4),
+                        load_parameters(dir.file("torchrun.safetensors"), 4)));
 }
 
 std::map<std::string, std::string> rank_env(int rank, int world, int port) {
@@ -564,7 +564,7 @@ std::map<std::string, std::string> rank_env(int rank, int world, int port) {
 
 TEST_F(MultiProcess, RankThatNeverStartsIsATimeoutNamingIt) {
   TempDir dir;
-  auto args = train_args(dir.file("m.pt"));
+  auto args = train_args(dir.file("m.safetensors"));
   args.back() = *data_dir_;
   for (auto& a : args) {
     if (a == "20") a = "3";  // --timeout 3
@@ -697,19 +697,19 @@ std::vector<std::string> long_run_args(std::vector<std::string> args, const Temp
 
 TEST_F(MultiProcess, KilledRankMakesTheOtherFailWithinTheTimeout) {
   TempDir dir;
-  expect_peer_failure_named(long_run_args(train_args(dir.file("m.pt")), dir), SIGKILL, dir);
+  expect_peer_failure_named(long_run_args(train_args(dir.file("m.safetensors")), dir), SIGKILL, dir);
 }
 
 TEST_F(MultiProcess, StalledRankMakesTheOtherFailWithinTheTimeout) {
   TempDir dir;
-  expect_peer_failure_named(long_run_args(train_args(dir.file("m.pt")), dir), SIGSTOP, dir);
+  expect_peer_failure_named(long_run_args(train_args(dir.file("m.safetensors")), dir), SIGSTOP, dir);
 }
 
 // A stalled rank 0 takes the rendezvous store with it: the store blocks instead of failing, and
 // rank 1 must still end within the timeout (Note [Naming the missing rank]).
 TEST_F(MultiProcess, StalledRankZeroMakesTheOtherFailWithinTheTimeoutNamingTheStoresHost) {
   TempDir dir;
-  expect_peer_failure_named(long_run_args(train_args(dir.file("m.pt")), dir), SIGSTOP, dir,
+  expect_peer_failure_named(long_run_args(train_args(dir.file("m.safetensors")), dir), SIGSTOP, dir,
                             /*victim=*/0);
 }
 
@@ -726,7 +726,7 @@ TEST_F(MultiProcess, PortAlreadyInUseFailsBothRanksNamingThePort) {
   address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
   ASSERT_EQ(bind(holder, reinterpret_cast<sockaddr*>(&address), sizeof address), 0);
   ASSERT_EQ(listen(holder, 4), 0);
-  auto args = train_args(dir.file("m.pt"));
+  auto args = train_args(dir.file("m.safetensors"));
   for (auto& a : args) {
     if (a == "20") a = "3";  // --timeout 3
   }
@@ -767,7 +767,7 @@ std::pair<CommandResult, CommandResult> run_two_ranks(const TempDir& dir,
 // none waits past the timeout.
 TEST_F(MultiProcess, WrongWorldSizeOnOneRankIsNamed) {
   TempDir dir;
-  auto args = train_args(dir.file("m.pt"));
+  auto args = train_args(dir.file("m.safetensors"));
   for (auto& a : args) {
     if (a == "20") a = "3";  // --timeout 3
   }
@@ -801,7 +801,7 @@ class MultiProcessSettings : public MultiProcess,
 TEST_P(MultiProcessSettings, DifferentFlagsAreNamedByEveryRank) {
   const SettingCase& c = GetParam();
   TempDir dir;
-  auto args = train_args(dir.file("m.pt"));
+  auto args = train_args(dir.file("m.safetensors"));
   auto other = args;
   other.insert(other.end(), c.rank1_flags.begin(), c.rank1_flags.end());
   const auto start = std::chrono::steady_clock::now();
@@ -812,7 +812,7 @@ TEST_P(MultiProcessSettings, DifferentFlagsAreNamedByEveryRank) {
         << result->err;
     EXPECT_EQ(result->err.find("terminate called"), std::string::npos) << result->err;
   }
-  EXPECT_FALSE(path_exists(dir.file("m.pt")));
+  EXPECT_FALSE(path_exists(dir.file("m.safetensors")));
   EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(40));
 }
 
