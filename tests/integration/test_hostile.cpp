@@ -23,6 +23,7 @@
 #include "dptrain/train/checkpoint.h"
 #include "dptrain/train/checkpoint_directory.h"
 #include "support/test_support.h"
+#include "support/train_support.h"
 
 namespace dptrain {
 namespace {
@@ -138,21 +139,8 @@ TEST(HostileInputs, OversizedCheckpointIsRefusedUnreadNamingTheFile) {
       {uint64_t{20} << 30, "bytes, more than a file of a width-1 model can hold"}};
   for (const auto& [size, why] : cases) {
     SCOPED_TRACE(std::to_string(size) + " bytes");
-    Checkpoint claiming = trained;
-    claiming.tensors = {{"huge", torch::zeros({1}, torch::kFloat64)}};
-    auto file = serialize_checkpoint(claiming);
-    uint64_t n = 0;
-    for (int i = 0; i < 8; ++i) n |= uint64_t{file[i]} << (8 * i);
-    std::string header(file.begin() + 8, file.begin() + 8 + static_cast<long>(n));
-    const std::string one = "\"shape\":[1],\"data_offsets\":[0,8]";
     const uint64_t count = size / 8;
-    header.replace(header.find(one), one.size(),
-                   "\"shape\":[" + std::to_string(count) + "],\"data_offsets\":[0," +
-                       std::to_string(count * 8) + "]");
-    while (header.size() % 8 != 0) header += ' ';
-    std::vector<uint8_t> bytes(8);
-    for (int i = 0; i < 8; ++i) bytes[i] = static_cast<uint8_t>(header.size() >> (8 * i));
-    bytes.insert(bytes.end(), header.begin(), header.end());
+    const auto bytes = testing::header_claiming(trained, count * 8);
     testing::write_bytes(huge, bytes);
     const uint64_t total = bytes.size() + count * 8;
     ASSERT_EQ(::truncate(huge.c_str(), static_cast<off_t>(total)), 0);

@@ -31,4 +31,22 @@ void load_model_file(ResNet& model, const std::string& path) {
   load_model_tensors(*model, read_checkpoint(path, "--model").tensors, path);
 }
 
+std::vector<uint8_t> header_claiming(Checkpoint checkpoint, uint64_t data_bytes) {
+  checkpoint.tensors = {{"huge", torch::zeros({1}, torch::kFloat64)}};
+  const auto file = serialize_checkpoint(checkpoint);
+  uint64_t n = 0;
+  for (int i = 0; i < 8; ++i) n |= uint64_t{file[i]} << (8 * i);
+  std::string header(file.begin() + 8, file.begin() + 8 + static_cast<long>(n));
+  const std::string one = "\"shape\":[1],\"data_offsets\":[0,8]";
+  const uint64_t count = data_bytes / 8;
+  header.replace(header.find(one), one.size(),
+                 "\"shape\":[" + std::to_string(count) + "],\"data_offsets\":[0," +
+                     std::to_string(count * 8) + "]");
+  while (header.size() % 8 != 0) header += ' ';
+  std::vector<uint8_t> bytes(8);
+  for (int i = 0; i < 8; ++i) bytes[i] = static_cast<uint8_t>(header.size() >> (8 * i));
+  bytes.insert(bytes.end(), header.begin(), header.end());
+  return bytes;
+}
+
 }  // namespace dptrain::testing

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "dptrain/model/model.h"
+#include "dptrain/train/checkpoint.h"
 #include "dptrain/train/train.h"
 #include "support/data_support.h"
 #include "support/parallel_support.h"
@@ -26,5 +27,10 @@ EvalResult evaluate_weights(const FashionMnist& data, const TrainOptions& option
 
 // Loads a --save-model file (the checkpoint format) into `model`, which must have its width.
 void load_model_file(ResNet& model, const std::string& path);
+
+// The first bytes of a version 3 file of `checkpoint`'s run state whose one tensor, "huge",
+// claims `data_bytes` bytes (a multiple of 8): truncate(2) the file to the returned size plus
+// `data_bytes` for a sparse file as long as its header says, which no reader should read.
+std::vector<uint8_t> header_claiming(Checkpoint checkpoint, uint64_t data_bytes);
 
 }  // namespace dptrain::testing

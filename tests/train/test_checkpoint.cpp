@@ -39,6 +39,7 @@
 #include "dptrain/train/checkpoint.h"
 #include "dptrain/train/checkpoint_directory.h"
 #include "support/test_support.h"
+#include "support/train_support.h"
 
 namespace {
 
@@ -1121,24 +1122,10 @@ TEST(CheckpointFiles, FileLargerThanItsModelCanHoldIsRefusedUnread) {
   // A width-4 checkpoint whose one tensor claims more bytes than a width-4 model can hold; the
   // file is sparse, as long as its header says.
   const uint64_t limit = checkpoint_size_limit(4, 10, 1);
-  Checkpoint c = small_checkpoint();
-  c.tensors = {{"w", torch::zeros({1}, torch::kFloat64)}};
-  auto bytes = serialize_checkpoint(c);
-  uint64_t n = 0;
-  for (int i = 0; i < 8; ++i) n |= uint64_t{bytes[i]} << (8 * i);
-  std::string header(bytes.begin() + 8, bytes.begin() + 8 + static_cast<long>(n));
-  const std::string small = "\"shape\":[1],\"data_offsets\":[0,8]";
   const uint64_t count = limit / 8;
-  const std::string big = "\"shape\":[" + std::to_string(count) + "],\"data_offsets\":[0," +
-                          std::to_string(count * 8) + "]";
-  ASSERT_NE(header.find(small), std::string::npos) << header;
-  header.replace(header.find(small), small.size(), big);
-  while (header.size() % 8 != 0) header += ' ';
-  std::vector<uint8_t> file(8);
-  for (int i = 0; i < 8; ++i) file[i] = static_cast<uint8_t>(header.size() >> (8 * i));
-  file.insert(file.end(), header.begin(), header.end());
+  const auto file = header_claiming(small_checkpoint(), count * 8);
   write_bytes(path, file);
-  const uint64_t size = 8 + header.size() + count * 8;
+  const uint64_t size = file.size() + count * 8;
   ASSERT_GT(size, limit);
   ASSERT_EQ(::truncate(path.c_str(), static_cast<off_t>(size)), 0);
   expect_data_error([&] { read_checkpoint(path); },

@@ -588,14 +588,27 @@ void write_checkpoint_atomically(const Checkpoint& checkpoint, const std::string
                         " (the previous checkpoints are untouched)");
 }
 
+namespace {
+
+// A file's first 9 bytes (fewer when it is shorter): enough to tell DPTRNCKP from safetensors.
+struct FirstBytes {
+  uint8_t bytes[9] = {};
+  size_t size = 0;
+  explicit FirstBytes(const RegularFile& file)
+      : size(static_cast<size_t>(std::min<uint64_t>(file.size(), sizeof bytes))) {
+    file.read_at(0, bytes, size);
+  }
+  bool legacy() const { return is_legacy_checkpoint(bytes, size); }
+};
+
+}  // namespace
+
 Checkpoint read_checkpoint(const std::string& path, const std::string& what) {
   const RegularFile file(path, what);
   const std::string& label = file.name();
-  uint8_t first[9] = {};
-  const auto available = static_cast<size_t>(std::min<uint64_t>(file.size(), sizeof first));
-  file.read_at(0, first, available);
-  if (is_legacy_checkpoint(first, available)) return read_legacy_checkpoint(file);
-  check_not_foreign(first, available, file.size(), label);
+  const FirstBytes first(file);
+  if (first.legacy()) return read_legacy_checkpoint(file);
+  check_not_foreign(first.bytes, first.size, file.size(), label);
   const auto opened = open_safetensors(
       file, [&](const SafetensorsHeader& header) { return claimed_width(header, label); }, label);
   return checkpoint_from(opened.header, opened.data.data(), label);
@@ -604,10 +617,7 @@ Checkpoint read_checkpoint(const std::string& path, const std::string& what) {
 ModelWeights read_model_weights(const std::string& path, const std::string& what) {
   const RegularFile file(path, what);
   const std::string& label = file.name();
-  uint8_t first[8] = {};
-  const auto available = static_cast<size_t>(std::min<uint64_t>(file.size(), sizeof first));
-  file.read_at(0, first, available);
-  if (is_legacy_checkpoint(first, available)) {
+  if (FirstBytes(file).legacy()) {
     auto c = read_legacy_checkpoint(file);
     return {std::move(c.tensors), c.config.width, true};
   }
@@ -628,12 +638,10 @@ ModelWeights read_model_weights(const std::string& path, const std::string& what
 }
 
 bool is_checkpoint_file(const RegularFile& file) {
-  uint8_t first[8] = {};
-  const auto available = static_cast<size_t>(std::min<uint64_t>(file.size(), sizeof first));
-  file.read_at(0, first, available);
-  if (available == sizeof first && std::memcmp(first, "DPTRNCKP", sizeof first) == 0) return true;
+  const FirstBytes first(file);
+  if (first.size >= 8 && std::memcmp(first.bytes, "DPTRNCKP", 8) == 0) return true;
   try {
-    const uint64_t n = safetensors_header_bytes(first, file.size(), file.name());
+    const uint64_t n = safetensors_header_bytes(first.bytes, file.size(), file.name());
     std::string json(static_cast<size_t>(n), '\0');
     file.read_at(8, json.data(), json.size());
     const Json header = Json::parse(json);
