@@ -205,8 +205,7 @@ def parse_header(raw, data_size, fail):
             if not (type(d) is int and 0 <= d <= 2**62):
                 fail(f"{label} has a bad dimension {dumped(d)}")
             if d and numel > data_size // element // d:  # the product stays below the data's
-                fail(f"{label} has shape {dumped(shape)}, larger than the data ({data_size} "
-                     "bytes)")
+                fail(f"{label} has a shape larger than the data ({data_size} bytes)")
             numel *= d
         if not (isinstance(offsets, list) and len(offsets) == 2
                 and all(type(o) is int and o >= 0 for o in offsets)):
@@ -230,8 +229,14 @@ def parse_header(raw, data_size, fail):
 
 
 def dumped(value):
-    """A JSON value from the file as the C++ messages show it: compact, non-ASCII escaped."""
-    return shown(json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode())
+    """A JSON value from the file as the C++ messages show it: a number or a string compact and
+    cut at 40 bytes, an array or an object by its kind (a crafted one nests a million deep)."""
+    if isinstance(value, list):
+        return "an array"
+    if isinstance(value, dict):
+        return "an object"
+    text = json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode()
+    return shown(text[:40] + b"..." if len(text) > 40 else text)
 
 
 # ---- The metadata: the version, the digest, the run state ----------------------------------

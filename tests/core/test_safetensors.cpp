@@ -117,7 +117,7 @@ TEST(Safetensors, EveryHeaderFaultIsNamed) {
       {"rank 9", R"({"a":{"dtype":"F32","shape":[1,1,1,1,1,1,1,1,1],"data_offsets":[0,4]}})",
        four, "no shape of rank 0 to 8"},
       {"shape past the data", R"({"a":{"dtype":"F32","shape":[1048576,1048576],"data_offsets":[0,4]}})",
-       four, "larger than the data"},
+       four, "tensor 'a' has a shape larger than the data (4 bytes)"},
       {"bytes not the shape's", R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,4]}})",
        std::vector<uint8_t>(8, 0), "takes 8 bytes"},
       {"hole", R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})",
@@ -136,6 +136,32 @@ TEST(Safetensors, EveryHeaderFaultIsNamed) {
     expect_data_error([&] { parse_safetensors(file_of(c.json, c.data), "bad.safetensors"); },
                       {"bad.safetensors: ", c.phrase});
   }
+}
+
+// A crafted header nests arrays a hundred thousand deep where a dimension, a dtype or an offset
+// belongs: refused in one line (a message that dumped the value recursed once per level and
+// overflowed the stack: a segfault in `eval --model`).
+TEST(Safetensors, DeeplyNestedValuesAreRefusedWithoutRecursing) {
+  const std::string deep = std::string(100000, '[') + std::string(100000, ']');
+  const std::vector<uint8_t> four(4, 0);
+  expect_data_error(
+      [&] {
+        parse_safetensors(file_of(R"({"a":{"dtype":"F32","shape":[)" + deep +
+                                      R"(],"data_offsets":[0,4]}})", four), "deep");
+      },
+      {"deep: tensor 'a' has a bad dimension an array"});
+  expect_data_error(
+      [&] {
+        parse_safetensors(file_of(R"({"a":{"dtype":)" + deep + R"(,"shape":[1],"data_offsets":[0,4]}})",
+                                  four), "deep");
+      },
+      {"deep: tensor 'a' has no dtype"});
+  expect_data_error(
+      [&] {
+        parse_safetensors(file_of(R"({"a":{"dtype":"F32","shape":[1048576,1048576,)" + deep +
+                                      R"(],"data_offsets":[0,4]}})", four), "deep");
+      },
+      {"deep: tensor 'a' has a shape larger than the data (4 bytes)"});
 }
 
 TEST(Safetensors, HeaderLengthIsCheckedBeforeTheHeaderIsRead) {

@@ -209,7 +209,7 @@ class Layout(ScriptTest):
              "tensor 'w' has a bad dimension 1.0"),
             ("a shape past 2^64 elements", header_with({"w": entry("F32", [2**62, 2**62], 0, 4)},
                                                         data=four),
-             f"tensor 'w' has shape [{2**62},{2**62}], larger than the data (4 bytes)"),
+             "tensor 'w' has a shape larger than the data (4 bytes)"),
             ("offsets reversed", header_with({"w": entry("F32", [0], 4, 0)}, data=four),
              "tensor 'w' has data_offsets [4, 0], its shape [0] of F32 takes 0 bytes"),
             ("offsets negative", header_with({"w": entry("F32", [0], -4, 0)}, data=four),

@@ -46,42 +46,59 @@ constexpr DtypeName kDtypes[] = {
   throw DataError(label + ": " + what);
 }
 
+// A value from the header, for a message: a number or a string as JSON writes it (escaped, cut
+// at 40 bytes), anything else by its kind. Never dump() an array or object: a crafted header
+// nests them a million deep, and dump() recurses once per level.
+std::string shown(const nlohmann::json& value) {
+  if (value.is_array()) return "an array";
+  if (value.is_object()) return "an object";
+  std::string text = value.dump();
+  if (text.size() > 40) text = text.substr(0, 40) + "...";
+  return printable(text);
+}
+
+std::string shape_text(const std::vector<int64_t>& shape) {
+  std::string text = "[";
+  for (size_t i = 0; i < shape.size(); ++i) text += (i ? "," : "") + std::to_string(shape[i]);
+  return text + "]";
+}
+
 // A tensor's entry: {"dtype": "F32", "shape": [..], "data_offsets": [begin, end]}, nothing else.
 SafetensorsEntry parse_entry(const std::string& name, const nlohmann::json& value,
                              uint64_t data_bytes, const std::string& label) {
-  const std::string shown = "tensor '" + printable(name) + "'";
-  if (!value.is_object()) fail(label, shown + " is not an object in the header");
+  const std::string name_shown = "tensor '" + printable(name) + "'";
+  if (!value.is_object()) fail(label, name_shown + " is not an object in the header");
   for (const auto& [key, _] : value.items()) {
     if (key != "dtype" && key != "shape" && key != "data_offsets") {
-      fail(label, shown + " has an unknown field '" + printable(key) + "'");
+      fail(label, name_shown + " has an unknown field '" + printable(key) + "'");
     }
   }
   SafetensorsEntry entry;
   entry.name = name;
   const auto dtype = value.find("dtype");
-  if (dtype == value.end() || !dtype->is_string()) fail(label, shown + " has no dtype");
+  if (dtype == value.end() || !dtype->is_string()) fail(label, name_shown + " has no dtype");
   const auto known = std::find_if(std::begin(kDtypes), std::end(kDtypes), [&](const DtypeName& d) {
     return *dtype == d.name;
   });
   if (known == std::end(kDtypes)) {
-    fail(label, shown + " has dtype " + printable(dtype->dump()) +
+    fail(label, name_shown + " has dtype " + shown(*dtype) +
                     "; dptrain reads F32, F64, I64, BF16 and F16");
   }
   entry.dtype = known->dtype;
   const auto shape = value.find("shape");
   if (shape == value.end() || !shape->is_array() || shape->size() > kMaxRank) {
-    fail(label, shown + " has no shape of rank 0 to " + std::to_string(kMaxRank));
+    fail(label, name_shown + " has no shape of rank 0 to " + std::to_string(kMaxRank));
   }
   // The element count, bounded by the data: no product can overflow past it unnoticed.
   const uint64_t element = c10::elementSize(entry.dtype);
   uint64_t numel = 1;
   for (const auto& dim : *shape) {
     if (!dim.is_number_unsigned() || dim.get<uint64_t>() > uint64_t{1} << 62) {
-      fail(label, shown + " has a bad dimension " + printable(dim.dump()));
+      fail(label, name_shown + " has a bad dimension " + shown(dim));
     }
     const auto size = dim.get<uint64_t>();
     if (size != 0 && numel > data_bytes / element / size) {
-      fail(label, shown + " has shape " + printable(shape->dump()) + ", larger than the data (" +
+      fail(label, name_shown + " has a shape larger than the data (" +
                       std::to_string(data_bytes) + " bytes)");
     }
     numel *= size;
@@ -90,13 +107,13 @@ SafetensorsEntry parse_entry(const std::string& name, const nlohmann::json& valu
   const auto offsets = value.find("data_offsets");
   if (offsets == value.end() || !offsets->is_array() || offsets->size() != 2 ||
       !(*offsets)[0].is_number_unsigned() || !(*offsets)[1].is_number_unsigned()) {
-    fail(label, shown + " has no data_offsets [begin, end]");
+    fail(label, name_shown + " has no data_offsets [begin, end]");
   }
   entry.begin = (*offsets)[0].get<uint64_t>();
   entry.end = (*offsets)[1].get<uint64_t>();
   if (entry.end < entry.begin || entry.end - entry.begin != numel * element) {
-    fail(label, shown + " has data_offsets [" + std::to_string(entry.begin) + ", " +
-                    std::to_string(entry.end) + "], its shape " + printable(shape->dump()) +
+    fail(label, name_shown + " has data_offsets [" + std::to_string(entry.begin) + ", " +
+                    std::to_string(entry.end) + "], its shape " + shape_text(entry.shape) +
                     " of " + dtype->get<std::string>() + " takes " +
                     std::to_string(numel * element) + " bytes");
   }
