@@ -212,7 +212,7 @@ def parse_header(raw, data_size, fail):
             fail(f"{label} has no data_offsets [begin, end]")
         begin, end = offsets
         if end < begin or end - begin != numel * element:
-            fail(f"{label} has data_offsets [{begin}, {end}], its shape {dumped(shape)} of "
+            fail(f"{label} has data_offsets [{begin}, {end}], its shape [{",".join(map(str, shape))}] of "
                  f"{dtype} takes {numel * element} bytes")
         entries.append((name, dtype, shape, begin, end))
     entries.sort(key=lambda t: (t[3], t[4]))
