@@ -212,7 +212,8 @@ def parse_header(raw, data_size, fail):
             fail(f"{label} has no data_offsets [begin, end]")
         begin, end = offsets
         if end < begin or end - begin != numel * element:
-            fail(f"{label} has data_offsets [{begin}, {end}], its shape [{",".join(map(str, shape))}] of "
+            dims = ",".join(map(str, shape))
+            fail(f"{label} has data_offsets [{begin}, {end}], its shape [{dims}] of "
                  f"{dtype} takes {numel * element} bytes")
         entries.append((name, dtype, shape, begin, end))
     entries.sort(key=lambda t: (t[3], t[4]))
