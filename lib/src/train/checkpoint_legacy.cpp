@@ -1,7 +1,7 @@
 // dptrain's own checkpoint format of versions 1 and 2 (DPTRNCKP), which dptrain wrote before its
 // checkpoints became safetensors files (version 3, checkpoint.cpp): still read, so that a run
 // can resume from them, and still written for the tests of that reader. Not here: the checks of
-// a checkpoint's contents, which every version shares (check_checkpoint_contents).
+// a checkpoint's contents, which every version shares (checkpoint_run_state.h).
 //
 // File layout, little-endian:
 //   8 bytes  magic "DPTRNCKP"
@@ -13,6 +13,7 @@
 //            position, the epoch history, then the named tensors
 //            (name, dtype code, rank, dims, raw bytes in row-major order).
 #include "checkpoint_legacy.h"
+#include "checkpoint_run_state.h"
 
 #include <zlib.h>
 
@@ -34,8 +35,6 @@ constexpr uint64_t kMaxRank = 8;
 constexpr uint64_t kMaxName = 4096;
 constexpr uint64_t kMaxEpochs = 1000000;
 constexpr uint64_t kMaxDigest = 128;  // a hex SHA-256 is 64
-constexpr int64_t kMaxWidth = 4096;  // what any dptrain could build (checkpoint.cpp)
-constexpr int64_t kMaxClassesOrChannels = 65536;
 constexpr size_t kConfigBytes = 8 * 8;  // width .. world_size, before the digest
 constexpr size_t kStatsBytes = 9 * 8;   // one epoch of history
 // A zip archive's first bytes: TorchScript and torch::save files, which dptrain never opens.

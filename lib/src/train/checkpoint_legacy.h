@@ -26,8 +26,4 @@ Checkpoint parse_legacy_checkpoint(const uint8_t* bytes, size_t size, const std:
 // The file, its size bounded by the model its configuration claims before the rest is read.
 Checkpoint read_legacy_checkpoint(const RegularFile& file);
 
-// Every version's contents checks (Note [A checkpoint's contents are checked, not only its
-// digest] in checkpoint.cpp); DataError "<label>: corrupt: impossible contents: ...".
-void check_checkpoint_contents(const Checkpoint& checkpoint, const std::string& label);
-
 }  // namespace dptrain

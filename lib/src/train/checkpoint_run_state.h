@@ -1,0 +1,39 @@
+// The run state of a checkpoint (its configuration, position, partial sums and history: all but
+// its tensors) as the JSON a version 3 file keeps in "dptrain.run_state", read by fields by name,
+// and the checks of a checkpoint's contents that every format version shares. Inside the train
+// layer only: checkpoint.cpp and checkpoint_legacy.cpp use it. Not here: the file around it.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "dptrain/train/checkpoint.h"
+
+namespace dptrain {
+
+// What any dptrain could build: a file claiming more is refused (checkpoint.cpp bounds a file's
+// size by the model it claims, and reads a plain file's width from its stem).
+constexpr int64_t kMaxWidth = 4096;
+constexpr int64_t kMaxClassesOrChannels = 65536;
+
+// `checkpoint`'s run state as compact JSON (docs/checkpoints.md gives its fields): integers as
+// JSON integers, finite doubles as numbers (shortest round-trip form), the others as the strings
+// "nan", "inf" and "-inf".
+std::string run_state_text(const Checkpoint& checkpoint);
+
+// A checkpoint's run state from that JSON, the tensors and format fields left empty. A field
+// missing or of the wrong type is a DataError "<label>: corrupt: run state: FIELD ..."; fields it
+// does not know are left alone. The contents are not checked here (check_checkpoint_contents).
+Checkpoint parse_run_state(const std::string& text, const std::string& label);
+
+// The width the run state claims (for a size bound before the rest is read); DataError as above.
+int64_t run_state_width(const std::string& text, const std::string& label);
+
+// A figure as the run state writes it: "0.125", or "nan", "inf", "-inf".
+std::string figure_text(double value);
+
+// Every version's contents checks (Note [A checkpoint's contents are checked, not only its
+// digest]); DataError "<label>: corrupt: impossible contents: ...".
+void check_checkpoint_contents(const Checkpoint& checkpoint, const std::string& label);
+
+}  // namespace dptrain
