@@ -212,13 +212,54 @@ std::string describe_run(const dptrain::FashionMnist& data, const std::string& d
          dptrain::describe_arithmetic(device, layout, options.amp, options.cudnn_benchmark);
 }
 
+// `train()`, where a failure that a stop request caused before the first step (`started` still
+// false) is that stop: the request interrupts the rendezvous's socket calls ("Interrupted system
+// call"), and before the first step that is the stop, not a failure.
+dptrain::TrainResult train_answering_a_stop(const std::function<dptrain::TrainResult()>& train,
+                                            const std::atomic<int>& stop_signal,
+                                            const bool& started,
+                                            dptrain::RendezvousWatchdog& watchdog) {
+  try {
+    return train();
+  } catch (...) {
+    if (const int stop = stop_signal.load(); stop != 0 && stop != SIGPIPE && !started) {
+      watchdog.cancel();
+      throw StoppedBeforeTheFirstStep(stop);
+    }
+    throw;
+  }
+}
+
+// The files this driver writes itself, among the settings every rank must agree on.
+void add_driver_outputs(dptrain::TrainCommand& command) {
+  auto& outputs = command.options.driver_outputs;
+  if (command.metrics) outputs.push_back("--metrics");
+  if (command.plot) outputs.push_back("--plot");
+  if (command.tensorboard) outputs.push_back("--tensorboard");
+}
+
+// What the event file's text says of a run: the settings its ranks compare, its devices, and
+// where it started (`start`: "the beginning" or the checkpoint's path and step).
+std::vector<dptrain::RunSetting> event_file_settings(const dptrain::TrainOptions& options,
+                                                     const dptrain::FashionMnist& data,
+                                                     const std::string& data_dir,
+                                                     const std::vector<std::string>& devices,
+                                                     const std::string& start) {
+  auto settings = dptrain::run_settings(
+      options, std::to_string(data.train.size()) + " images in " + data_dir,
+      std::to_string(data.test.size()) + " images", start);
+  std::string where;
+  for (const auto& device : devices) where += (where.empty() ? "" : ",") + device;
+  settings.emplace_back("devices", where);
+  settings.emplace_back("--tensorboard-every", std::to_string(options.loss_every));
+  return settings;
+}
+
 int run_train(dptrain::TrainCommand command, CheckedStdout& out) {
   const auto world = plan_command_world(command);
   auto& options = command.options;
   const bool records_writer = world.first_rank == 0;
-  if (command.metrics) options.driver_outputs.push_back("--metrics");
-  if (command.plot) options.driver_outputs.push_back("--plot");
-  if (command.tensorboard) options.driver_outputs.push_back("--tensorboard");
+  add_driver_outputs(command);
   const bool reporter = world.first_rank == 0 || command.verbose;
   const bool talk = reporter && !command.quiet;
   // With every rank of a launch printing, each line says whose it is.
@@ -258,17 +299,11 @@ int run_train(dptrain::TrainCommand command, CheckedStdout& out) {
     started = true;
     if (resumed_from && talk) print("resuming from " + *resumed_from);
     if (!records_writer) return;
-    // What the event file's text says of the run: the settings the ranks compare, and where.
-    auto settings = dptrain::run_settings(
-        options, std::to_string(data.train.size()) + " images in " + data_dir,
-        std::to_string(data.test.size()) + " images",
-        resumed_from ? *resumed_from + " (global step " + std::to_string(start_step) + ")"
-                     : "the beginning");
-    std::string where;
-    for (const auto& device : devices) where += (where.empty() ? "" : ",") + device;
-    settings.emplace_back("devices", where);
-    settings.emplace_back("--tensorboard-every", std::to_string(options.loss_every));
-    records.start(devices, done, start_step, settings);
+    const auto start = resumed_from
+                           ? *resumed_from + " (global step " + std::to_string(start_step) + ")"
+                           : "the beginning";
+    records.start(devices, done, start_step,
+                  event_file_settings(options, data, data_dir, devices, start));
   };
   callbacks.on_notice = [&](const std::string& text) {
     progress.clear();
@@ -286,19 +321,8 @@ int run_train(dptrain::TrainCommand command, CheckedStdout& out) {
   callbacks.on_checkpoint = [&](const std::string& path) {
     if (talk) print("checkpoint: " + path);
   };
-  const auto result = [&] {
-    try {
-      return dptrain::train(data, run, callbacks);
-    } catch (...) {
-      // A stop request interrupts the rendezvous's socket calls ("Interrupted system call"):
-      // before the first step that is the stop, not a failure.
-      if (const int stop = options.stop_signal->load(); stop != 0 && stop != SIGPIPE && !started) {
-        watchdog->cancel();
-        throw StoppedBeforeTheFirstStep(stop);
-      }
-      throw;
-    }
-  }();
+  const auto result = train_answering_a_stop([&] { return dptrain::train(data, run, callbacks); },
+                                             *options.stop_signal, started, *watchdog);
   progress.clear();
   return report_training(result, reporter, command.quiet, prefix, print, out);
 }
