@@ -337,7 +337,7 @@ dptrain::ModelWeights load_weights(const dptrain::EvalCommand& command) {
     model.num_classes = dptrain::kNumClasses;
     model.in_channels = 1;
     dptrain::check_checkpoint_matches(checkpoint.config, model, *command.checkpoint);
-    return {std::move(checkpoint.tensors), checkpoint.config.width, true};
+    return {std::move(checkpoint.tensors), checkpoint.config.width};
   }
   auto weights = dptrain::read_model_weights(*command.model, "--model");
   const int64_t width = command.common.options.width;

@@ -203,16 +203,6 @@ Checkpoint checkpoint_from(const SafetensorsHeader& header, const uint8_t* data,
   return c;
 }
 
-// The elements of the book's ResNet-18 at width w (model.h): about 2729 w^2 in the convolutions
-// (11,175,818 at w = 64), plus terms linear in w (BatchNorm, the stem, the linear layer),
-// bounded generously.
-uint64_t model_elements_bound(int64_t width, int64_t num_classes, int64_t in_channels) {
-  const auto w = static_cast<uint64_t>(std::clamp<int64_t>(width, 1, kMaxWidth));
-  const auto k = static_cast<uint64_t>(std::clamp<int64_t>(num_classes, 1, kMaxClassesOrChannels));
-  const auto c = static_cast<uint64_t>(std::clamp<int64_t>(in_channels, 1, kMaxClassesOrChannels));
-  return 2800 * w * w + 64 * w * (16 + k + c) + 4 * k;
-}
-
 // A version 3 file opened: its header read and checked, and its size checked against the model
 // `bound_width` says it holds before the data is read.
 struct OpenedFile {
@@ -344,7 +334,7 @@ ModelWeights read_model_weights(const std::string& path, const std::string& what
   const std::string& label = file.name();
   if (FirstBytes(file).legacy()) {
     auto c = read_legacy_checkpoint(file);
-    return {std::move(c.tensors), c.config.width, true};
+    return {std::move(c.tensors), c.config.width};
   }
   bool from_dptrain = false;
   const auto opened = open_safetensors(
@@ -356,10 +346,9 @@ ModelWeights read_model_weights(const std::string& path, const std::string& what
       label);
   if (from_dptrain) {
     auto c = checkpoint_from(opened.header, opened.data.data(), label);
-    return {std::move(c.tensors), c.config.width, true};
+    return {std::move(c.tensors), c.config.width};
   }
-  return {safetensors_tensors(opened.header, opened.data.data()),
-          stem_width(opened.header, label), false};
+  return {safetensors_tensors(opened.header, opened.data.data()), stem_width(opened.header, label)};
 }
 
 bool is_checkpoint_file(const RegularFile& file) {

@@ -232,14 +232,9 @@ uint32_t file_crc(uint32_t version, const uint8_t* file, size_t payload_size) {
 // The most bytes a DPTRNCKP file of this model and history can take, names at their longest.
 uint64_t legacy_size_limit(int64_t width, int64_t num_classes, int64_t in_channels,
                                int64_t epochs_done) {
-  // Elements of the book's ResNet-18 at width w (model.h): about 2729 w^2 in the convolutions
-  // (11,175,818 at w = 64), plus terms linear in w (BatchNorm, the stem, the linear layer).
-  // Bounded generously, at 8 bytes an element (float64 is the widest dtype a file may hold).
-  const auto w = static_cast<uint64_t>(std::clamp<int64_t>(width, 1, kMaxWidth));
-  const auto k = static_cast<uint64_t>(std::clamp<int64_t>(num_classes, 1, kMaxClassesOrChannels));
-  const auto c = static_cast<uint64_t>(std::clamp<int64_t>(in_channels, 1, kMaxClassesOrChannels));
+  // At 8 bytes an element (float64 is the widest dtype a file may hold).
   const auto e = static_cast<uint64_t>(std::clamp<int64_t>(epochs_done, 0, kMaxEpochs));
-  const uint64_t elements = 2800 * w * w + 64 * w * (16 + k + c) + 4 * k;
+  const uint64_t elements = model_elements_bound(width, num_classes, in_channels);
   // Per tensor: its name (at most kMaxName bytes), dtype, rank, dims and byte count; a model
   // holds about 120 tensors.
   const uint64_t per_tensor = 8 + kMaxName + 4 + 8 + 8 * kMaxRank + 8;

@@ -4,6 +4,7 @@
 // layer only: checkpoint.cpp and checkpoint_legacy.cpp use it. Not here: the file around it.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 
@@ -15,6 +16,17 @@ namespace dptrain {
 // size by the model it claims, and reads a plain file's width from its stem).
 constexpr int64_t kMaxWidth = 4096;
 constexpr int64_t kMaxClassesOrChannels = 65536;
+
+// The elements of the book's ResNet-18 at width w (model.h): about 2729 w^2 in the convolutions
+// (11,175,818 at w = 64), plus terms linear in w (BatchNorm, the stem, the linear layer), bounded
+// generously; each argument clamped to what any dptrain could build. Both formats' size bounds
+// start from it.
+inline uint64_t model_elements_bound(int64_t width, int64_t num_classes, int64_t in_channels) {
+  const auto w = static_cast<uint64_t>(std::clamp<int64_t>(width, 1, kMaxWidth));
+  const auto k = static_cast<uint64_t>(std::clamp<int64_t>(num_classes, 1, kMaxClassesOrChannels));
+  const auto c = static_cast<uint64_t>(std::clamp<int64_t>(in_channels, 1, kMaxClassesOrChannels));
+  return 2800 * w * w + 64 * w * (16 + k + c) + 4 * k;
+}
 
 // `checkpoint`'s run state as compact JSON (docs/checkpoints.md gives its fields): integers as
 // JSON integers, finite doubles as numbers (shortest round-trip form), the others as the strings

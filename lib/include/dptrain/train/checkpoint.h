@@ -104,7 +104,6 @@ Checkpoint read_checkpoint(const std::string& path, const std::string& what = "c
 struct ModelWeights {
   NamedTensors tensors;
   int64_t width = 0;
-  bool from_dptrain = false;  // a file dptrain wrote (its run state checked), or a plain one
 };
 ModelWeights read_model_weights(const std::string& path, const std::string& what);
 
