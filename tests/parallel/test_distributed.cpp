@@ -5,8 +5,12 @@
 #include <chrono>
 #include <functional>
 #include <map>
+#include <stdexcept>
+#include <string>
 #include <thread>
+#include <torch/csrc/distributed/c10d/HashStore.hpp>
 #include <utility>
+#include <vector>
 
 #include "dptrain/core/errors.h"
 #include "dptrain/parallel/rendezvous.h"
@@ -203,6 +207,51 @@ TEST(Rendezvous, BarrierNamesTheRanksThatNeverArrived) {
         << e.what();
   }
   EXPECT_LT(std::chrono::steady_clock::now() - start, 5s);
+}
+
+// A store that answers `checks` checks and then fails, as one does when the process serving
+// it ends.
+class StoreThatGoesAway : public c10d::HashStore {
+ public:
+  explicit StoreThatGoesAway(int checks) : checks_left_(checks) {}
+  bool check(const std::vector<std::string>& keys) override {
+    if (checks_left_-- <= 0) throw std::runtime_error("Connection reset by peer");
+    return HashStore::check(keys);
+  }
+
+ private:
+  int checks_left_;
+};
+
+TEST(Rendezvous, CheckInsKeepTheLastFullRoundWhenTheStoreGoesAway) {
+  // Three ranks, two checked in; the store serves two full rounds (6 checks) and one check of
+  // the third, then fails: the answer is the second round's, with the store's error beside it.
+  StoreThatGoesAway store(7);
+  store.set("p/0", std::vector<uint8_t>{'1'});
+  store.set("p/1", std::vector<uint8_t>{'1'});
+  const auto check_ins = poll_check_ins(store, "p/", 3, 5s);
+  EXPECT_EQ(check_ins.missing, std::vector<int>{2});
+  EXPECT_EQ(check_ins.store_error, "Connection reset by peer");
+  EXPECT_GE(check_ins.polled, 20ms);  // the second round came after one 20 ms pause
+  EXPECT_LT(check_ins.polled, 5s);
+  // ranks_missing_after has no partial answer to give: the store's error is thrown.
+  StoreThatGoesAway again(4);
+  again.set("p/0", std::vector<uint8_t>{'1'});
+  EXPECT_THROW(ranks_missing_after(again, "p/", 3, 5s), std::runtime_error);
+}
+
+TEST(Rendezvous, CheckInsThrowWhenTheStoreFailsInTheFirstRound) {
+  StoreThatGoesAway store(1);
+  EXPECT_THROW(poll_check_ins(store, "p/", 3, 5s), std::runtime_error);
+}
+
+TEST(Rendezvous, CheckInsEndAsSoonAsEveryRankIsIn) {
+  StoreThatGoesAway store(100);
+  for (const char* key : {"p/0", "p/1"}) store.set(key, std::vector<uint8_t>{'1'});
+  const auto check_ins = poll_check_ins(store, "p/", 2, 5s);
+  EXPECT_TRUE(check_ins.missing.empty());
+  EXPECT_TRUE(check_ins.store_error.empty());
+  EXPECT_LT(check_ins.polled, 1s);
 }
 
 TEST(Rendezvous, BarrierRejectsDisagreeingWorldSizes) {

@@ -327,11 +327,14 @@ void Communicator::fail(const std::string& what, std::string reason) {
 // the rendezvous store and waits a little for the others: a rank that died, stalls or is cut
 // off never checks in. Only the first failure is diagnosed; the store may be gone as well (it
 // lives in rank 0's process, or in torchrun's agent on rank 0's host), which is then what the
-// message says. All of it fits in --timeout: collectives get the timeout less
-// diagnosis_budget(), and the diagnosis gets that budget. A store behind a network partition
-// does not fail, it blocks for its own timeout (its socket's, which cannot be shortened), so
-// the check-in runs on a thread of its own that is abandoned, still blocked, when the budget is
-// spent: the process is on its way out with an error.
+// message says. The store can also go while the check-ins are polled: rank 0 (or the agent,
+// seeing rank 0 fail) ends on the same failure a little sooner. The last full round then still
+// names who had not checked in, and the message gives both (poll_check_ins). All of it fits in
+// --timeout: collectives get the timeout less diagnosis_budget(), and the diagnosis gets that
+// budget. A store behind a network partition does not fail, it blocks for its own timeout (its
+// socket's, which cannot be shortened), so the check-in runs on a thread of its own that is
+// abandoned, still blocked, when the budget is spent: the process is on its way out with an
+// error.
 std::chrono::milliseconds diagnosis_budget(std::chrono::milliseconds timeout) {
   return std::min<std::chrono::milliseconds>(timeout / 5, std::chrono::seconds(3));
 }
@@ -353,7 +356,7 @@ std::string Communicator::diagnose_peers() {
     return text.empty() ? text : " (on " + text + ")";
   };
   const std::string store_host = hosts_of({0});
-  auto answer = std::make_shared<std::promise<std::vector<int>>>();
+  auto answer = std::make_shared<std::promise<CheckIns>>();
   auto silent_ranks = answer->get_future();
   std::thread([store = store_, rank = rank_, world = world_size_, poll = budget * 4 / 5, answer] {
     // Abandoned, this thread may write to the store's socket after its peer closed it: with
@@ -366,7 +369,7 @@ std::string Communicator::diagnose_peers() {
     try {
       const std::string prefix = "dptrain/failure/";
       store->set(prefix + std::to_string(rank), std::vector<uint8_t>{'1'});
-      answer->set_value(ranks_missing_after(*store, prefix, world, poll));
+      answer->set_value(poll_check_ins(*store, prefix, world, poll));
     } catch (...) {
       answer->set_exception(std::current_exception());
     }
@@ -378,8 +381,16 @@ std::string Communicator::diagnose_peers() {
     return text.str();
   }
   try {
-    const auto silent = silent_ranks.get();
+    const auto check_ins = silent_ranks.get();
+    const auto& silent = check_ins.missing;
     if (silent.empty()) return "; every rank is still alive";
+    if (!check_ins.store_error.empty()) {
+      std::ostringstream text;
+      text << "; rank(s) " << rank_list(silent) << " did not answer" << hosts_of(silent)
+           << " within " << check_ins.polled.count() / 1000.0 << " s, then the rendezvous store"
+           << store_host << " went away too (rank 0 or the launcher ended)";
+      return text.str();
+    }
     return "; rank(s) " + rank_list(silent) + " did not answer" + hosts_of(silent) +
            ": died, stalled or unreachable";
   } catch (const std::exception&) {

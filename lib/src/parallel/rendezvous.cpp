@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstdlib>
+#include <stdexcept>
 #include <thread>
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
@@ -191,16 +192,38 @@ c10::intrusive_ptr<c10d::Store> connect_tcp_store(const LaunchEnvironment& launc
 
 std::vector<int> ranks_missing_after(c10d::Store& store, const std::string& prefix, int world_size,
                                      std::chrono::milliseconds timeout) {
+  auto check_ins = poll_check_ins(store, prefix, world_size, timeout);
+  if (!check_ins.store_error.empty()) throw std::runtime_error(check_ins.store_error);
+  return check_ins.missing;
+}
+
+CheckIns poll_check_ins(c10d::Store& store, const std::string& prefix, int world_size,
+                        std::chrono::milliseconds timeout) {
   // Poll rather than Store::wait: on timeout we want to say which ranks are missing, and the
   // store's own wait only says that it timed out.
-  const auto deadline = std::chrono::steady_clock::now() + timeout;
-  std::vector<int> missing;
+  const auto start = std::chrono::steady_clock::now();
+  const auto deadline = start + timeout;
+  CheckIns seen;
+  bool one_round = false;
   while (true) {
-    missing.clear();
-    for (int r = 0; r < world_size; ++r) {
-      if (!store.check({prefix + std::to_string(r)})) missing.push_back(r);
+    std::vector<int> missing;
+    try {
+      for (int r = 0; r < world_size; ++r) {
+        if (!store.check({prefix + std::to_string(r)})) missing.push_back(r);
+      }
+    } catch (const std::exception& e) {
+      // A store that served a full round and then failed was taken down while we watched
+      // (rank 0, or torchrun's agent, ending on its own error): the last round still says
+      // who had not checked in by then.
+      if (!one_round) throw;
+      seen.store_error = e.what();
+      return seen;
     }
-    if (missing.empty() || std::chrono::steady_clock::now() >= deadline) return missing;
+    one_round = true;
+    seen.missing = std::move(missing);
+    seen.polled =
+        std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - start);
+    if (seen.missing.empty() || std::chrono::steady_clock::now() >= deadline) return seen;
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
 }

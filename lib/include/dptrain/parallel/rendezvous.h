@@ -70,6 +70,19 @@ void store_barrier(c10d::Store& store, const std::string& name, int rank, int wo
 std::vector<int> ranks_missing_after(c10d::Store& store, const std::string& prefix, int world_size,
                                      std::chrono::milliseconds timeout);
 
+// What a poll for check-ins saw before it ended. When the store failed after at least one full
+// round, `store_error` holds its message and `missing` that round's answer; a store that fails
+// in the first round throws, as in ranks_missing_after.
+struct CheckIns {
+  std::vector<int> missing;
+  std::string store_error;
+  std::chrono::milliseconds polled{0};  // from the start to the last full round
+};
+
+// ranks_missing_after that keeps what it learnt when the store goes away mid-poll.
+CheckIns poll_check_ins(c10d::Store& store, const std::string& prefix, int world_size,
+                        std::chrono::milliseconds timeout);
+
 // "1, 2" for {1, 2}: ranks as error messages list them.
 std::string rank_list(const std::vector<int>& ranks);
 
