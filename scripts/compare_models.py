@@ -7,8 +7,13 @@ difference over all parameters (and which), and exits 1 when it exceeds --tolera
 The files are dptrain's safetensors files, read by read_checkpoint.py beside this script, which
 checks their digest and run state and never executes anything in them (as torch.jit.load of an
 archive could). Needs a Python with torch (Debian's python3-torch).
+
+Equal values are no difference, infinities and NaN included (a NaN where the other model holds
+NaN too); a NaN against anything else is an infinite one, so it fails every tolerance. A model
+holding non-finite values is named in a note line either way.
 """
 import argparse
+import math
 import os
 import sys
 
@@ -42,15 +47,38 @@ def differing_shape(first, second):
     return next((k for k in first if first[k].shape != second[k].shape), None)
 
 
+def differences(a, b):
+    """|a - b| element by element, never NaN: 0 where the values are equal (an inf equals the
+    same inf) or both NaN, inf where only one is NaN. Plain |a - b| is NaN in both cases, and
+    max() over tuples holding NaN keeps whichever came first, which once reported a model with
+    a NaN tensor identical to a finite one."""
+    a, b = a.double(), b.double()  # float32 and int64 counts are exact in float64
+    same = (a == b) | (a.isnan() & b.isnan())
+    gap = (a - b).abs().nan_to_num(nan=math.inf, posinf=math.inf)
+    return torch.where(same, torch.zeros_like(gap), gap)
+
+
 def largest_difference(a, b):
-    return (a - b).abs().max().item() if a.numel() else 0.0  # max() of nothing is an error
+    return differences(a, b).max().item() if a.numel() else 0.0  # max() of nothing is an error
+
+
+def nonfinite_count(tensors):
+    return sum(int((~t.double().isfinite()).sum()) for t in tensors.values())
+
+
+def tolerance(text):
+    value = float(text)
+    if not math.isfinite(value) or value < 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a finite number >= 0")
+    return value
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("first")
     parser.add_argument("second")
-    parser.add_argument("--tolerance", type=float, default=0.0)
+    parser.add_argument("--tolerance", type=tolerance, default=0.0,
+                        help="the largest |difference| still counted equal (finite, >= 0)")
     parser.add_argument("--buffers", action="store_true",
                         help="the BatchNorm buffers too (running statistics, batch counts)")
     args = parser.parse_args()
@@ -70,9 +98,18 @@ def main():
         print(f"error: the models' {shown(shape)} differ in shape: {list(first[shape].shape)} "
               f"and {list(second[shape].shape)}", file=sys.stderr)
         return 1
-    worst, where = max((largest_difference(first[k], second[k]), k) for k in first)
+    # The first of the largest, in the files' order: no NaN can reach the comparison.
+    worst, where = 0.0, next(iter(first))
+    for name in first:
+        difference = largest_difference(first[name], second[name])
+        if difference > worst:
+            worst, where = difference, name
     what = "parameters and buffers" if args.buffers else "parameters"
     print(f"max |difference| {worst:.3g} in {shown(where)} over {len(first)} {what}")
+    for label, tensors in (("first", first), ("second", second)):
+        count = nonfinite_count(tensors)
+        if count:  # equal non-finite values are no difference, but never pass unmentioned
+            print(f"note: the {label} model holds {count} non-finite value(s)")
     return 0 if worst <= args.tolerance else 1
 
 
