@@ -41,6 +41,28 @@ TEST(MemoryBudget, RefusesWhatDoesNotFitNamingBothFlags) {
   EXPECT_THROW(check_host_memory(16, 1000, 2, one + 1), UsageError);
 }
 
+TEST(MemoryBudget, NeededAndLeftAreNeverPrintedAlike) {
+  // Just over what is left: at one digit both read "0.3 GiB"; the message uses the digits it
+  // takes to tell them apart, and the figure it names as needed is the larger.
+  const int64_t needed = estimate_training_bytes(8, 64);
+  for (const int64_t left : {needed - 1, needed - needed / 50, needed - needed / 5}) {
+    try {
+      check_host_memory(8, 64, 1, left);
+      FAIL() << "expected a UsageError for " << left << " bytes left";
+    } catch (const UsageError& e) {
+      const std::string message = e.what();
+      const auto need_at = message.find("need about ") + 11;
+      const auto and_at = message.find(", and ", need_at);
+      const auto left_at = and_at + 6;
+      const std::string need_text = message.substr(need_at, and_at - need_at);
+      const std::string left_text =
+          message.substr(left_at, message.find(" of memory", left_at) - left_at);
+      EXPECT_NE(need_text, left_text) << message;
+      EXPECT_GT(std::stod(need_text), std::stod(left_text)) << message;
+    }
+  }
+}
+
 TEST(MemoryBudget, AvailableHostMemoryIsReadHere) {
   const auto available = available_host_bytes();
   ASSERT_TRUE(available.has_value()) << "/proc/meminfo has no MemAvailable";

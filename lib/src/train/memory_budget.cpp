@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <fstream>
 #include <string>
+#include <utility>
 
 #include "dptrain/core/errors.h"
 
@@ -25,10 +26,21 @@ constexpr double kWeightCopies = 4;
 // tensors of 784 w values all told, doubled for the backward pass's own temporaries.
 constexpr double kActivationValuesPerExamplePerWidth = 2 * 25 * 784;
 
-std::string gibibytes(double bytes) {
-  char text[32];
-  std::snprintf(text, sizeof text, "%.1f GiB", bytes / (1024.0 * 1024.0 * 1024.0));
+std::string gibibytes(double bytes, int digits) {
+  char text[48];
+  std::snprintf(text, sizeof text, "%.*f GiB", digits, bytes / (1024.0 * 1024.0 * 1024.0));
   return text;
+}
+
+// What is needed and what is left, with as many digits as it takes to tell them apart: at one
+// digit, 0.34 GiB needed of 0.31 left read "need 0.3 GiB, 0.3 GiB left".
+std::pair<std::string, std::string> distinct_gibibytes(double needed, double left) {
+  for (int digits = 1; digits <= 6; ++digits) {
+    auto both = std::make_pair(gibibytes(needed, digits), gibibytes(left, digits));
+    if (both.first != both.second) return both;
+  }
+  return {std::to_string(static_cast<int64_t>(needed)) + " bytes",
+          std::to_string(static_cast<int64_t>(left)) + " bytes"};
 }
 
 }  // namespace
@@ -92,11 +104,12 @@ void check_host_memory(int64_t width, int64_t shard_batch, int replicas_on_host,
                         std::to_string(width) + " model"
       : sizes.find(" and ") != std::string::npos ? "lower one of them"
                                                  : "lower --batch-size";
+  const auto [need_text, left_text] =
+      distinct_gibibytes(needed, static_cast<double>(available.bytes));
   throw UsageError(
       sizes + " too large for this machine: " + std::to_string(replicas_on_host) +
       " replica(s) of width " + std::to_string(width) + " on " + std::to_string(shard_batch) +
-      " examples each need about " + gibibytes(needed) + ", and " +
-      gibibytes(static_cast<double>(available.bytes)) +
+      " examples each need about " + need_text + ", and " + left_text +
       (available.address_space_limit ? " of address space is left under its limit (ulimit -v)"
                                      : " of memory is available") +
       "; " + advice);
