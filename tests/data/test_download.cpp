@@ -2,6 +2,7 @@
 // serving small files with overridden checksums; one test checks the built-in checksums on the
 // real files rebuilt from Debian's copies. Nothing here reaches the internet.
 #include <arpa/inet.h>
+#include <fcntl.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <poll.h>
@@ -24,10 +25,11 @@
 #include <thread>
 #include <vector>
 
-#include "dptrain/data/data.h"
+#include "dptrain/core/devices.h"
 #include "dptrain/core/errors.h"
-#include "dptrain/data/download.h"
 #include "dptrain/core/sha256.h"
+#include "dptrain/data/data.h"
+#include "dptrain/data/download.h"
 #include "support/test_support.h"
 
 namespace dptrain {
@@ -239,6 +241,7 @@ class DownloadTest : public ::testing::Test {
       contents_[kNames[i]] = bytes;
       write_file(served_.file(kNames[i]), bytes);
       options_.expected_sha256[kNames[i]] = sha256_hex(bytes);
+      options_.max_bytes[kNames[i]] = static_cast<int64_t>(bytes.size());  // published size
     }
     options_.directory = target_.path() + "/nested/data";
     options_.attempts = 2;
@@ -428,6 +431,7 @@ TEST(DownloadDefaults, CatchADripAndEndByADeadline) {
 TEST_F(DownloadTest, DripBelowTheSpeedLimitIsAbandoned) {
   DripServer server(2048);
   options_.base_url = server.url();
+  options_.max_bytes = fashion_mnist_sizes();  // the drip announces 4 MB
   options_.attempts = 1;
   options_.low_speed_bytes_per_second = 4096;
   options_.low_speed_timeout = std::chrono::seconds(1);
@@ -442,6 +446,7 @@ TEST_F(DownloadTest, DripBelowTheSpeedLimitIsAbandoned) {
 TEST_F(DownloadTest, DeadlineEndsADripAboveTheSpeedLimitWithoutRetrying) {
   DripServer server(20000);
   options_.base_url = server.url();
+  options_.max_bytes = fashion_mnist_sizes();  // the drip announces 4 MB
   options_.attempts = 3;
   options_.low_speed_bytes_per_second = 1000;
   options_.deadline = std::chrono::seconds(2);
@@ -479,6 +484,230 @@ TEST_F(DownloadTest, StopRequestEndsTheTransferAndRemovesThePartFile) {
   stopper.join();
   EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(8));
   expect_nothing_left_but({});
+}
+
+// ---- Waits that end (Note [No wait without a bound] in download.cpp) ------------------------
+
+// The inode of `path`, 0 when it is missing.
+ino_t inode_of(const std::string& path) {
+  struct stat info {};
+  return ::lstat(path.c_str(), &info) == 0 ? info.st_ino : 0;
+}
+
+// Opens the FIFO `path` for writing, and so releases a reader blocked in open(), once `after`
+// has passed, unless `cancel` is set first: keeps a test of the old code from hanging for ever.
+std::thread release_fifo_reader(const std::string& path, std::chrono::milliseconds after,
+                                const std::atomic<bool>& cancel) {
+  return std::thread([path, after, &cancel] {
+    const auto until = std::chrono::steady_clock::now() + after;
+    while (!cancel && std::chrono::steady_clock::now() < until) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    if (cancel) return;
+    const int fd = ::open(path.c_str(), O_WRONLY | O_NONBLOCK);
+    if (fd >= 0) ::close(fd);
+  });
+}
+
+// A FIFO at a file:// mirror blocked the download in open() for ever, past the deadline and
+// deaf to stop requests, with its ".part" left. It is refused at once now, not retried.
+TEST_F(DownloadTest, FifoAtAFileUrlIsRefusedAtOnceAndLeavesNothing) {
+  const std::string fifo = served_.file(kTestImagesFile);  // the first file fetched
+  testing::remove_path(fifo);
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  options_.base_url = "file://" + served_.path();
+  options_.attempts = 3;
+  options_.deadline = std::chrono::seconds(5);
+  std::atomic<bool> done{false};
+  std::thread rescue = release_fifo_reader(fifo, std::chrono::seconds(6), done);
+  const auto start = std::chrono::steady_clock::now();
+  const std::string message =
+      testing::expect_throws<DataError>([&] { download_fashion_mnist(options_); }, {});
+  const auto took = std::chrono::steady_clock::now() - start;
+  done = true;
+  rescue.join();
+  EXPECT_EQ(message, "download file://" + fifo + ": " + fifo +
+                         " is a FIFO, not a regular file; a file:// mirror must hold the files "
+                         "themselves");
+  EXPECT_LT(took, std::chrono::seconds(1));
+  EXPECT_EQ(testing::list_directory(options_.directory), std::vector<std::string>{});
+}
+
+// A file at a target name was hashed whole before anything else: a sparse 20 GiB file took
+// 71 s. A file whose size is not the published one is not the file, and is not read.
+TEST_F(DownloadTest, FileOfAnotherSizeAtATargetNameIsReplacedUnread) {
+  testing::make_directories(options_.directory);
+  const std::string sparse = target(kTestImagesFile);
+  write_file(sparse, "");
+  ASSERT_EQ(::truncate(sparse.c_str(), int64_t{20} << 30), 0);
+  options_.base_url = "file://" + served_.path();
+  const auto start = std::chrono::steady_clock::now();
+  const auto files = download_fashion_mnist(options_);
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(1));
+  expect_all_present_and_identical();
+  for (const auto& file : files) EXPECT_TRUE(file.fetched) << file.name;
+}
+
+// A file of the published size is hashed in pieces: a stop request ends that within a second,
+// and the deadline too, even for a (sparse) 4 GiB file that takes seconds to hash.
+class DownloadLongHash : public DownloadTest, public ::testing::WithParamInterface<std::string> {};
+
+TEST_P(DownloadLongHash, EndsOnAStopRequestOrTheDeadline) {
+  testing::make_directories(options_.directory);
+  const std::string sparse = target(kTestImagesFile);
+  write_file(sparse, "");
+  const int64_t size = int64_t{4} << 30;
+  ASSERT_EQ(::truncate(sparse.c_str(), size), 0);
+  options_.max_bytes[kTestImagesFile] = size;
+  options_.base_url = "file://" + served_.path();
+  std::atomic<int> stop{0};
+  options_.stop_signal = &stop;
+  options_.deadline = std::chrono::seconds(GetParam() == "deadline" ? 1 : 60);
+  std::thread stopper;
+  if (GetParam() == "stop") {
+    stopper = std::thread([&] {
+      std::this_thread::sleep_for(std::chrono::milliseconds(300));
+      stop = SIGTERM;
+    });
+  }
+  const auto start = std::chrono::steady_clock::now();
+  if (GetParam() == "stop") {
+    EXPECT_THROW(download_fashion_mnist(options_), DownloadStopped);
+  } else {
+    testing::expect_data_error(
+        [&] { download_fashion_mnist(options_); },
+        {"download: checking " + sparse + ": the download's deadline of 1 s passed"});
+  }
+  const auto took = std::chrono::steady_clock::now() - start;
+  if (stopper.joinable()) stopper.join();
+  EXPECT_LT(took, std::chrono::milliseconds(GetParam() == "stop" ? 1300 : 2000));
+  EXPECT_EQ(testing::file_size(sparse), size);  // untouched
+  EXPECT_EQ(testing::list_directory(options_.directory), std::vector<std::string>{kTestImagesFile});
+}
+
+INSTANTIATE_TEST_SUITE_P(, DownloadLongHash, ::testing::Values("stop", "deadline"),
+                         [](const ::testing::TestParamInfo<std::string>& info) {
+                           return info.param;
+                         });
+
+// ---- Response headers that libcurl will not take ---------------------------------------------
+
+// A mirror whose response headers are too large: one line of 200 KB, or 2000 lines of 100
+// bytes, and what the error says after the URL.
+struct LargeHeader {
+  std::string label;
+  std::string headers;
+  std::string says;
+};
+
+std::ostream& operator<<(std::ostream& out, const LargeHeader& c) { return out << c.label; }
+
+class DownloadLargeHeader : public DownloadTest,
+                            public ::testing::WithParamInterface<LargeHeader> {};
+
+// libcurl's "Out of memory" (retried) was all one read for a header line over its limit. One
+// line now names what was too large, and the mirror is not asked again.
+TEST_P(DownloadLargeHeader, IsOneLineNamingTheLimitAndNotRetried) {
+  LoopbackHttpServer server([headers = GetParam().headers](int client,
+                                                           const std::atomic<bool>& stopping) {
+    const std::string response = "HTTP/1.1 200 OK\r\n" + headers + "Content-Length: 5\r\n\r\nhello";
+    for (size_t done = 0; done < response.size() && !stopping;) {
+      if (!LoopbackHttpServer::ready(client, POLLOUT)) continue;
+      const ssize_t sent = ::send(client, response.data() + done, response.size() - done,
+                                  MSG_NOSIGNAL | MSG_DONTWAIT);
+      if (sent < 0 && errno != EAGAIN && errno != EINTR) break;
+      if (sent > 0) done += static_cast<size_t>(sent);
+    }
+  });
+  options_.base_url = server.url();
+  options_.attempts = 3;
+  const std::string message =
+      testing::expect_throws<DataError>([&] { download_fashion_mnist(options_); }, {});
+  EXPECT_EQ(message, "download " + server.url() + kTestImagesFile + ": " + GetParam().says);
+  EXPECT_EQ(server.connections(), 1);
+  EXPECT_EQ(testing::list_directory(options_.directory), std::vector<std::string>{});
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    DownloadHeaders, DownloadLargeHeader,
+    ::testing::Values(
+        LargeHeader{"one_long_line", "X-Big: " + std::string(200000, 'a') + "\r\n",
+                    "a response header line from the server is longer than libcurl's limit of "
+                    "102400 bytes (libcurl says \"Out of memory\")"},
+        LargeHeader{"many_lines",
+                    [] {
+                      std::string lines;
+                      for (int i = 0; i < 2000; ++i) {
+                        lines +=
+                            "X-Line-" + std::to_string(i) + ": " + std::string(80, 'b') + "\r\n";
+                      }
+                      return lines;
+                    }(),
+                    "the server's response headers are longer than 102400 bytes in all"}),
+    [](const ::testing::TestParamInfo<LargeHeader>& info) { return info.param.label; });
+
+// ---- Two downloads into one directory ---------------------------------------------------------
+
+// A second download into a directory removed the first one's live ".part", and the first to
+// finish could rename the other's half-written file into place. The second is refused now,
+// naming the first, and the first's ".part" is untouched; once the first has ended, the
+// directory is free again and holds no lock file.
+TEST_F(DownloadTest, SecondDownloadIntoOneDirectoryIsRefusedNamingTheFirst) {
+  DripServer server(20000);
+  DownloadOptions first = options_;
+  first.base_url = server.url();
+  first.max_bytes = fashion_mnist_sizes();  // the drip announces 4 MB
+  std::atomic<int> stop{0};
+  first.stop_signal = &stop;
+  std::thread first_download([&] {
+    try {
+      download_fashion_mnist(first);
+      ADD_FAILURE() << "the first download did not stop";
+    } catch (const DownloadStopped&) {
+    }
+  });
+  const std::string part = target(kTestImagesFile) + ".part";
+  for (int i = 0; i < 400 && testing::file_size(part) <= 0; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(25));
+  }
+  const ino_t inode = inode_of(part);
+  ASSERT_NE(inode, 0u);
+  const int64_t size_before = testing::file_size(part);
+
+  options_.base_url = "file://" + served_.path();  // would finish at once
+  const std::string message = testing::expect_throws<UsageError>(
+      [&] { download_fashion_mnist(options_); },
+      {"download: " + options_.directory + " is in use by another dptrain download (pid " +
+           std::to_string(::getpid()) + " on " + host_name() + ", since ",
+       "); wait for it to end, or give this one a directory of its own"});
+  EXPECT_EQ(message.find('\n'), std::string::npos) << message;
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  EXPECT_EQ(inode_of(part), inode);
+  EXPECT_GT(testing::file_size(part), size_before);  // still being written
+  EXPECT_FALSE(path_exists(target(kTestImagesFile)));
+
+  stop = SIGTERM;
+  first_download.join();
+  EXPECT_EQ(testing::list_directory(options_.directory), std::vector<std::string>{});
+  download_fashion_mnist(options_);
+  expect_all_present_and_identical();
+  EXPECT_EQ(testing::list_directory(options_.directory).size(), kNames.size());
+}
+
+// The lock file is written into: a hard link planted at its name would have the file behind it
+// overwritten. It is refused, and both files keep their bytes.
+TEST_F(DownloadTest, HardLinkAtTheLockFileNameIsRefused) {
+  testing::make_directories(options_.directory);
+  const std::string victim = target_.file("victim");
+  write_file(victim, "keep me\n");
+  const std::string lock = options_.directory + "/.dptrain-download.lock";
+  ASSERT_EQ(::link(victim.c_str(), lock.c_str()), 0);
+  options_.base_url = "file://" + served_.path();
+  testing::expect_data_error(
+      [&] { download_fashion_mnist(options_); },
+      {"download: the directory's lock file " + lock + " has 2 hard links; ", "remove it"});
+  EXPECT_EQ(read_file(victim), "keep me\n");
+  EXPECT_FALSE(path_exists(target(kTestImagesFile)));
 }
 
 // "http://user:secret@host/" was echoed in the errors. No message or progress line holds the
@@ -682,13 +911,16 @@ TEST_P(DownloadFlood, IsRefusedAtTheCapAtOnce) {
   options_.base_url = server.url();
   options_.attempts = 3;
   options_.expected_sha256 = {{flood.file, std::string(64, '0')}};
+  options_.max_bytes = fashion_mnist_sizes();  // the real caps
   options_.default_max_bytes = 1 << 20;  // for a file of unknown size only
-  // The largest file the download directory ever holds, sampled while the download runs.
+  // The largest file the download directory ever holds, sampled while the download runs; not
+  // the directory's lock file, which holds the line naming its holder.
   std::atomic<bool> done{false};
   std::atomic<int64_t> largest{0};
   std::thread watcher([&] {
     while (!done) {
       for (const auto& name : testing::list_directory(options_.directory)) {
+        if (name == ".dptrain-download.lock") continue;
         const int64_t size = testing::file_size(options_.directory + "/" + name);
         if (size > largest) largest = size;
       }
@@ -792,6 +1024,65 @@ TEST(CliDownload, SpeedLimitAndMaxTimeFlagsEndADrip) {
   EXPECT_EQ(result.err.find("secret"), std::string::npos) << result.err;
   EXPECT_GE(server.connections(), 2) << result.err;  // retried before the deadline
   EXPECT_EQ(testing::list_directory(dir.path()), std::vector<std::string>{});
+}
+
+// A FIFO at a file:// mirror held `dptrain download --max-time 3` in open() until it was
+// killed, and a SIGTERM did not end it. One error line now, at once, and nothing left.
+TEST(CliDownload, FifoAtAFileUrlEndsAtOnceWithOneErrorLine) {
+  if (!download_supported()) GTEST_SKIP() << "this build of dptrain has no libcurl";
+  TempDir served, dir;
+  const std::string fifo = served.file(kTestImagesFile);
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  auto command = download_command("file://" + served.path(), dir.file("data"));
+  command.insert(command.end(), {"--max-time", "3"});
+  std::atomic<bool> done{false};
+  std::thread rescue = release_fifo_reader(fifo, std::chrono::seconds(8), done);
+  const auto start = std::chrono::steady_clock::now();
+  const auto result = testing::run_command(command, {}, 15);
+  const auto took = std::chrono::steady_clock::now() - start;
+  done = true;
+  rescue.join();
+  EXPECT_EQ(result.exit_code, 1) << result.err;
+  EXPECT_LT(took, std::chrono::seconds(2));
+  EXPECT_EQ(lines_of(result.err),
+            (std::vector<std::string>{"error: download file://" + fifo + ": " + fifo +
+                                      " is a FIFO, not a regular file; a file:// mirror must "
+                                      "hold the files themselves"}))
+      << result.err;
+  EXPECT_EQ(testing::list_directory(dir.file("data")), std::vector<std::string>{});
+}
+
+// Two `dptrain download` into one directory: the second removed the first's live ".part". It is
+// refused now with one line naming the first (exit 2), and the first goes on; a SIGTERM then
+// ends the first with nothing left, not even the lock file.
+TEST(CliDownload, SecondDownloadIntoOneDirectoryIsRefusedWithOneLine) {
+  if (!download_supported()) GTEST_SKIP() << "this build of dptrain has no libcurl";
+  DripServer server(20000);
+  TempDir dir, logs;
+  const std::string data = dir.file("data");
+  const std::string part = data + "/" + kTestImagesFile + ".part";
+  const auto first =
+      testing::spawn_command(download_command(server.url(), data), {}, logs.file("first"));
+  for (int i = 0; i < 400 && testing::file_size(part) <= 0; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(25));
+  }
+  const ino_t inode = inode_of(part);
+  ASSERT_NE(inode, 0u);
+  const auto second = testing::run_command(download_command(server.url(), data), {}, 15);
+  EXPECT_EQ(second.exit_code, 2) << second.err;
+  const auto lines = lines_of(second.err);
+  ASSERT_EQ(lines.size(), 1u) << second.err;
+  EXPECT_EQ(
+      lines[0].rfind("error: download: " + data + " is in use by another dptrain download (pid " +
+                         std::to_string(first.pid) + " on ",
+                     0),
+      0u)
+      << lines[0];
+  EXPECT_EQ(inode_of(part), inode);
+  ASSERT_EQ(::kill(first.pid, SIGTERM), 0);
+  const auto result = testing::wait_command(first, 15);
+  EXPECT_EQ(result.exit_code, 128 + SIGTERM) << result.err;
+  EXPECT_EQ(testing::list_directory(data), std::vector<std::string>{});
 }
 
 // ---- The built-in checksums ------------------------------------------------------------------

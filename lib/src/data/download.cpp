@@ -1,12 +1,14 @@
-// Fetching Fashion-MNIST with libcurl: one file at a time, to "<name>.part", verified by its
-// SHA-256 (OpenSSL's), then renamed into place. See download.h. Not here: decompressing or
-// parsing the files (idx.h, data.h) and any output to the terminal.
+// Fetching Fashion-MNIST with libcurl (file:// URLs read here): one file at a time, to
+// "<name>.part", verified by its SHA-256 (OpenSSL's), then renamed into place, under a lock on
+// the directory. See download.h. Not here: decompressing or parsing the files (idx.h, data.h)
+// and any output to the terminal.
 #include "dptrain/data/download.h"
 
 #if defined(DPTRAIN_WITH_CURL)
 #include <curl/curl.h>
 #endif
 #include <fcntl.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -14,16 +16,19 @@
 #include <cctype>
 #include <cerrno>
 #include <cstring>
+#include <ctime>
 #include <exception>
 #include <memory>
 #include <mutex>
 #include <optional>
 #include <thread>
+#include <vector>
 
-#include "dptrain/data/data.h"
+#include "dptrain/core/devices.h"
 #include "dptrain/core/errors.h"
 #include "dptrain/core/files.h"
 #include "dptrain/core/sha256.h"
+#include "dptrain/data/data.h"
 
 namespace dptrain {
 
@@ -63,11 +68,6 @@ std::map<std::string, int64_t> fashion_mnist_sizes() {
 namespace {
 
 // ---- Small POSIX helpers (Note [No std::filesystem] in files.cpp) ---------------------------
-
-bool is_regular_file(const std::string& path) {
-  struct stat info {};
-  return ::stat(path.c_str(), &info) == 0 && S_ISREG(info.st_mode);
-}
 
 int64_t size_of(const std::string& path) {
   struct stat info {};
@@ -177,6 +177,195 @@ void check_stop_request(const DownloadOptions& options) {
   }
 }
 
+std::string deadline_text(const DownloadOptions& options) {
+  return "the download's deadline of " + std::to_string(options.deadline.count() / 1000) +
+         " s passed";
+}
+
+// ---- Local files, read without waiting on them -----------------------------------------------
+
+// Note [No wait without a bound]
+// Every wait in download_fashion_mnist ends by options.deadline, and within about a second of a
+// stop request, leaving no ".part" behind: libcurl's transfers through CURLOPT_TIMEOUT_MS and
+// the progress callback (check_stop), the backoff in short naps, the directory's lock by
+// refusing at once (never waiting for the holder), and the local files -- a file:// mirror's, a
+// file already at a target name -- by reading them in 1 MiB pieces with both checked between
+// pieces. Those files are opened with O_NONBLOCK and used only when fstat then says they are
+// regular: open() of a FIFO that has no writer would otherwise never return, whatever the
+// signal handlers' SA_RESTART says. libcurl's own file:// reader opens without O_NONBLOCK,
+// which is why dptrain reads file:// URLs itself. A file at a target name is hashed only when
+// its size is the published one (DownloadOptions::max_bytes): a sparse 20 GiB file there was
+// hashed for 71 s before a SIGTERM took effect.
+
+// Closes a descriptor on the way out.
+class Descriptor {
+ public:
+  explicit Descriptor(int fd) : fd_(fd) {}
+  ~Descriptor() {
+    if (fd_ >= 0) ::close(fd_);
+  }
+  Descriptor(const Descriptor&) = delete;
+  Descriptor& operator=(const Descriptor&) = delete;
+  int get() const { return fd_; }
+  int release() {
+    const int fd = fd_;
+    fd_ = -1;
+    return fd;
+  }
+
+ private:
+  int fd_;
+};
+
+// `path` open for reading without waiting on it (Note [No wait without a bound]); -1 and errno
+// on failure. The caller must fstat it before reading: it may be a FIFO or a device.
+int open_without_waiting(const std::string& path) {
+  return ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_NOCTTY | O_CLOEXEC);
+}
+
+// How much of a local file is read between two checks of the stop request and the deadline:
+// about a millisecond of hashing.
+constexpr size_t kLocalPieceBytes = size_t{1} << 20;
+
+// The size `name` must have to be the published file; -1 for a name without one, which may
+// have up to options.default_max_bytes.
+int64_t published_size(const DownloadOptions& options, const std::string& name) {
+  const auto known = options.max_bytes.find(name);
+  return known != options.max_bytes.end() ? known->second : -1;
+}
+
+// Whether `path` already holds `name`: a regular file of its published size (of at most
+// default_max_bytes for a name without one) whose SHA-256 is `expected`. Anything else at the
+// name (a FIFO, another size) is not the file and is not read. A stop request ends the hashing
+// (DownloadStopped), and so does the deadline (DataError).
+bool already_present(const std::string& path, const std::string& name, const std::string& expected,
+                     const DownloadOptions& options, Clock::time_point deadline) {
+  const Descriptor file(open_without_waiting(path));
+  struct stat info {};
+  if (file.get() < 0 || ::fstat(file.get(), &info) != 0 || !S_ISREG(info.st_mode)) return false;
+  const int64_t size = info.st_size;
+  const int64_t published = published_size(options, name);
+  if (published >= 0 ? size != published : size > options.default_max_bytes) return false;
+  Sha256 hash;
+  std::vector<char> piece(kLocalPieceBytes);
+  for (int64_t done = 0; done < size;) {
+    check_stop_request(options);
+    if (Clock::now() >= deadline) {
+      throw DataError("download: checking " + path + ": " + deadline_text(options));
+    }
+    const auto want = static_cast<size_t>(std::min<int64_t>(size - done, kLocalPieceBytes));
+    const ssize_t got = ::read(file.get(), piece.data(), want);
+    if (got < 0 && errno == EINTR) continue;
+    if (got <= 0) return false;  // it shrank, or cannot be read: fetch it again
+    hash.update(piece.data(), static_cast<size_t>(got));
+    done += got;
+  }
+  return hash.hex_digest() == expected;
+}
+
+// ---- The directory's lock --------------------------------------------------------------------
+
+// Note [One download per directory]
+// Two downloads into one directory used to share "<name>.part": the second removed the first's
+// live file as a leftover, and the first to finish could rename the other's half-written file
+// into place. Now a download holds flock(2) on "<directory>/.dptrain-download.lock" from before
+// it looks at any file until it returns; a second one is refused at once, naming the holder
+// (the lock file says "pid N on HOST, since TIME"), as a second run is from a checkpoint
+// directory (CheckpointDirectoryLock, which lives in train/, above this layer). Under the lock
+// a ".part" can only be a dead run's leftover, so remove_leftover_part stays safe. The lock file
+// is removed on the way out so that the directory holds only the data; that is safe because
+// whoever gets the flock checks that the name still points at the file it locked, and retries
+// when the holder removed it meanwhile. A directory this user cannot write into gets no lock:
+// nothing can be written there, so a file that must be fetched fails on its ".part" instead.
+constexpr char kDownloadLockName[] = ".dptrain-download.lock";
+
+class DownloadDirectoryLock {
+ public:
+  explicit DownloadDirectoryLock(const std::string& directory)
+      : path_(directory + "/" + kDownloadLockName) {
+    for (int attempt = 0; attempt < 10 && fd_ < 0; ++attempt) {
+      if (!try_lock(directory)) return;  // a read-only directory: no lock (see the Note)
+    }
+    if (fd_ < 0) {
+      throw DataError("download: cannot lock " + path_ + ": it was replaced 10 times meanwhile");
+    }
+    const std::time_t now = std::time(nullptr);
+    std::tm local{};
+    char started[32] = {0};
+    if (::localtime_r(&now, &local) != nullptr) {
+      std::strftime(started, sizeof started, "%Y-%m-%d %H:%M:%S", &local);
+    }
+    const std::string text =
+        "pid " + std::to_string(::getpid()) + " on " + host_name() + ", since " + started + "\n";
+    // Best effort: the lock is the flock, the text only names the holder.
+    if (::ftruncate(fd_, 0) == 0) (void)!::pwrite(fd_, text.data(), text.size(), 0);
+  }
+  ~DownloadDirectoryLock() {
+    if (fd_ < 0) return;
+    ::unlink(path_.c_str());  // before the flock goes: a newcomer then locks a file of its own
+    ::close(fd_);
+  }
+  DownloadDirectoryLock(const DownloadDirectoryLock&) = delete;
+  DownloadDirectoryLock& operator=(const DownloadDirectoryLock&) = delete;
+
+ private:
+  // One try: false when the directory cannot be written (no lock); otherwise fd_ holds the
+  // lock, or stays -1 when the file locked was removed meanwhile (try again). Throws when
+  // another download holds it or the lock file is not a plain file of its own.
+  bool try_lock(const std::string& directory) {
+    const int fd =
+        ::open(path_.c_str(), O_RDWR | O_CREAT | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC, 0644);
+    if (fd < 0) {
+      const int error = errno;
+      if ((error == EACCES || error == EPERM || error == EROFS) &&
+          ::access(directory.c_str(), W_OK) != 0) {
+        return false;
+      }
+      throw DataError("download: cannot open the directory's lock file " + path_ + ": " +
+                      errno_text(error));
+    }
+    Descriptor file(fd);
+    // O_NOFOLLOW stops a symbolic link, not a hard link: the file behind a second name would be
+    // overwritten with the holder's line.
+    struct stat info {};
+    if (::fstat(fd, &info) != 0 || !S_ISREG(info.st_mode) || info.st_nlink != 1) {
+      const std::string what = !S_ISREG(info.st_mode)
+                                   ? "is " + file_kind(info.st_mode)
+                                   : "has " + std::to_string(info.st_nlink) + " hard links";
+      throw DataError("download: the directory's lock file " + path_ + " " + what +
+                      "; dptrain writes into it who holds the lock, so it must be a file of its "
+                      "own: remove it");
+    }
+    if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
+      const int error = errno;
+      if (error != EWOULDBLOCK) {
+        throw DataError("download: cannot lock " + path_ + ": " + errno_text(error));
+      }
+      char holder[256] = {0};
+      const ssize_t n = ::pread(fd, holder, sizeof holder - 1, 0);
+      std::string who = n > 0 ? std::string(holder, static_cast<size_t>(n)) : "";
+      while (!who.empty() && (who.back() == '\n' || who.back() == '\0')) who.pop_back();
+      who = printable(who);  // another program's bytes, maybe: never raw to the terminal
+      throw UsageError("download: " + directory + " is in use by another dptrain download" +
+                       (who.empty() ? std::string() : " (" + who + ")") +
+                       "; wait for it to end, or give this one a directory of its own");
+    }
+    // Locked; but the holder before may have removed the name after this open: then the name
+    // is another file now (or none), and this lock keeps nobody out.
+    struct stat now {};
+    if (::stat(path_.c_str(), &now) != 0 || now.st_dev != info.st_dev ||
+        now.st_ino != info.st_ino) {
+      return true;  // closing `file` drops the useless lock; try again
+    }
+    fd_ = fd;
+    file.release();
+    return true;
+  }
+
+  std::string path_;
+  int fd_ = -1;
+};
+
 #if defined(DPTRAIN_WITH_CURL)
 // ---- One attempt with libcurl ----------------------------------------------------------------
 
@@ -201,7 +390,8 @@ struct AttemptFailure {
 
 // What the write callback needs; it must not throw through libcurl's C frames.
 struct Transfer {
-  CURL* curl = nullptr;
+  CURL* curl = nullptr;     // null for a file:// URL, which is read here
+  int64_t local_size = -1;  // a file:// URL's size, as fstat gave it
   PartFile* part = nullptr;
   Sha256 hash;
   int64_t bytes = 0;
@@ -209,6 +399,8 @@ struct Transfer {
   int64_t max_bytes = 0;         // the most `name` may have; more is refused, never written
   int64_t announced_bytes = -1;  // a Content-Length above max_bytes, once refused
   bool too_many_bytes = false;   // the body went past max_bytes
+  int64_t header_bytes = 0;      // of every response header line so far, redirects included
+  bool too_many_header_bytes = false;  // they went past kMaxHeaderBytes
   const DownloadProgressFn* progress = nullptr;
   DownloadProgress report;
   std::chrono::steady_clock::time_point last_report{};
@@ -226,12 +418,22 @@ int check_stop(void* user, curl_off_t, curl_off_t, curl_off_t, curl_off_t) {
 // How often kReceiving is reported at most: enough for a progress bar.
 constexpr std::chrono::milliseconds kProgressInterval{100};
 
+// The most bytes of response headers an attempt takes, all lines and redirects together; one
+// line is capped by libcurl itself at the same CURL_MAX_HTTP_HEADER (100 KiB), which it reports
+// as "Out of memory" (header_failure). A mirror sends well under 1 KiB.
+constexpr int64_t kMaxHeaderBytes = CURL_MAX_HTTP_HEADER;
+
 // Called for each header line, after libcurl has read it: a successful response that announces
 // more than the file may have is refused before its first byte (libcurl then ends with
 // CURLE_WRITE_ERROR). Not CURLOPT_MAXFILESIZE: it fails inside libcurl, which does not say the
-// length it refused.
+// length it refused. Endless header lines are refused at kMaxHeaderBytes.
 size_t check_announced_size(char*, size_t size, size_t count, void* user) {
   auto& transfer = *static_cast<Transfer*>(user);
+  transfer.header_bytes += static_cast<int64_t>(size * count);
+  if (transfer.header_bytes > kMaxHeaderBytes) {
+    transfer.too_many_header_bytes = true;
+    return 0;
+  }
   long status = 0;
   curl_off_t length = -1;
   if (curl_easy_getinfo(transfer.curl, CURLINFO_RESPONSE_CODE, &status) == CURLE_OK &&
@@ -260,8 +462,9 @@ size_t write_body(char* data, size_t size, size_t count, void* user) {
   const auto now = std::chrono::steady_clock::now();
   if (*transfer.progress && now - transfer.last_report >= kProgressInterval) {
     transfer.last_report = now;
-    curl_off_t length = -1;
-    if (curl_easy_getinfo(transfer.curl, CURLINFO_CONTENT_LENGTH_DOWNLOAD_T, &length) != CURLE_OK) {
+    curl_off_t length = transfer.local_size;
+    if (transfer.curl &&
+        curl_easy_getinfo(transfer.curl, CURLINFO_CONTENT_LENGTH_DOWNLOAD_T, &length) != CURLE_OK) {
       length = -1;
     }
     transfer.report.bytes_done = transfer.bytes;
@@ -296,11 +499,6 @@ std::optional<std::string> too_many_bytes_text(const Transfer& transfer, const s
               : "(more than " + limit + " bytes arrived)");
 }
 
-std::string deadline_text(const DownloadOptions& options) {
-  return "the download's deadline of " + std::to_string(options.deadline.count() / 1000) +
-         " s passed";
-}
-
 // What a failed curl_easy_perform means for the attempt (`code` not CURLE_OK): its cause in
 // words, and whether another attempt may do better.
 AttemptFailure perform_failure(CURLcode code, CURL* handle, const Transfer& transfer,
@@ -313,6 +511,19 @@ AttemptFailure perform_failure(CURLcode code, CURL* handle, const Transfer& tran
   if (code == CURLE_WRITE_ERROR && transfer.write_errno != 0) {
     return AttemptFailure{"writing " + part.path() + ": " + errno_text(transfer.write_errno), true};
   }
+  // A mirror that sends such headers will send them again: not retried.
+  if (transfer.too_many_header_bytes) {
+    return AttemptFailure{"the server's response headers are longer than " +
+                              std::to_string(kMaxHeaderBytes) + " bytes in all",
+                          false};
+  }
+  // libcurl 7.x's word for a header line past CURL_MAX_HTTP_HEADER, before any body byte.
+  if (code == CURLE_OUT_OF_MEMORY && transfer.bytes == 0) {
+    return AttemptFailure{
+        "a response header line from the server is longer than libcurl's limit of " +
+            std::to_string(CURL_MAX_HTTP_HEADER) + " bytes (libcurl says \"Out of memory\")",
+        false};
+  }
   std::string cause = error_text[0] != '\0' ? error_text : curl_easy_strerror(code);
   while (!cause.empty() && std::isspace(static_cast<unsigned char>(cause.back()))) {
     cause.pop_back();
@@ -322,35 +533,93 @@ AttemptFailure perform_failure(CURLcode code, CURL* handle, const Transfer& tran
   return AttemptFailure{cause, retriable};
 }
 
-// `deadline` is when the whole download must end (Clock::time_point::max() for never).
-std::optional<AttemptFailure> fetch_once(const std::string& url, const std::string& target,
-                                         const std::string& expected_sha256,
-                                         const DownloadOptions& options, Clock::time_point deadline,
-                                         int attempt, const std::string& name,
-                                         const DownloadProgressFn& progress) {
-  const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
-  if (left.count() <= 0) return AttemptFailure{deadline_text(options), false};
+// ---- One attempt of a file:// URL, read here (Note [No wait without a bound]) -------------------
+
+// The path a file:// URL names, percent-encoding undone as libcurl's own reader would; nullopt
+// with `why` set when libcurl's URL parser refuses the URL (a host other than localhost).
+std::optional<std::string> local_path_of(const std::string& url, std::string* why) {
+  std::unique_ptr<CURLU, decltype(&curl_url_cleanup)> parsed(curl_url(), curl_url_cleanup);
+  if (!parsed) {
+    *why = "cannot parse the URL: out of memory";
+    return std::nullopt;
+  }
+  char* path = nullptr;
+  CURLUcode code = curl_url_set(parsed.get(), CURLUPART_URL, url.c_str(), CURLU_ALLOW_SPACE);
+  if (code == CURLUE_OK) code = curl_url_get(parsed.get(), CURLUPART_PATH, &path, CURLU_URLDECODE);
+  if (code != CURLUE_OK) {
+    *why = "not a usable file:// URL: " + std::string(curl_url_strerror(code));
+    return std::nullopt;
+  }
+  std::string result(path);
+  curl_free(path);
+  return result;
+}
+
+// Copies the file `url` names into transfer.part in pieces, checking the stop request and the
+// deadline between them; only a regular file is read. A failure that another attempt cannot
+// cure (no such file, not a regular file, too large) is not retried.
+std::optional<AttemptFailure> copy_local_file(const std::string& url, const std::string& name,
+                                              Transfer& transfer, const DownloadOptions& options,
+                                              Clock::time_point deadline) {
+  std::string why;
+  const auto path = local_path_of(url, &why);
+  if (!path) return AttemptFailure{why, false};
+  const Descriptor file(open_without_waiting(*path));
+  struct stat info {};
+  if (file.get() < 0 || ::fstat(file.get(), &info) != 0) {
+    return AttemptFailure{"cannot read " + *path + ": " + errno_text(errno), false};
+  }
+  if (!S_ISREG(info.st_mode)) {
+    return AttemptFailure{*path + " is " + file_kind(info.st_mode) +
+                              ", not a regular file; a file:// mirror must hold the files "
+                              "themselves",
+                          false};
+  }
+  if (info.st_size > transfer.max_bytes) {
+    return AttemptFailure{*path + " has " + std::to_string(info.st_size) +
+                              " bytes, more than the " + std::to_string(transfer.max_bytes) +
+                              " bytes " + name + " has",
+                          false};
+  }
+  transfer.local_size = info.st_size;
+  std::vector<char> piece(kLocalPieceBytes);
+  for (;;) {
+    if (options.stop_signal && options.stop_signal->load() != 0) return std::nullopt;
+    if (Clock::now() >= deadline) return AttemptFailure{deadline_text(options), false};
+    const ssize_t got = ::read(file.get(), piece.data(), piece.size());
+    if (got < 0 && errno == EINTR) continue;
+    if (got < 0) return AttemptFailure{"cannot read " + *path + ": " + errno_text(errno), true};
+    if (got == 0) return std::nullopt;
+    if (write_body(piece.data(), 1, static_cast<size_t>(got), &transfer) == 0) {
+      if (transfer.callback_error) return std::nullopt;  // rethrown by the caller
+      if (transfer.write_errno != 0) {
+        return AttemptFailure{
+            "writing " + transfer.part->path() + ": " + errno_text(transfer.write_errno), true};
+      }
+      return std::nullopt;  // too_many_bytes: the caller says so
+    }
+  }
+}
+
+// ---- One attempt of an http(s):// URL with libcurl -------------------------------------------
+
+// `left` is the time to the download's deadline, or none.
+std::optional<AttemptFailure> transfer_with_curl(const std::string& url, Transfer& transfer,
+                                                 const DownloadOptions& options,
+                                                 std::optional<std::chrono::milliseconds> left,
+                                                 Clock::time_point deadline) {
   std::unique_ptr<CURL, CurlDeleter> curl(curl_easy_init());
   if (!curl) return AttemptFailure{"cannot create a libcurl handle", true};
-  PartFile part(target + ".part");  // throws DataError when the directory is not writable
-
-  Transfer transfer;
   transfer.curl = curl.get();
-  transfer.part = &part;
-  transfer.progress = &progress;
-  transfer.report.file = name;
-  transfer.report.attempt = attempt;
-  transfer.stop_signal = options.stop_signal;
-  transfer.max_bytes = max_bytes_of(options, name);
   char error_text[CURL_ERROR_SIZE] = {};
 
   CURL* handle = curl.get();
   curl_easy_setopt(handle, CURLOPT_URL, url.c_str());
 #if LIBCURL_VERSION_NUM >= 0x075500  // 7.85: the string forms; the bit masks are deprecated
-  curl_easy_setopt(handle, CURLOPT_PROTOCOLS_STR, "http,https,file");
+  curl_easy_setopt(handle, CURLOPT_PROTOCOLS_STR, "http,https");
   curl_easy_setopt(handle, CURLOPT_REDIR_PROTOCOLS_STR, "http,https");
 #else
-  curl_easy_setopt(handle, CURLOPT_PROTOCOLS, CURLPROTO_HTTP | CURLPROTO_HTTPS | CURLPROTO_FILE);
+  curl_easy_setopt(handle, CURLOPT_PROTOCOLS, CURLPROTO_HTTP | CURLPROTO_HTTPS);
   curl_easy_setopt(handle, CURLOPT_REDIR_PROTOCOLS, CURLPROTO_HTTP | CURLPROTO_HTTPS);
 #endif
   curl_easy_setopt(handle, CURLOPT_FOLLOWLOCATION, 1L);
@@ -366,9 +635,7 @@ std::optional<AttemptFailure> fetch_once(const std::string& url, const std::stri
   curl_easy_setopt(handle, CURLOPT_LOW_SPEED_TIME, static_cast<long>(low_speed_seconds));
   curl_easy_setopt(handle, CURLOPT_LOW_SPEED_LIMIT,
                    static_cast<long>(std::max<int64_t>(1, options.low_speed_bytes_per_second)));
-  if (deadline != Clock::time_point::max()) {
-    curl_easy_setopt(handle, CURLOPT_TIMEOUT_MS, static_cast<long>(left.count()));
-  }
+  if (left) curl_easy_setopt(handle, CURLOPT_TIMEOUT_MS, static_cast<long>(left->count()));
   curl_easy_setopt(handle, CURLOPT_WRITEFUNCTION, write_body);
   curl_easy_setopt(handle, CURLOPT_WRITEDATA, &transfer);
   curl_easy_setopt(handle, CURLOPT_HEADERFUNCTION, check_announced_size);
@@ -378,20 +645,61 @@ std::optional<AttemptFailure> fetch_once(const std::string& url, const std::stri
   curl_easy_setopt(handle, CURLOPT_NOPROGRESS, 0L);
 
   const CURLcode code = curl_easy_perform(handle);
+  transfer.curl = nullptr;  // `curl` goes with this scope
+  if (code == CURLE_OK || transfer.callback_error) return std::nullopt;
+  if (options.stop_signal && options.stop_signal->load() != 0) return std::nullopt;
+  if (transfer.announced_bytes >= 0 || transfer.too_many_bytes) return std::nullopt;
+  if (code == CURLE_OPERATION_TIMEDOUT && Clock::now() >= deadline) {
+    return AttemptFailure{deadline_text(options), false};
+  }
+  return perform_failure(code, handle, transfer, *transfer.part, error_text);
+}
+
+// ---- One attempt ---------------------------------------------------------------------------
+
+bool is_file_url(const std::string& url) {
+  std::string scheme = url.substr(0, 7);
+  std::transform(scheme.begin(), scheme.end(), scheme.begin(),
+                 [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+  return scheme == "file://";
+}
+
+// `deadline` is when the whole download must end (Clock::time_point::max() for never).
+std::optional<AttemptFailure> fetch_once(const std::string& url, const std::string& target,
+                                         const std::string& expected_sha256,
+                                         const DownloadOptions& options, Clock::time_point deadline,
+                                         int attempt, const std::string& name,
+                                         const DownloadProgressFn& progress) {
+  const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
+  if (left.count() <= 0) return AttemptFailure{deadline_text(options), false};
+  PartFile part(target + ".part");  // throws DataError when the directory is not writable
+
+  Transfer transfer;
+  transfer.part = &part;
+  transfer.progress = &progress;
+  transfer.report.file = name;
+  transfer.report.attempt = attempt;
+  transfer.stop_signal = options.stop_signal;
+  transfer.max_bytes = max_bytes_of(options, name);
+
+  auto failure = is_file_url(url)
+                     ? copy_local_file(url, name, transfer, options, deadline)
+                     : transfer_with_curl(url, transfer, options,
+                                          deadline != Clock::time_point::max()
+                                              ? std::optional<std::chrono::milliseconds>(left)
+                                              : std::nullopt,
+                                          deadline);
   if (transfer.callback_error) std::rethrow_exception(transfer.callback_error);
   check_stop_request(options);  // `part` is removed on the way out
   // The mirror is wrong, not slow: another try would only fill the disk again.
   if (auto too_many = too_many_bytes_text(transfer, name)) return AttemptFailure{*too_many, false};
-  if (code == CURLE_OPERATION_TIMEDOUT && Clock::now() >= deadline) {
-    return AttemptFailure{deadline_text(options), false};
-  }
-  if (code != CURLE_OK) return perform_failure(code, handle, transfer, part, error_text);
+  if (failure) return failure;
 
   const std::string got = transfer.hash.hex_digest();
   if (got != expected_sha256) {
     return AttemptFailure{"SHA-256 mismatch: got " + got + ", expected " + expected_sha256, true};
   }
-  if (auto failure = part.commit(target)) return AttemptFailure{*failure, true};
+  if (auto commit_failure = part.commit(target)) return AttemptFailure{*commit_failure, true};
   return std::nullopt;
 }
 
@@ -498,6 +806,7 @@ std::vector<DownloadedFile> download_fashion_mnist(const DownloadOptions& option
   check_options(options);
   init_curl_once();
   make_directories(options.directory, "cannot create download directory " + options.directory);
+  const DownloadDirectoryLock lock(options.directory);  // Note [One download per directory]
 
   std::string base = options.base_url;
   while (!base.empty() && base.back() == '/') base.pop_back();
@@ -511,7 +820,7 @@ std::vector<DownloadedFile> download_fashion_mnist(const DownloadOptions& option
     file.name = name;
     file.path = options.directory + "/" + name;
 
-    if (!options.force && is_regular_file(file.path) && sha256_file_hex(file.path) == expected) {
+    if (!options.force && already_present(file.path, name, expected, options, deadline)) {
       file.bytes = size_of(file.path);
       if (progress) {
         DownloadProgress report;

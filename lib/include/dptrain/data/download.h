@@ -1,5 +1,6 @@
 // Fetching the four Fashion-MNIST files into a directory (http://, https:// or file:// URLs),
-// each checked against its known SHA-256 and moved into place only when whole and correct.
+// each checked against its known SHA-256 and moved into place only when whole and correct, one
+// download per directory at a time.
 // Not here: printing (the caller gets progress through a callback), reading the files (data.h).
 #pragma once
 
@@ -40,7 +41,8 @@ struct DownloadOptions {
   std::chrono::milliseconds low_speed_timeout{30000};
   int64_t low_speed_bytes_per_second = 10240;
   // The whole download, every file and retry, ends by this deadline: a server just above the
-  // low-speed limit cannot hold it for hours. 0 = none.
+  // low-speed limit cannot hold it for hours, nor a slow disk under a file:// mirror or under a
+  // file already at a target name. 0 = none.
   std::chrono::milliseconds deadline{std::chrono::minutes(30)};
   // Set (by a signal handler) to a signal number to stop: the transfer is abandoned within a
   // second, its ".part" file removed, and DownloadStopped thrown.
@@ -48,8 +50,10 @@ struct DownloadOptions {
   bool force = false;  // fetch even when a file with the right checksum is there
   // The files to fetch and their checksums; tests serve small files of their own.
   std::map<std::string, std::string> expected_sha256 = fashion_mnist_sha256();
-  // The most bytes each file may have; a name not listed gets default_max_bytes. A server that
-  // announces or sends more is refused at once (a flooding mirror would otherwise fill the disk).
+  // The published size of each file, so the most bytes it may have; a name not listed may have
+  // up to default_max_bytes. A server that announces or sends more is refused at once (a
+  // flooding mirror would otherwise fill the disk), and a file already at the target name with
+  // another size is not the file: it is fetched again without being read.
   std::map<std::string, int64_t> max_bytes = fashion_mnist_sizes();
   int64_t default_max_bytes = kDefaultMaxDownloadBytes;
 };
@@ -95,11 +99,18 @@ class DownloadStopped : public std::runtime_error {
 std::string redact_url(const std::string& url);
 
 // Makes `options.directory` hold every file named in options.expected_sha256 with that checksum,
-// in name order. A file is fetched to "<name>.part" in the same directory, fsync'ed, verified and
+// in name order. The directory is locked for the whole call (flock on ".dptrain-download.lock",
+// removed at the end): a second download into it is refused at once with a UsageError naming
+// the holder ("pid N on HOST, since TIME"). A file already there is kept when it is a regular
+// file of the size in options.max_bytes with the right checksum; anything else at the name is
+// never read. A file is fetched to "<name>.part" in the same directory, fsync'ed, verified and
 // renamed into place; a failed attempt deletes the ".part" file. A failure that a retry could
 // cure (no connection, timeout, HTTP 408/429/5xx, checksum mismatch, write error) is retried
 // up to options.attempts times with a doubling backoff; one that cannot (other HTTP 4xx, a
-// missing file:// file, more bytes than options.max_bytes allows) ends at once. The ".part"
+// file:// file that is missing or not a regular file, more bytes than options.max_bytes
+// allows, response headers over 100 KiB) ends at once. Every wait ends by options.deadline and
+// within about a second of a stop request (DownloadStopped), leaving no ".part": local files
+// are opened without blocking, so a FIFO cannot hang the download. The ".part"
 // file is always created new: a leftover one (this user's regular file, one link) is removed
 // first, anything else at that name (a hard link, another user's file, a FIFO) is refused and
 // left untouched. Throws UsageError for a bad option (URL scheme, attempts < 1, a malformed
