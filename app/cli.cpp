@@ -192,8 +192,8 @@ cxxopts::Options eval_options() {
 cxxopts::Options download_options() {
   cxxopts::Options options("dptrain download",
                            "Fetch the four Fashion-MNIST files, check their SHA-256 and put them "
-                           "into a directory.\nNot needed where Debian's dataset-fashion-mnist is "
-                           "installed.\n");
+                           "into a directory, one download per directory at a time.\nNot needed "
+                           "where Debian's dataset-fashion-mnist is installed.\n");
   options.add_options("Download")
       ("data-dir", "where to put the files (default: $DPTRAIN_DATA, else data/fashion-mnist)",
        cxxopts::value<std::string>(), "DIR")
@@ -206,7 +206,7 @@ cxxopts::Options download_options() {
        cxxopts::value<std::string>()->default_value("10240"), "BYTES")
       ("speed-time", "seconds over which --speed-limit is measured",
        cxxopts::value<std::string>()->default_value("30"), "SECONDS")
-      ("max-time", "seconds the whole download (every file and retry) may take",
+      ("max-time", "seconds the whole download (every file, retry and local read) may take",
        cxxopts::value<std::string>()->default_value("1800"), "SECONDS")
       ("h,help", "print this help");
   return options;
