@@ -94,10 +94,32 @@ class CheckedStdout {
   int error_ = 0;
 };
 
+// The Fashion-MNIST files a run reads, packed or not, as inputs for check_distinct_files; none
+// when no data directory resolves (the load says why, after the outputs' own checks).
+std::vector<dptrain::RoleFile> data_files(const std::optional<std::string>& data_dir_flag) {
+  std::vector<dptrain::RoleFile> files;
+  std::string dir;
+  try {
+    dir = dptrain::resolve_data_dir(data_dir_flag);
+  } catch (const dptrain::DataError&) {
+    return files;
+  }
+  for (const std::string gz : {dptrain::kTrainImagesFile, dptrain::kTrainLabelsFile,
+                               dptrain::kTestImagesFile, dptrain::kTestLabelsFile}) {
+    const std::string plain = gz.substr(0, gz.size() - 3);
+    files.push_back({"the data file " + gz, dir + "/" + gz});
+    files.push_back({"the data file " + plain, dir + "/" + plain});
+  }
+  return files;
+}
+
+// Every output a writer holds for the run (Note [One writer per output] in files.h).
+using OutputLocks = std::vector<std::unique_ptr<dptrain::OutputLock>>;
+
 // Global rank 0 writes the files: their paths are checked before the data is read, so that a
 // bad one fails now, not after the training (train() checks --save-model and the checkpoint
-// directory the same way, for callers of the library).
-void check_train_outputs(const dptrain::TrainCommand& command, bool writer) {
+// directory the same way, for callers of the library), and then locked against a second run.
+OutputLocks check_train_outputs(const dptrain::TrainCommand& command, bool writer) {
   if (command.options.checkpoint_dir) {
     // Every rank reads it (a shared file system under a launcher), so every rank checks it.
     try {
@@ -106,16 +128,33 @@ void check_train_outputs(const dptrain::TrainCommand& command, bool writer) {
       throw UsageError(std::string("--checkpoint-dir: ") + e.what());
     }
   }
+  // Note [One file, two roles] in files.h. The TensorBoard directory counts as one output: a
+  // file given its name would become a directory's name when the directory is made.
+  std::vector<dptrain::RoleFile> outputs;
+  if (command.options.save_model) outputs.push_back({"--save-model", *command.options.save_model});
+  if (command.metrics) outputs.push_back({"--metrics", *command.metrics});
+  if (command.plot) outputs.push_back({"--plot", *command.plot});
+  if (command.tensorboard) outputs.push_back({"--tensorboard", *command.tensorboard});
+  dptrain::check_distinct_files(outputs, data_files(command.data_dir));
+  if (command.options.checkpoint_dir) {
+    dptrain::check_outputs_apart_from_checkpoints(*command.options.checkpoint_dir, outputs);
+  }
   if (command.metrics) dptrain::check_metrics_path(*command.metrics);
   if (command.plot) dptrain::check_plot_path(*command.plot);
   if (command.tensorboard) dptrain::require_tensorboard_support();
-  if (!writer) return;
+  if (!writer) return {};
   if (command.metrics) dptrain::check_output_file(*command.metrics, "--metrics");
   if (command.plot) dptrain::check_output_file(*command.plot, "--plot");
   if (command.tensorboard) dptrain::prepare_tensorboard_dir(*command.tensorboard);
   if (command.options.save_model) {
     dptrain::check_output_file(*command.options.save_model, "--save-model");
   }
+  OutputLocks locks;
+  for (const auto& output : outputs) {
+    if (output.role == "--tensorboard") continue;  // a new event file per run, never shared
+    locks.push_back(std::make_unique<dptrain::OutputLock>(output.path, output.role));
+  }
+  return locks;
 }
 
 // Under a launcher the world meets over TCP; the library's timeout bounds every wait it can
@@ -273,7 +312,7 @@ int run_train(dptrain::TrainCommand command, CheckedStdout& out) {
   // process (nothing has trained), then by the training loop, which saves a checkpoint.
   options.stop_signal = &dptrain::install_stop_handlers();
   const auto run = check_command_world(options, world);
-  check_train_outputs(command, records_writer);
+  const auto output_locks = check_train_outputs(command, records_writer);
   const auto watchdog = make_watchdog(world, options.timeout, *options.stop_signal);
 
   const auto data_dir = dptrain::resolve_data_dir(command.data_dir);
@@ -413,7 +452,18 @@ int run_eval(dptrain::EvalCommand command, CheckedStdout& out) {
   const auto world = plan_command_world(command.common);
   const auto run = check_command_world(command.common.options, world);
   const bool writer = world.first_rank == 0;
-  if (command.logits && writer) dptrain::check_output_file(*command.logits, "--logits");
+  std::unique_ptr<dptrain::OutputLock> logits_lock;
+  if (command.logits) {
+    // Note [One file, two roles] in files.h: the logits never replace what eval reads.
+    auto inputs = data_files(command.common.data_dir);
+    if (command.model) inputs.push_back({"--model", *command.model});
+    if (command.checkpoint) inputs.push_back({"--checkpoint", *command.checkpoint});
+    dptrain::check_distinct_files({{"--logits", *command.logits}}, inputs);
+  }
+  if (command.logits && writer) {
+    dptrain::check_output_file(*command.logits, "--logits");
+    logits_lock = std::make_unique<dptrain::OutputLock>(*command.logits, "--logits");
+  }
   const auto weights = load_weights(command);
   const auto data_dir = dptrain::resolve_data_dir(command.common.data_dir);
   // Only the test set is evaluated; one training image keeps the data set's shape valid.

@@ -9,13 +9,18 @@
 #include "dptrain/core/files.h"
 
 #include <fcntl.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <atomic>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <optional>
+#include <ctime>
 
+#include "dptrain/core/devices.h"
 #include "dptrain/core/errors.h"
 
 namespace dptrain {
@@ -201,6 +206,164 @@ void check_output_file(const std::string& path, const std::string& flag) {
                      errno_text());
   }
   ::unlink(trial.c_str());
+}
+
+namespace {
+
+// realpath(3), or nullopt when `path` cannot be resolved (missing, no permission on the way).
+std::optional<std::string> real_path(const std::string& path) {
+  char* resolved = ::realpath(path.c_str(), nullptr);
+  if (resolved == nullptr) return std::nullopt;
+  std::string out(resolved);
+  std::free(resolved);
+  return out;
+}
+
+}  // namespace
+
+FileIdentity file_identity(const std::string& path) {
+  FileIdentity identity;
+  struct stat info {};
+  // stat, not lstat: an input that is a symbolic link is the file it leads to.
+  if (::stat(path.c_str(), &info) == 0) {
+    identity.exists = true;
+    identity.device = static_cast<uint64_t>(info.st_dev);
+    identity.inode = static_cast<uint64_t>(info.st_ino);
+    if (auto resolved = real_path(path)) {
+      identity.real_path = std::move(*resolved);
+      return identity;
+    }
+  }
+  // A file still to be made: where its directory really is, plus its name.
+  const size_t slash = path.rfind('/');
+  const std::string name = slash == std::string::npos ? path : path.substr(slash + 1);
+  if (auto directory = real_path(parent_directory(path))) {
+    identity.real_path = *directory + (directory->back() == '/' ? "" : "/") + name;
+  } else {
+    identity.real_path = path;
+  }
+  return identity;
+}
+
+bool same_file(const FileIdentity& a, const FileIdentity& b) {
+  if (a.exists && b.exists && a.device == b.device && a.inode == b.inode) return true;
+  return a.real_path == b.real_path;
+}
+
+void check_distinct_files(const std::vector<RoleFile>& outputs,
+                          const std::vector<RoleFile>& inputs) {
+  std::vector<FileIdentity> output_ids, input_ids;
+  for (const auto& file : outputs) output_ids.push_back(file_identity(file.path));
+  for (const auto& file : inputs) input_ids.push_back(file_identity(file.path));
+  const auto refuse = [](const RoleFile& output, const RoleFile& other, const FileIdentity& id,
+                         const char* what) {
+    throw UsageError(output.role + " and " + other.role + " name one file, " +
+                     printable(id.real_path) + "; " + what + ": give it another name");
+  };
+  for (size_t i = 0; i < outputs.size(); ++i) {
+    for (size_t j = 0; j < i; ++j) {
+      if (same_file(output_ids[i], output_ids[j])) {
+        refuse(outputs[j], outputs[i], output_ids[i],
+               "each output needs a file of its own, or one would replace the other");
+      }
+    }
+    for (size_t j = 0; j < inputs.size(); ++j) {
+      if (same_file(output_ids[i], input_ids[j])) {
+        refuse(outputs[i], inputs[j], output_ids[i],
+               "a run never writes over a file it reads or keeps");
+      }
+    }
+  }
+}
+
+namespace {
+
+// The line a lock file holds: who holds it, for the message a second run prints.
+std::string lock_holder_line() {
+  const std::time_t now = std::time(nullptr);
+  std::tm local{};
+  char started[32] = {0};
+  if (::localtime_r(&now, &local) != nullptr) {
+    std::strftime(started, sizeof started, "%Y-%m-%d %H:%M:%S", &local);
+  }
+  return "pid " + std::to_string(::getpid()) + " on " + host_name() + ", since " + started + "\n";
+}
+
+// What the lock file open as `fd` says of its holder, made printable (another program's bytes,
+// maybe: never raw to the terminal).
+std::string read_lock_holder(int fd) {
+  char holder[256] = {0};
+  const ssize_t n = ::pread(fd, holder, sizeof holder - 1, 0);
+  std::string who = n > 0 ? std::string(holder, static_cast<size_t>(n)) : "";
+  while (!who.empty() && (who.back() == '\n' || who.back() == '\0')) who.pop_back();
+  return printable(who);
+}
+
+}  // namespace
+
+std::string OutputLock::lock_path(const std::string& path) {
+  const size_t slash = path.rfind('/');
+  const std::string name = slash == std::string::npos ? path : path.substr(slash + 1);
+  const std::string directory = slash == std::string::npos ? "" : path.substr(0, slash + 1);
+  return directory + "." + name + ".lock";
+}
+
+OutputLock::OutputLock(const std::string& path, const std::string& flag)
+    : lock_path_(lock_path(path)) {
+  const std::string name = flag + " " + path;
+  // A few rounds at most: each new round means a holder removed the file just as it ended.
+  for (int round = 0;; ++round) {
+    fd_ = ::open(lock_path_.c_str(), O_RDWR | O_CREAT | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC, 0644);
+    if (fd_ < 0) {
+      throw DataError(name + ": cannot open its lock file " + lock_path_ + ": " + errno_text());
+    }
+    // As for a checkpoint directory's lock: a hard link would have the user's other file
+    // truncated and overwritten with the holder's line.
+    struct stat info {};
+    if (::fstat(fd_, &info) != 0 || !S_ISREG(info.st_mode) || info.st_nlink != 1) {
+      const std::string what = !S_ISREG(info.st_mode) ? "is " + file_kind(info.st_mode)
+                                                      : "has " + std::to_string(info.st_nlink) +
+                                                            " hard links";
+      ::close(fd_);
+      fd_ = -1;
+      throw DataError(name + ": its lock file " + lock_path_ + " " + what +
+                      "; dptrain writes into it who holds the lock, so it must be a file of its "
+                      "own: remove it");
+    }
+    if (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
+      const int error = errno;
+      const std::string who = read_lock_holder(fd_);
+      ::close(fd_);
+      fd_ = -1;
+      if (error != EWOULDBLOCK) {
+        throw DataError(name + ": cannot lock " + lock_path_ + ": " + errno_text(error));
+      }
+      throw UsageError(name + " is being written by another dptrain run" +
+                       (who.empty() ? std::string() : " (" + who + ")") +
+                       "; wait for it to end, or give this run a file of its own");
+    }
+    struct stat now {};
+    if (::lstat(lock_path_.c_str(), &now) == 0 && now.st_dev == info.st_dev &&
+        now.st_ino == info.st_ino) {
+      break;
+    }
+    ::close(fd_);  // the name now leads elsewhere: the lock we hold guards nothing
+    fd_ = -1;
+    if (round == 8) {
+      throw DataError(name + ": its lock file " + lock_path_ +
+                      " keeps being replaced; is another program removing it?");
+    }
+  }
+  const std::string text = lock_holder_line();
+  if (::ftruncate(fd_, 0) == 0) (void)!::pwrite(fd_, text.data(), text.size(), 0);
+}
+
+OutputLock::~OutputLock() {
+  if (fd_ < 0) return;
+  // Removed while still held: a run that opened it meanwhile finds the name gone once it holds
+  // the flock, and starts again (Note [One writer per output] in files.h).
+  ::unlink(lock_path_.c_str());
+  ::close(fd_);
 }
 
 void sync_directory(const std::string& directory) {

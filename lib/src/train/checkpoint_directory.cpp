@@ -10,10 +10,12 @@
 #include <signal.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
 #include <ctime>
+#include <limits>
 #include <tuple>
 
 #include "dptrain/core/errors.h"
@@ -66,6 +68,27 @@ void prepare_checkpoint_directory(const std::string& directory) {
   if (::access(directory.c_str(), W_OK | X_OK) != 0) {
     throw DataError("checkpoint directory " + directory + ": not writable: " + errno_text());
   }
+  // access() says yes to root on sysfs and knows nothing of PATH_MAX: make what the first save
+  // will make, a temporary beside the widest checkpoint name the flags allow (epochs and steps
+  // are int32), of this process's pid (the writer checks its own directory) and a counter of
+  // the widest (counting down from 2^64 - 1, so that two threads' trials never meet). Named
+  // like a real temporary, it is one that remove_stale_temporaries clears should this process
+  // be killed between the two calls.
+  static std::atomic<uint64_t> trials{0};
+  constexpr long long kWidest = std::numeric_limits<int32_t>::max();
+  const std::string trial = directory + "/" + checkpoint_file_name(kWidest, kWidest) + "." +
+                            std::to_string(::getpid()) + "-" +
+                            std::to_string(std::numeric_limits<uint64_t>::max() - trials++) +
+                            ".tmp";
+  const int fd =
+      ::open(trial.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
+  if (fd < 0) {
+    throw DataError("checkpoint directory " + directory + ": cannot create a checkpoint there (" +
+                    std::to_string(trial.size()) + "-byte trial path " + printable(trial) +
+                    "): " + errno_text());
+  }
+  ::close(fd);
+  ::unlink(trial.c_str());
 }
 
 std::string checkpoint_file_name(int64_t epochs_done, int64_t step_in_epoch) {
@@ -234,6 +257,35 @@ std::vector<std::string> remove_stale_temporaries(const std::string& directory) 
     if (::unlink(path.c_str()) == 0) removed.push_back(path);
   }
   return removed;
+}
+
+void check_outputs_apart_from_checkpoints(const std::string& directory,
+                                          const std::vector<RoleFile>& outputs) {
+  // What is there now: a hard link to a checkpoint is found by its inode.
+  std::vector<RoleFile> own{{"--checkpoint-dir's lock file", directory + "/" + kLockFileName}};
+  if (DIR* dir = ::opendir(directory.c_str())) {
+    while (const dirent* entry = ::readdir(dir)) {
+      const std::string name = entry->d_name;
+      if (is_checkpoint_file_name(name) || temporary_writer(name) != 0) {
+        own.push_back({"--checkpoint-dir's checkpoint", directory + "/" + name});
+      }
+    }
+    ::closedir(dir);
+  }
+  check_distinct_files(outputs, own);
+  // What the run will write there later, under names of these forms.
+  const std::string here = file_identity(directory).real_path;
+  for (const auto& output : outputs) {
+    const std::string path = file_identity(output.path).real_path;
+    const size_t slash = path.rfind('/');
+    if (slash == std::string::npos || path.substr(0, slash == 0 ? 1 : slash) != here) continue;
+    const std::string name = path.substr(slash + 1);
+    if (is_checkpoint_file_name(name) || temporary_writer(name) != 0) {
+      throw UsageError(output.role + " and --checkpoint-dir's checkpoints name one file, " +
+                       printable(path) + "; the run saves its checkpoints under such names: " +
+                       "give it another name");
+    }
+  }
 }
 
 CheckpointDirectoryLock::CheckpointDirectoryLock(const std::string& directory) {

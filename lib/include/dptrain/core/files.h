@@ -67,6 +67,66 @@ std::string printable(const std::string& text);
 // "<flag> PATH: ..." naming what is wrong.
 void check_output_file(const std::string& path, const std::string& flag);
 
+// Note [One file, two roles]
+// A path checked on its own can still be another role's file: --save-model onto --metrics, onto a
+// data file, onto the checkpoint directory's lock file (whose next holder then writes its line
+// into the saved model). Two names are one file when they lead to one place: the real path of
+// the directory plus the last name (a link to a directory, "..", "./" all resolve; the file need
+// not exist yet), or, for files that exist, one device and inode (a hard link, or a symbolic
+// link among the inputs). Checked once, before anything is read, for every output against every
+// other output and every input; inputs may share a file with each other.
+
+// Where `path` leads: its real path when it exists, else its directory's real path plus its last
+// name (its own text when even the directory cannot be resolved), and its device and inode when
+// it exists.
+struct FileIdentity {
+  std::string real_path;
+  bool exists = false;
+  uint64_t device = 0;
+  uint64_t inode = 0;
+};
+FileIdentity file_identity(const std::string& path);
+bool same_file(const FileIdentity& a, const FileIdentity& b);
+
+// A file a run reads or writes, and the flag it came from, for the message: {"--metrics",
+// "m.csv"}, or {"--checkpoint-dir's lock file", "ck/.dptrain.lock"}.
+struct RoleFile {
+  std::string role;
+  std::string path;
+};
+
+// Throws UsageError "<role a> and <role b> are one file, <real path>; ..." for the first output
+// that is another output or an input (Note [One file, two roles]).
+void check_distinct_files(const std::vector<RoleFile>& outputs,
+                          const std::vector<RoleFile>& inputs);
+
+// Note [One writer per output]
+// Two runs given one --metrics (or --plot, --save-model, --logits) would both exit 0 with their
+// records interleaved, or the last one's file in place. The output cannot be locked itself: the
+// atomic writers replace its inode at every write, and the metrics file is truncated when it is
+// opened. So the writer holds an exclusive flock(2) on a sibling, "<dir>/.<name>.lock", from
+// before the data is read to its end, as CheckpointDirectoryLock does for a checkpoint directory;
+// the kernel drops it however the process ends, and the file says who holds it (pid, host, since
+// when). The holder removes the file when it is done; a taker checks, once it holds the flock,
+// that the name still leads to the file it locked (a holder may have removed it meanwhile), and
+// starts again if not. A crash leaves the file but no lock: the next run takes it.
+class OutputLock {
+ public:
+  // Throws UsageError "<flag> PATH is being written by another dptrain run (pid N on host H,
+  // since ...)" when another process holds it; DataError when the lock file cannot be made.
+  OutputLock(const std::string& path, const std::string& flag);
+  ~OutputLock();
+  OutputLock(const OutputLock&) = delete;
+  OutputLock& operator=(const OutputLock&) = delete;
+
+  // "<dir>/.<name>.lock": the lock file of output `path`.
+  static std::string lock_path(const std::string& path);
+
+ private:
+  int fd_ = -1;
+  std::string lock_path_;
+};
+
 // fsync of a directory, so that a file created or renamed in it keeps its name after a crash.
 // Best effort: some file systems refuse to open or sync a directory, which is harmless here.
 void sync_directory(const std::string& directory);

@@ -10,13 +10,23 @@
 #include <utility>
 #include <vector>
 
+#include "dptrain/core/files.h"
 #include "dptrain/train/checkpoint.h"
 
 namespace dptrain {
 
 // Creates `directory` (and its parents) if missing and checks that it can be written, so that a
-// bad --checkpoint-dir fails before training rather than after the first epoch. DataError.
+// bad --checkpoint-dir fails before training rather than after the first epoch: a trial file
+// named like the longest checkpoint temporary a run can write there is created and removed, so
+// that a path too long for it (PATH_MAX) or a place that takes no files (sysfs, procfs) fails
+// now. DataError.
 void prepare_checkpoint_directory(const std::string& directory);
+
+// Refuses (UsageError, Note [One file, two roles] in files.h) an output in `outputs` that is one
+// of `directory`'s own files: its lock file, a checkpoint or a checkpoint's temporary, whether it
+// is there now (by name or by inode) or is a name of that form that the run would write.
+void check_outputs_apart_from_checkpoints(const std::string& directory,
+                                          const std::vector<RoleFile>& outputs);
 
 // "checkpoint-e0003-s000000.dpt": the position a file was written at, for people; the search
 // below goes by the position stored inside, never by the name.
