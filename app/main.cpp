@@ -369,8 +369,15 @@ int run_train(dptrain::TrainCommand command, CheckedStdout& out) {
 // The weights to evaluate: a checkpoint, a --save-model file, or any safetensors file of the
 // model's tensors (checkpoint.h: read_model_weights); each knows its width.
 dptrain::ModelWeights load_weights(const dptrain::EvalCommand& command) {
+  // What this eval can build, before a byte of the file's data is read (Note [A file is bounded
+  // by what the run can use, not by its own word] in checkpoint.h): --width when given, else the
+  // widest model that fits the memory.
+  const auto accepted = command.width_given
+                            ? dptrain::accepted_run_model(command.common.options.width,
+                                                          /*width_from_flag=*/true)
+                            : dptrain::accepted_in_memory(/*model_tensors=*/true);
   if (command.checkpoint) {
-    auto checkpoint = dptrain::read_checkpoint(*command.checkpoint, "checkpoint");
+    auto checkpoint = dptrain::read_checkpoint(*command.checkpoint, "checkpoint", accepted);
     dptrain::CheckpointConfig model;  // what this dptrain builds, at the file's width
     model.width = checkpoint.config.width;
     model.num_classes = dptrain::kNumClasses;
@@ -378,7 +385,7 @@ dptrain::ModelWeights load_weights(const dptrain::EvalCommand& command) {
     dptrain::check_checkpoint_matches(checkpoint.config, model, *command.checkpoint);
     return {std::move(checkpoint.tensors), checkpoint.config.width};
   }
-  auto weights = dptrain::read_model_weights(*command.model, "--model");
+  auto weights = dptrain::read_model_weights(*command.model, "--model", accepted);
   const int64_t width = command.common.options.width;
   if (command.width_given && width != weights.width) {
     throw UsageError("--width " + std::to_string(width) + ": --model " + *command.model +

@@ -154,14 +154,16 @@ TEST(HostileInputs, OversizedCheckpointIsRefusedUnreadNamingTheFile) {
 }
 
 // eval --model of a file that claims width 4096 built the model (10.9 GB in 35 s) before any
-// check; now the memory estimate refuses it first, blaming the file's width, not a flag.
+// check; now the memory estimate refuses it first, blaming the file's width, not a flag (since
+// issue 44 the reader's own bound, before the file's data is read: Note [A file is bounded by
+// what the run can use, not by its own word] in checkpoint.h).
 TEST(HostileInputs, EvalOfAHugeWidthIsRefusedByTheMemoryEstimate) {
   TempDir dir;
   const std::string wide = dir.file("wide.pt");
   write_hollow_checkpoint(wide, 4096);
   const auto start = std::chrono::steady_clock::now();
   const auto result = run_dptrain({"eval", "--model", wide, "--data-dir", tiny_data_dir()});
-  expect_one_error_line(result, kUsage, "the weights of " + wide);
+  expect_one_error_line(result, kUsage, "--model " + wide);
   EXPECT_TRUE(contains(result.err, "cannot hold a width-4096 model")) << describe(result);
   EXPECT_FALSE(contains(result.err, "--width")) << describe(result);
   EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(30));

@@ -17,6 +17,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -38,6 +39,7 @@
 #include "dptrain/model/model.h"
 #include "dptrain/train/checkpoint.h"
 #include "dptrain/train/checkpoint_directory.h"
+#include "dptrain/train/options.h"
 #include "support/test_support.h"
 #include "support/train_support.h"
 
@@ -57,8 +59,8 @@ EpochStats stats_for_epoch(int64_t epoch) {
   s.test_loss = -0.0;  // the sign bit must survive too
   s.test_acc = std::nextafter(0.5, 1.0);
   s.seconds = 1e-300;
-  s.images_per_second = 6.02e23;
-  s.steps = 1875 + epoch;
+  s.images_per_second = 6.02214076e11;  // in range (at most 10^12), and no round number
+  s.steps = 2 + epoch;                  // fits the smallest epoch here (8 steps)
   return s;
 }
 
@@ -813,6 +815,9 @@ Checkpoint checkpoint_at(int64_t epochs_done, int64_t step) {
   c.epochs_done = epochs_done;
   c.step_in_epoch = step;
   c.global_step = epochs_done * 100 + step;
+  // The sums of `step` full batches, the only ones a run can have there.
+  const double seen = static_cast<double>(step * c.config.batch_size);
+  c.partial_sums = {seen > 0 ? 6.5 : 0.0, std::min(40.0, seen), seen};
   c.history.clear();
   for (int64_t epoch = 1; epoch <= epochs_done; ++epoch) {
     c.history.push_back(stats_for_epoch(1));
@@ -1181,6 +1186,205 @@ TEST(FreshStart, StaleTemporariesOfDeadWritersAreRemoved) {
   EXPECT_FALSE(path_exists(stale));
   EXPECT_TRUE(path_exists(mine));
   EXPECT_TRUE(path_exists(odd));
+}
+
+// ---- Issue 44: bounds from what the run can use; contents no run can have -------------------
+
+// A real model's checkpoint of width `width`, at small_checkpoint's position.
+Checkpoint model_checkpoint(int64_t width) {
+  Checkpoint c = small_checkpoint();
+  c.config.width = width;
+  ResNet model(ResNetOptions{kNumClasses, 1, width});
+  c.tensors = model_tensors(*model);
+  return c;
+}
+
+// A sparse file whose header claimed width 4096 was read whole by a --width 8 resume (4.4 GB,
+// 24 s): the bound came from the file's own word. Now the run's width bounds it, and the header
+// is refused before the data is read (a read of 4.4 GB would take seconds here).
+TEST(CheckpointBound, AClaimedWidthTheRunDoesNotBuildIsRefusedUnread) {
+  TempDir dir;
+  const std::string path = dir.file("wide.safetensors");
+  Checkpoint wide = small_checkpoint();
+  wide.config.width = 4096;
+  const uint64_t data = uint64_t{4400} << 20;
+  const auto file = header_claiming(wide, data);
+  write_bytes(path, file);
+  ASSERT_EQ(::truncate(path.c_str(), static_cast<off_t>(file.size() + data)), 0);
+  const auto start = std::chrono::steady_clock::now();
+  expect_data_error([&] { read_checkpoint(path, "checkpoint", accepted_run_model(8)); },
+                    {"checkpoint " + path + " was written for another model: --width 4096 " +
+                         "(this run: 8); not read"});
+  // eval's --width: the same check, as a usage error naming the flag.
+  expect_throws<UsageError>(
+      [&] { read_model_weights(path, "--model", accepted_run_model(8, /*width_from_flag=*/true)); },
+      {"--width 8: --model " + path + " holds a model of width 4096", "not read"});
+  // eval without --width: as wide as the memory allows, and no wider.
+  AcceptedModel small_machine = accepted_in_memory(/*model_tensors=*/true);
+  small_machine.max_width = 64;
+  small_machine.available_bytes = int64_t{1} << 30;
+  expect_throws<UsageError>([&] { read_checkpoint(path, "checkpoint", small_machine); },
+                            {"checkpoint " + path + ": this machine cannot hold a width-4096 model",
+                             "1.00 GiB of memory is available (at most width 64); not read"});
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(2));
+  // The legacy reader takes the same bound from the run.
+  const std::string old = dir.file("old.dpt");
+  write_bytes(old, serialize_checkpoint(legacy(small_checkpoint())));
+  expect_data_error([&] { read_checkpoint(old, "checkpoint", accepted_run_model(8)); },
+                    {"checkpoint " + old + " was written for another model: --width 4 (this run: "
+                     "8); not read"});
+}
+
+// The run's width is not enough: the header's tensors must be the model's, names, shapes and
+// dtypes, before the data is read; the model's own file reads.
+TEST(CheckpointBound, TheHeadersTensorsMustBeTheRunsModel) {
+  TempDir dir;
+  const std::string path = dir.file("c.safetensors");
+  write_bytes(path, serialize_checkpoint(model_checkpoint(8)));
+  const auto read = read_checkpoint(path, "checkpoint", accepted_run_model(8));
+  EXPECT_EQ(read.tensors.size(), model_checkpoint(8).tensors.size());
+  EXPECT_EQ(read_checkpoint(path, "checkpoint", accepted_in_memory(true)).config.width, 8);
+
+  Checkpoint other_stem = model_checkpoint(8);
+  other_stem.tensors[0].second = torch::zeros({16, 1, 3, 3});
+  ASSERT_EQ(other_stem.tensors[0].first, "0.weight");
+  write_bytes(path, serialize_checkpoint(other_stem));
+  expect_data_error([&] { read_checkpoint(path, "checkpoint", accepted_run_model(8)); },
+                    {"checkpoint " + path + ": tensor '0.weight' is F32[16,1,3,3], the width-8 " +
+                     "model's is F32[8,1,3,3]; not read"});
+  Checkpoint doubled = model_checkpoint(8);
+  doubled.tensors[1].second = doubled.tensors[1].second.to(torch::kFloat64);
+  write_bytes(path, serialize_checkpoint(doubled));
+  expect_data_error([&] { read_checkpoint(path, "checkpoint", accepted_run_model(8)); },
+                    {"tensor '" + doubled.tensors[1].first + "' is F64", "; not read"});
+  Checkpoint extra = model_checkpoint(8);
+  extra.tensors.emplace_back("\x1b[2Jextra", torch::zeros({1}));
+  write_bytes(path, serialize_checkpoint(extra));
+  expect_data_error([&] { read_checkpoint(path, "checkpoint", accepted_run_model(8)); },
+                    {"holds tensor '\\x1b[2Jextra', which the width-8 model has not; not read"});
+  Checkpoint fewer = model_checkpoint(8);
+  fewer.tensors.pop_back();
+  write_bytes(path, serialize_checkpoint(fewer));
+  expect_data_error([&] { read_checkpoint(path, "checkpoint", accepted_run_model(8)); },
+                    {"tensors, the width-8 model", "; not read"});
+}
+
+TEST(CheckpointFormat, PartialSumsAndSecondsNoRunCanHaveAreRefused) {
+  const auto refused = [](const char* what, const std::function<void(Checkpoint&)>& edit,
+                          const std::string& phrase) {
+    SCOPED_TRACE(what);
+    for (const uint32_t version : {kCheckpointFormatVersion, 2u}) {
+      auto c = small_checkpoint();
+      c.format_version = version;
+      edit(c);
+      expect_data_error([&] { parse_checkpoint(serialize_checkpoint(c), "edited"); },
+                        {"edited: corrupt: impossible contents: " + phrase});
+    }
+  };
+  // small_checkpoint: step 3 of 8, batches of 32, so at most 96 examples so far.
+  refused("97 examples after 3 steps", [](Checkpoint& c) { c.partial_sums.count = 97; },
+          "the epoch's example count is 97 (a whole number of at most 96: 3 steps of batches of "
+          "32 into the epoch)");
+  refused("half an example", [](Checkpoint& c) { c.partial_sums.count = 95.5; },
+          "the epoch's example count is 95.5");
+  refused("half a correct one", [](Checkpoint& c) { c.partial_sums.correct = 39.5; },
+          "the epoch's correct count is 39.5 (a whole number)");
+  refused("a loss over no examples",
+          [](Checkpoint& c) {
+            c.step_in_epoch = 0;
+            c.global_step = 8;
+            c.partial_sums = {2.5, 0, 0};
+          },
+          "the epoch's loss sum is 2.5 (over no examples: 0)");
+  refused("1e300 s into the epoch", [](Checkpoint& c) { c.partial_seconds = 1e300; },
+          "the epoch's seconds is 1e+300 (at most 1000000000");
+  refused("an epoch of 1e300 s", [](Checkpoint& c) { c.history[0].seconds = 1e300; },
+          "epoch 1 of the history: seconds is 1e+300");
+  refused("1e300 images a second", [](Checkpoint& c) { c.history[0].images_per_second = 1e300; },
+          "epoch 1 of the history: images per second is 1e+300");
+  refused("9 steps of an 8-step epoch", [](Checkpoint& c) { c.history[0].steps = 9; },
+          "epoch 1 of the history: steps is 9 (an epoch of 256 images in batches of 32 has 8 "
+          "steps)");
+  // A version 2 or 3 file without its training set's digest passed for version 1 (which has
+  // none) and skipped the comparison on resume.
+  refused("an emptied digest", [](Checkpoint& c) { c.config.train_digest.clear(); },
+          "the training set's digest is '' (a file of format version");
+  refused("a digest of another form", [](Checkpoint& c) { c.config.train_digest = "\x1b[0m"; },
+          "the training set's digest is '\\x1b[0m'");
+  // Version 1 has none, and is still read.
+  auto v1 = small_checkpoint();
+  v1.format_version = 1;
+  v1.config.train_digest.clear();
+  EXPECT_EQ(parse_checkpoint(serialize_checkpoint(v1), "v1").format_version, 1u);
+}
+
+// Non-finite weights or a negative running variance resumed, and failed later with advice about
+// --lr; no run saves them.
+TEST(CheckpointFormat, WeightsNoRunCanHaveAreRefusedNamingTheTensor) {
+  TempDir dir;
+  const auto refused = [&](const char* what, const std::function<void(Checkpoint&)>& edit,
+                           const std::string& phrase) {
+    SCOPED_TRACE(what);
+    for (const uint32_t version : {kCheckpointFormatVersion, 2u}) {
+      auto c = small_checkpoint();
+      c.format_version = version;
+      edit(c);
+      const std::string path = dir.file(version == 2 ? "c.dpt" : "c.safetensors");
+      write_bytes(path, serialize_checkpoint(c));
+      expect_data_error([&] { read_checkpoint(path); },
+                        {"checkpoint " + path + ": corrupt: impossible contents: " + phrase});
+    }
+  };
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  const double inf = std::numeric_limits<double>::infinity();
+  refused("a NaN weight", [&](Checkpoint& c) { c.tensors[0].second[1] = nan; },
+          "tensor 'w' holds NaN or an infinity");
+  refused("an infinite weight", [&](Checkpoint& c) { c.tensors[0].second[2] = -inf; },
+          "tensor 'w' holds NaN or an infinity");
+  refused("a bfloat16 NaN",
+          [&](Checkpoint& c) {
+            c.tensors.emplace_back("b", torch::full({3}, nan, torch::kBFloat16));
+          },
+          "tensor 'b' holds NaN");
+  refused("a negative running variance",
+          [](Checkpoint& c) {
+            c.tensors.emplace_back("1.running_var", torch::tensor({1.0f, -0.5f}));
+          },
+          "tensor '1.running_var' (a BatchNorm running variance) holds -0.5 (a variance is >= 0)");
+  // A running mean may be negative; an integer tensor is left alone.
+  auto fine = small_checkpoint();
+  fine.tensors.emplace_back("1.running_mean", torch::tensor({-1.0f}));
+  EXPECT_EQ(parse_checkpoint(serialize_checkpoint(fine), "fine").tensors.size(), 3u);
+}
+
+// Names found in a checkpoint directory reached the terminal raw, escape sequences and all.
+TEST(ChooseStart, NamesFoundInTheDirectoryAreEscaped) {
+  TempDir dir;
+  const std::string junk = dir.file("checkpoint-\x1b[31mred.safetensors");
+  write_bytes(junk, {'j', 'u', 'n', 'k'});
+  TrainOptions options;
+  options.width = 4;
+  options.checkpoint_dir = dir.path();
+  std::vector<std::string> notices;
+  const Notice notice = [&](const std::string& text) { notices.push_back(text); };
+  // Without --resume: the directory "already holds" it.
+  const auto held = expect_throws<UsageError>([&] { choose_start(options, true, notice); },
+                                              {"checkpoint-\\x1b[31mred.safetensors"});
+  EXPECT_EQ(held.find('\x1b'), std::string::npos) << held;
+  // With it: nothing can be read.
+  options.resume = true;
+  const auto unreadable = expect_throws<UsageError>([&] { choose_start(options, true, notice); },
+                                                    {"checkpoint-\\x1b[31mred.safetensors"});
+  EXPECT_EQ(unreadable.find('\x1b'), std::string::npos) << unreadable;
+  // Beside a good checkpoint, an older-named one is skipped, and the notice is escaped too.
+  ASSERT_EQ(::rename(junk.c_str(), dir.file("checkpoint-\x1b]0;x\x07.dpt").c_str()), 0);
+  write_checkpoint_atomically(model_checkpoint(4), dir.file(checkpoint_file_name(1, 3)));
+  const auto start = choose_start(options, true, notice);
+  ASSERT_TRUE(start.has_value());
+  EXPECT_EQ(start->first, dir.file(checkpoint_file_name(1, 3)));
+  ASSERT_EQ(notices.size(), 1u);
+  EXPECT_NE(notices[0].find("checkpoint-\\x1b]0;x\\x07.dpt"), std::string::npos) << notices[0];
+  EXPECT_EQ(notices[0].find('\x1b'), std::string::npos) << notices[0];
 }
 
 }  // namespace

@@ -7,6 +7,7 @@
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
+#include <new>
 #include <vector>
 
 #include "dptrain/core/errors.h"
@@ -158,13 +159,19 @@ Dataset load_split(const std::string& images_path, const std::string& labels_pat
   int64_t n = images.dims[0];
   if (limit > 0 && limit < n) n = limit;
   Dataset split;
-  split.images =
-      torch::from_blob(images.data.data(), {images.dims[0], kImageSide, kImageSide}, torch::kUInt8)
-          .narrow(0, 0, n)
-          .clone();
-  split.labels = torch::from_blob(labels.data.data(), {labels.dims[0]}, torch::kUInt8)
-                     .narrow(0, 0, n)
-                     .to(torch::kInt64);
+  try {
+    split.images = torch::from_blob(images.data.data(), {images.dims[0], kImageSide, kImageSide},
+                                    torch::kUInt8)
+                       .narrow(0, 0, n)
+                       .clone();
+    split.labels = torch::from_blob(labels.data.data(), {labels.dims[0]}, torch::kUInt8)
+                       .narrow(0, 0, n)
+                       .to(torch::kInt64);
+  } catch (const std::bad_alloc&) {
+    throw DataError(images_path + ": out of memory while loading the data set (" +
+                    std::to_string(n) + " images); free memory, or raise the process's limit " +
+                    "(ulimit -v), or pass a smaller --train-limit / --test-limit");
+  }
   return split;
 }
 

@@ -8,6 +8,7 @@
 #include <cerrno>
 #include <cstring>
 #include <limits>
+#include <new>
 #include <sstream>
 
 #include "dptrain/core/errors.h"
@@ -234,9 +235,17 @@ IdxArray parse_idx(const std::vector<uint8_t>& bytes, const std::string& name) {
 
 IdxArray read_idx_file(const std::string& path) {
   check_file_size(path);
-  auto bytes = read_regular_file(path, "");
-  if (is_gzip(bytes)) bytes = gunzip_idx(bytes, path);
-  return parse_idx(bytes, path);
+  try {
+    auto bytes = read_regular_file(path, "");
+    if (is_gzip(bytes)) bytes = gunzip_idx(bytes, path);
+    return parse_idx(bytes, path);
+  } catch (const std::bad_alloc&) {
+    // A bare "std::bad_alloc" (under ulimit -v, or a full host) would name neither the phase
+    // nor the file.
+    throw DataError(path + ": out of memory while loading the data set from it (it is read " +
+                    "whole, and a .gz file unpacked beside it); free memory, or raise the " +
+                    "process's limit (ulimit -v), and run again");
+  }
 }
 
 }  // namespace dptrain

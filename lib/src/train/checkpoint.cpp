@@ -9,10 +9,14 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <functional>
 #include <limits>
 #include <map>
+#include <memory>
+#include <mutex>
+#include <new>
 #include <sstream>
 
 #include "checkpoint_legacy.h"
@@ -21,6 +25,8 @@
 #include "dptrain/core/files.h"
 #include "dptrain/core/sha256.h"
 #include "dptrain/data/data.h"
+#include "dptrain/model/model.h"
+#include "dptrain/train/memory_budget.h"
 #include "dptrain/train/options.h"
 
 namespace dptrain {
@@ -186,6 +192,68 @@ void check_digest(const SafetensorsHeader& header, const uint8_t* data, const st
   }
 }
 
+// `bytes` bytes for the file's `what`, or a DataError naming the file when the memory runs out
+// (a bare std::bad_alloc would say neither what nor which file).
+std::vector<uint8_t> allocate_for(uint64_t bytes, const std::string& label, const char* what) {
+  try {
+    return std::vector<uint8_t>(static_cast<size_t>(bytes));
+  } catch (const std::bad_alloc&) {
+    throw DataError(label + ": out of memory for " + what + " (" + std::to_string(bytes) +
+                    " bytes) while reading it; free memory, or raise the process's limit " +
+                    "(ulimit -v), and run again");
+  }
+}
+
+// The tensors of a model of `width` as the file must hold them (model_tensors' names, shapes and
+// dtypes), from a model built once per width: the names are the model's own, never a copy.
+struct TensorSpec {
+  torch::ScalarType dtype;
+  std::vector<int64_t> shape;
+};
+using TensorSpecs = std::map<std::string, TensorSpec>;
+
+std::shared_ptr<const TensorSpecs> model_tensor_specs(int64_t width) {
+  static std::mutex mutex;
+  static std::pair<int64_t, std::shared_ptr<const TensorSpecs>> last{0, nullptr};
+  const std::lock_guard<std::mutex> lock(mutex);
+  if (last.first == width) return last.second;
+  torch::NoGradGuard no_grad;
+  ResNet model(ResNetOptions{kNumClasses, /*in_channels=*/1, width});
+  auto specs = std::make_shared<TensorSpecs>();
+  for (const auto& item : model->named_parameters()) {
+    (*specs)[item.key()] = {item.value().scalar_type(), item.value().sizes().vec()};
+  }
+  for (const auto& item : model->named_buffers()) {
+    (*specs)[item.key()] = {item.value().scalar_type(), item.value().sizes().vec()};
+  }
+  last = {width, specs};
+  return specs;
+}
+
+// The header's tensors against those of the model of `width`: every name, dtype and shape, and
+// no tensor more; a DataError naming the first that differs, before the data is read.
+void check_model_tensors(const SafetensorsHeader& header, int64_t width, const std::string& label) {
+  const auto specs = model_tensor_specs(width);
+  for (const auto& e : header.entries) {
+    const auto found = specs->find(e.name);
+    if (found == specs->end()) {
+      throw DataError(label + ": holds tensor '" + printable(e.name) + "', which the width-" +
+                      std::to_string(width) + " model has not; not read");
+    }
+    if (found->second.dtype != e.dtype || found->second.shape != e.shape) {
+      throw DataError(label + ": tensor '" + e.name + "' is " + safetensors_dtype_name(e.dtype) +
+                      "[" + shape_text(e.shape) + "], the width-" + std::to_string(width) +
+                      " model's is " + safetensors_dtype_name(found->second.dtype) + "[" +
+                      shape_text(found->second.shape) + "]; not read");
+    }
+  }
+  if (header.entries.size() != specs->size()) {
+    throw DataError(label + ": holds " + std::to_string(header.entries.size()) +
+                    " tensors, the width-" + std::to_string(width) + " model " +
+                    std::to_string(specs->size()) + "; not read");
+  }
+}
+
 // A version 3 checkpoint from its checked header and data.
 Checkpoint checkpoint_from(const SafetensorsHeader& header, const uint8_t* data,
                            const std::string& label) {
@@ -200,33 +268,36 @@ Checkpoint checkpoint_from(const SafetensorsHeader& header, const uint8_t* data,
   c.kind = kind->second == "model" ? CheckpointKind::kModel : CheckpointKind::kCheckpoint;
   check_checkpoint_contents(c, label);
   c.tensors = safetensors_tensors(header, data);
+  check_checkpoint_tensors(c.tensors, label);
   return c;
 }
 
-// A version 3 file opened: its header read and checked, and its size checked against the model
-// `bound_width` says it holds before the data is read.
+// A version 3 file opened: its header read and checked against what the run accepts (Note [A
+// file is bounded by what the run can use, not by its own word] in checkpoint.h), and its size
+// checked against that model before the data is read.
 struct OpenedFile {
   SafetensorsHeader header;
   std::vector<uint8_t> data;
 };
 
 OpenedFile open_safetensors(const RegularFile& file,
-                            const std::function<int64_t(const SafetensorsHeader&)>& bound_width,
-                            const std::string& label) {
+                            const std::function<int64_t(const SafetensorsHeader&)>& claimed_width,
+                            const AcceptedModel& accepted, const std::string& label) {
   uint8_t first[8] = {};
   file.read_at(0, first, static_cast<size_t>(std::min<uint64_t>(file.size(), 8)));
   const uint64_t n = safetensors_header_bytes(first, file.size(), label);
-  std::vector<uint8_t> json(static_cast<size_t>(n));
+  std::vector<uint8_t> json = allocate_for(n, label, "its header");
   file.read_at(8, json.data(), json.size());
   OpenedFile opened{parse_safetensors_header(json.data(), n, file.size(), label), {}};
-  const int64_t width = bound_width(opened.header);
+  const int64_t width = accepted_width(claimed_width(opened.header), accepted, label);
   const uint64_t limit = checkpoint_size_limit(width, kNumClasses, 1);
   if (file.size() > limit) {
     throw DataError(label + ": " + std::to_string(file.size()) +
                     " bytes, more than a file of a width-" + std::to_string(width) +
                     " model can hold (at most " + std::to_string(limit) + "); not read");
   }
-  opened.data.resize(static_cast<size_t>(opened.header.data_bytes));
+  if (accepted.model_tensors) check_model_tensors(opened.header, width, label);
+  opened.data = allocate_for(opened.header.data_bytes, label, "its tensors");
   file.read_at(opened.header.data_offset(), opened.data.data(), opened.data.size());
   return opened;
 }
@@ -239,6 +310,7 @@ int64_t claimed_width(const SafetensorsHeader& header, const std::string& label)
 }
 
 // The width of a plain safetensors file's model: the stem convolution's output channels.
+// (kMaxWidth bounds it here only for the message; accepted_width bounds what is read.)
 int64_t stem_width(const SafetensorsHeader& header, const std::string& label) {
   for (const auto& e : header.entries) {
     if (e.name != kStemWeight) continue;
@@ -318,22 +390,89 @@ struct FirstBytes {
 
 }  // namespace
 
+AcceptedModel accepted_run_model(int64_t width, bool width_from_flag) {
+  AcceptedModel accepted;
+  accepted.width = width;
+  accepted.max_width = width;
+  accepted.model_tensors = true;
+  accepted.width_from_flag = width_from_flag;
+  return accepted;
+}
+
+int64_t accepted_width(int64_t claimed, const AcceptedModel& accepted, const std::string& label) {
+  const std::string w = std::to_string(claimed);
+  if (accepted.width > 0 && claimed != accepted.width) {
+    if (accepted.width_from_flag) {
+      throw UsageError("--width " + std::to_string(accepted.width) + ": " + label +
+                       " holds a model of width " + w +
+                       " (leave --width out: the file records it); not read");
+    }
+    throw DataError(label + " was written for another model: --width " + w + " (this run: " +
+                    std::to_string(accepted.width) + "); not read");
+  }
+  if (claimed <= accepted.max_width) return claimed;
+  if (accepted.available_bytes > 0) {
+    const auto gib = [](double bytes) {
+      char text[32];
+      std::snprintf(text, sizeof text, "%.2f GiB", bytes / (1 << 30));
+      return std::string(text);
+    };
+    throw UsageError(
+        label + ": this machine cannot hold a width-" + w + " model: its file and weights need " +
+        "about " + gib(8.0 * static_cast<double>(model_elements_bound(claimed, kNumClasses, 1))) +
+        ", and " + gib(static_cast<double>(accepted.available_bytes)) + " of memory is available" +
+        (accepted.address_space_limit ? " under ulimit -v" : "") + " (at most width " +
+        std::to_string(accepted.max_width) + "); not read");
+  }
+  throw DataError(label + ": claims a model of width " + w + ", wider than any dptrain builds (" +
+                  std::to_string(kMaxWidth) + "); not read");
+}
+
+AcceptedModel accepted_in_memory(bool model_tensors) {
+  AcceptedModel accepted;
+  accepted.max_width = kMaxWidth;
+  accepted.model_tensors = model_tensors;
+  const auto available = available_host_memory();
+  if (!available) return accepted;
+  // The file's data and the model built from it, float32 both: 8 bytes an element.
+  const auto fits = [&](int64_t w) {
+    return 8 * model_elements_bound(w, kNumClasses, 1) <= static_cast<uint64_t>(available->bytes);
+  };
+  if (fits(kMaxWidth)) return accepted;
+  int64_t low = 1, high = kMaxWidth;  // the widest that fits lies in [low, high)
+  while (high - low > 1) {
+    const int64_t mid = low + (high - low) / 2;
+    (fits(mid) ? low : high) = mid;
+  }
+  accepted.max_width = low;
+  accepted.available_bytes = available->bytes;
+  accepted.address_space_limit = available->address_space_limit;
+  return accepted;
+}
+
 Checkpoint read_checkpoint(const std::string& path, const std::string& what) {
+  return read_checkpoint(path, what, accepted_in_memory(/*model_tensors=*/false));
+}
+
+Checkpoint read_checkpoint(const std::string& path, const std::string& what,
+                           const AcceptedModel& accepted) {
   const RegularFile file(path, what);
   const std::string& label = file.name();
   const FirstBytes first(file);
-  if (first.legacy()) return read_legacy_checkpoint(file);
+  if (first.legacy()) return read_legacy_checkpoint(file, accepted);
   check_not_foreign(first.bytes, first.size, file.size(), label);
   const auto opened = open_safetensors(
-      file, [&](const SafetensorsHeader& header) { return claimed_width(header, label); }, label);
+      file, [&](const SafetensorsHeader& header) { return claimed_width(header, label); },
+      accepted, label);
   return checkpoint_from(opened.header, opened.data.data(), label);
 }
 
-ModelWeights read_model_weights(const std::string& path, const std::string& what) {
+ModelWeights read_model_weights(const std::string& path, const std::string& what,
+                                const AcceptedModel& accepted) {
   const RegularFile file(path, what);
   const std::string& label = file.name();
   if (FirstBytes(file).legacy()) {
-    auto c = read_legacy_checkpoint(file);
+    auto c = read_legacy_checkpoint(file, accepted);
     return {std::move(c.tensors), c.config.width};
   }
   bool from_dptrain = false;
@@ -343,7 +482,7 @@ ModelWeights read_model_weights(const std::string& path, const std::string& what
         from_dptrain = header.metadata.count(kFormatKey) != 0;
         return from_dptrain ? claimed_width(header, label) : stem_width(header, label);
       },
-      label);
+      accepted, label);
   if (from_dptrain) {
     auto c = checkpoint_from(opened.header, opened.data.data(), label);
     return {std::move(c.tensors), c.config.width};

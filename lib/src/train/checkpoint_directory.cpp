@@ -121,7 +121,8 @@ std::vector<std::string> checkpoint_file_names(const std::string& directory) {
   return names;
 }
 
-CheckpointScan scan_checkpoint_directory(const std::string& directory) {
+CheckpointScan scan_checkpoint_directory(const std::string& directory,
+                                         const AcceptedModel& accepted) {
   CheckpointScan scan;
   // One file in memory at a time besides the best so far: a full-width checkpoint is 45 MB.
   // Newest names first, so that the unreadable files are listed from the newest down.
@@ -129,7 +130,7 @@ CheckpointScan scan_checkpoint_directory(const std::string& directory) {
   for (auto name = names.rbegin(); name != names.rend(); ++name) {
     const std::string path = directory + "/" + *name;
     try {
-      auto checkpoint = read_checkpoint(path);
+      auto checkpoint = read_checkpoint(path, "checkpoint", accepted);
       if (!scan.newest || position(checkpoint) > position(scan.newest->second)) {
         scan.newest = std::make_pair(path, std::move(checkpoint));
       }
@@ -355,8 +356,10 @@ std::optional<std::pair<std::string, Checkpoint>> choose_start(const TrainOption
                                                                const Notice& on_notice) {
   if (!options.checkpoint_dir) return std::nullopt;
   const std::string& directory = *options.checkpoint_dir;
+  // Names found in the directory are another program's bytes, maybe: every message shows them
+  // through printable(), so that a name holding escape sequences never drives the terminal.
   const auto notice = [&](const std::string& text) {
-    if (writer && on_notice) on_notice(text);
+    if (writer && on_notice) on_notice(printable(text));
   };
   const std::string fresh_hint =
       "move it away, or pass --fresh to start over (which removes the directory's checkpoints)";
@@ -376,12 +379,12 @@ std::optional<std::pair<std::string, Checkpoint>> choose_start(const TrainOption
     const auto names = checkpoint_file_names(directory);
     if (!writer || names.empty()) return std::nullopt;
     throw UsageError("--checkpoint-dir " + directory + " already holds " +
-                     std::to_string(names.size()) + " checkpoint(s) (" + names.back() +
+                     std::to_string(names.size()) + " checkpoint(s) (" + printable(names.back()) +
                      (names.size() > 1 ? " and others" : "") +
                      ") that this run would overwrite; pass --resume to continue from the "
                      "newest, or --fresh to start over (which removes them)");
   }
-  auto scan = scan_checkpoint_directory(directory);
+  auto scan = scan_checkpoint_directory(directory, accepted_run_model(options.width));
   const std::string start_name = scan.newest
                                      ? directory + "/" +
                                            checkpoint_file_name(scan.newest->second.epochs_done,
@@ -389,18 +392,22 @@ std::optional<std::pair<std::string, Checkpoint>> choose_start(const TrainOption
                                      : "";
   for (const auto& [path, why] : scan.unreadable) {
     if (!scan.newest) {
-      throw UsageError("--resume: no checkpoint in " + directory + " can be read (" + why +
+      throw UsageError("--resume: no checkpoint in " + directory + " can be read (" +
+                       printable(why) +
                        (scan.unreadable.size() > 1
                             ? "; and " + std::to_string(scan.unreadable.size() - 1) + " more"
                             : "") +
                        "); " + fresh_hint);
     }
     if (named_before(start_name, path)) {
-      throw UsageError("--resume: " + why + "; this run resumes from " + scan.newest->first +
+      throw UsageError("--resume: " + printable(why) + "; this run resumes from " +
+                       printable(scan.newest->first) +
                        " and would later save under that name; " + fresh_hint);
     }
     notice("--resume: skipped " + why);
   }
+  // From here on the path is only shown (check_resumable, "resuming from"), never opened.
+  if (scan.newest) scan.newest->first = printable(scan.newest->first);
   return std::move(scan.newest);
 }
 

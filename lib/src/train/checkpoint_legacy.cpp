@@ -20,10 +20,12 @@
 #include <algorithm>
 #include <cstring>
 #include <limits>
+#include <new>
 #include <optional>
 
 #include "dptrain/core/errors.h"
 #include "dptrain/core/files.h"
+#include "dptrain/data/data.h"
 
 namespace dptrain {
 namespace {
@@ -330,6 +332,7 @@ Checkpoint parse_payload(const uint8_t* payload, size_t payload_size, uint32_t v
   if (count > kMaxTensors) r.fail(std::to_string(count) + " tensors");
   for (uint64_t i = 0; i < count; ++i) c.tensors.push_back(read_tensor(r));
   if (r.remaining() != 0) r.fail(std::to_string(r.remaining()) + " stray bytes after the tensors");
+  check_checkpoint_tensors(c.tensors, label);
   return c;
 }
 
@@ -390,10 +393,10 @@ Checkpoint parse_legacy_checkpoint(const uint8_t* bytes, size_t size, const std:
   return parse_payload(bytes + kHeaderBytes, h.payload_size, h.version, label);
 }
 
-Checkpoint read_legacy_checkpoint(const RegularFile& file) {
+Checkpoint read_legacy_checkpoint(const RegularFile& file, const AcceptedModel& accepted) {
   const std::string label = file.name();
   // The header and the configuration first, read where they stand; the file is read whole only
-  // when its size is one a checkpoint of the model it claims can have.
+  // when the run accepts the model it claims and its size is one such a checkpoint can have.
   uint8_t head[kHeaderBytes + kConfigBytes] = {};
   const auto head_size = static_cast<size_t>(std::min<uint64_t>(file.size(), sizeof head));
   file.read_at(0, head, head_size);
@@ -403,8 +406,15 @@ Checkpoint read_legacy_checkpoint(const RegularFile& file) {
     const int64_t width = config.i64();
     const int64_t classes = config.i64();
     const int64_t channels = config.i64();
+    accepted_width(width, accepted, label);
+    if (accepted.model_tensors && (classes != kNumClasses || channels != 1)) {
+      throw DataError(label + " was written for another model: " + std::to_string(classes) +
+                      " classes, " + std::to_string(channels) + " input channel(s) (this " +
+                      "dptrain builds " + std::to_string(kNumClasses) + " and 1); not read");
+    }
     // The history's length lies beyond the digest; the bound takes the longest one. A damaged
-    // width only loosens the bound: the CRC finds the damage once the file is read.
+    // width only loosens the bound up to what the run accepts: the CRC finds the damage once the
+    // file is read.
     const uint64_t limit = legacy_size_limit(width, classes, channels, kMaxEpochs);
     if (file.size() > limit) {
       throw DataError(label + ": " + std::to_string(file.size()) +
@@ -412,7 +422,14 @@ Checkpoint read_legacy_checkpoint(const RegularFile& file) {
                       " model can hold (at most " + std::to_string(limit) + "); not read");
     }
   }
-  std::vector<uint8_t> bytes(static_cast<size_t>(file.size()));
+  std::vector<uint8_t> bytes;
+  try {
+    bytes.resize(static_cast<size_t>(file.size()));
+  } catch (const std::bad_alloc&) {
+    throw DataError(label + ": out of memory for its " + std::to_string(file.size()) +
+                    " bytes while reading it; free memory, or raise the process's limit " +
+                    "(ulimit -v), and run again");
+  }
   file.read_at(0, bytes.data(), bytes.size());
   return parse_legacy_checkpoint(bytes.data(), bytes.size(), label);
 }

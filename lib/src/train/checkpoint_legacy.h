@@ -23,7 +23,9 @@ std::vector<uint8_t> serialize_legacy_checkpoint(const Checkpoint& checkpoint);
 // The whole file in memory; DataError "<label>: ..." as parse_checkpoint.
 Checkpoint parse_legacy_checkpoint(const uint8_t* bytes, size_t size, const std::string& label);
 
-// The file, its size bounded by the model its configuration claims before the rest is read.
-Checkpoint read_legacy_checkpoint(const RegularFile& file);
+// The file, its configuration checked against what the run accepts and its size bounded by that
+// model before the rest is read (Note [A file is bounded by what the run can use, not by its own
+// word] in checkpoint.h).
+Checkpoint read_legacy_checkpoint(const RegularFile& file, const AcceptedModel& accepted);
 
 }  // namespace dptrain

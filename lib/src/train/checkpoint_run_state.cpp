@@ -5,11 +5,13 @@
 
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <sstream>
 
 #include "dptrain/core/errors.h"
+#include "dptrain/core/files.h"
 
 namespace dptrain {
 namespace {
@@ -21,6 +23,10 @@ using Json = nlohmann::json;
 constexpr int64_t kMaxCount = (int64_t{1} << 31) - 1;  // --batch-size, the training set
 constexpr int64_t kMaxWorldSize = int64_t{1} << 20;
 constexpr int64_t kMaxEpochs = 1000000;
+// No run is older than about 31 years, nor trains more than 10^12 images a second: figures past
+// these would garble the epoch line and the final line (fixed buffers of 256 and 128 bytes).
+constexpr double kMaxSeconds = 1e9;
+constexpr double kMaxImagesPerSecond = 1e12;
 
 // "is 1000000, ..." for the impossible-contents messages.
 std::string value_text(double value) {
@@ -44,7 +50,13 @@ std::string value_text(double value) {
 // hold exactly the finished epochs, and every figure must lie in its range. A loss may be NaN
 // or +inf besides a number >= 0: a run that diverges writes such losses (the test loss of
 // weights grown huge, under --on-nonfinite skip or before a step's gradient overflows), and its
-// checkpoints must stay readable; a negative loss no run has.
+// checkpoints must stay readable; a negative loss no run has. The unfinished epoch's sums are
+// those of the steps before its position (each a full global batch, a skipped one none: at most
+// step x batch examples, whole numbers, none at step 0), seconds and speeds stay below what any
+// run can take (kMaxSeconds), and a version 2 or 3 file carries its training set's digest (an
+// emptied one would pass for version 1, which has none, and skip the comparison). The weights
+// themselves are finite, and a BatchNorm running variance >= 0 (check_checkpoint_tensors): a
+// resume from anything else fails only later, with advice about --lr that does not apply.
 void check_checkpoint_contents(const Checkpoint& c, const std::string& label) {
   const auto impossible = [&](const std::string& field, double value, const std::string& why) {
     throw DataError(label + ": corrupt: impossible contents: " + field + " is " + value_text(value) +
@@ -98,6 +110,36 @@ void check_checkpoint_contents(const Checkpoint& c, const std::string& label) {
                "of " + value_text(c.partial_sums.count) + " examples, from a training set of " +
                    std::to_string(config.train_size));
   }
+  // At most 2^31 x 2^31: exact in a double.
+  const double seen = static_cast<double>(c.step_in_epoch) * static_cast<double>(config.batch_size);
+  if (c.partial_sums.count > seen || c.partial_sums.count != std::trunc(c.partial_sums.count)) {
+    impossible("the epoch's example count", c.partial_sums.count,
+               "a whole number of at most " + value_text(seen) + ": " +
+                   std::to_string(c.step_in_epoch) + " steps of batches of " +
+                   std::to_string(config.batch_size) + " into the epoch");
+  }
+  if (c.partial_sums.correct != std::trunc(c.partial_sums.correct)) {
+    impossible("the epoch's correct count", c.partial_sums.correct, "a whole number");
+  }
+  if (c.partial_sums.count == 0 && c.partial_sums.loss_sum != 0) {
+    impossible("the epoch's loss sum", c.partial_sums.loss_sum, "over no examples: 0");
+  }
+  if (c.partial_seconds > kMaxSeconds) {
+    impossible("the epoch's seconds", c.partial_seconds,
+               "at most " + value_text(kMaxSeconds) + ", some 31 years");
+  }
+  if (c.format_version >= 2) {
+    const std::string& digest = config.train_digest;
+    const bool hex = digest.size() == 64 && std::all_of(digest.begin(), digest.end(), [](char ch) {
+                       return (ch >= '0' && ch <= '9') || (ch >= 'a' && ch <= 'f');
+                     });
+    if (!hex) {
+      throw DataError(label + ": corrupt: impossible contents: the training set's digest is '" +
+                      printable(digest.substr(0, 80)) + "' (a file of format version " +
+                      std::to_string(c.format_version) +
+                      " carries the SHA-256 of its training set, 64 hex digits)");
+    }
+  }
   if (c.history.size() != static_cast<size_t>(c.epochs_done)) {
     impossible("the history's length", static_cast<double>(c.history.size()),
                "it holds the finished epochs, and " + std::to_string(c.epochs_done) +
@@ -116,9 +158,39 @@ void check_checkpoint_contents(const Checkpoint& c, const std::string& label) {
           {"images per second", s.images_per_second}, {"steps", static_cast<double>(s.steps)}}) {
       finite_at_least_zero(at + field, value);
     }
+    if (s.seconds > kMaxSeconds) {
+      impossible(at + "seconds", s.seconds,
+                 "at most " + value_text(kMaxSeconds) + ", some 31 years");
+    }
+    if (s.images_per_second > kMaxImagesPerSecond) {
+      impossible(at + "images per second", s.images_per_second,
+                 "at most " + value_text(kMaxImagesPerSecond));
+    }
+    if (s.steps > steps_per_epoch) {
+      impossible(at + "steps", static_cast<double>(s.steps), epoch_shape);
+    }
     for (const auto& [field, value] :
          {std::pair<const char*, double>{"train accuracy", s.train_acc}, {"test accuracy", s.test_acc}}) {
       if (!(value >= 0 && value <= 1)) impossible(at + field, value, "an accuracy from 0 to 1");
+    }
+  }
+}
+
+void check_checkpoint_tensors(const NamedTensors& tensors, const std::string& label) {
+  const std::string suffix = "running_var";
+  for (const auto& [name, tensor] : tensors) {
+    if (!tensor.is_floating_point() || tensor.numel() == 0) continue;
+    const std::string shown = "tensor '" + printable(name) + "'";
+    if (!torch::isfinite(tensor).all().item<bool>()) {
+      throw DataError(label + ": corrupt: impossible contents: " + shown + " holds NaN or an " +
+                      "infinity (dptrain never saves the weights of a non-finite step); not used");
+    }
+    const bool variance = name.size() >= suffix.size() &&
+                          name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0;
+    if (variance && tensor.min().item<double>() < 0) {
+      throw DataError(label + ": corrupt: impossible contents: " + shown + " (a BatchNorm " +
+                      "running variance) holds " + value_text(tensor.min().item<double>()) +
+                      " (a variance is >= 0); not used");
     }
   }
 }

@@ -28,6 +28,12 @@ inline uint64_t model_elements_bound(int64_t width, int64_t num_classes, int64_t
   return 2800 * w * w + 64 * w * (16 + k + c) + 4 * k;
 }
 
+// The width a file claiming `claimed` is read at, when `accepted` allows it (Note [A file is
+// bounded by what the run can use, not by its own word] in checkpoint.h); before the data is
+// read otherwise: a UsageError for eval's --width or a machine too small (as check_host_memory),
+// a DataError for a --resume's own width (the directory's scan names such a file unreadable).
+int64_t accepted_width(int64_t claimed, const AcceptedModel& accepted, const std::string& label);
+
 // `checkpoint`'s run state as compact JSON (docs/checkpoints.md gives its fields): integers as
 // JSON integers, finite doubles as numbers (shortest round-trip form), the others as the strings
 // "nan", "inf" and "-inf".
@@ -47,5 +53,9 @@ std::string figure_text(double value);
 // Every version's contents checks (Note [A checkpoint's contents are checked, not only its
 // digest]); DataError "<label>: corrupt: impossible contents: ...".
 void check_checkpoint_contents(const Checkpoint& checkpoint, const std::string& label);
+
+// A checkpoint's tensors as no run writes them: a non-finite value in any floating tensor, a
+// negative value in a BatchNorm running variance ("...running_var"); DataError naming the tensor.
+void check_checkpoint_tensors(const NamedTensors& tensors, const std::string& label);
 
 }  // namespace dptrain

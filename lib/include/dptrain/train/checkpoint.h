@@ -87,13 +87,42 @@ Checkpoint parse_checkpoint(const std::vector<uint8_t>& bytes, const std::string
 // reader accepts, every element at 8 bytes): a larger file is refused before its data is read.
 uint64_t checkpoint_size_limit(int64_t width, int64_t num_classes, int64_t in_channels);
 
+// Note [A file is bounded by what the run can use, not by its own word]
+// A file says which model it holds (its run state's width, a plain file's stem), and a bound
+// taken from that word is no bound: a sparse file claiming width 4096 would be read whole (4.4 GB)
+// by a --width 8 run. So the reader is told what the run can use, and refuses a header that
+// claims anything else before a byte of the data is read: a --resume accepts its own --width
+// and the names, shapes and dtypes of the model it builds; eval builds the file's width, so it
+// accepts any width up to the widest model whose file and weights fit the memory this process
+// may still allocate (and kMaxWidth), and then the tensor table of that width.
+struct AcceptedModel {
+  int64_t width = 0;      // the width the run builds, or 0: the file's, up to max_width
+  int64_t max_width = 0;  // the widest file read at all
+  // The header's tensors must be the model's of that width: names, shapes and dtypes.
+  bool model_tensors = false;
+  bool width_from_flag = false;  // `width` is eval's --width (else a --resume's own)
+  int64_t available_bytes = 0;   // where memory bounds max_width: what it had, for the message
+  bool address_space_limit = false;  // ... and whether ulimit -v set it
+};
+// A run that builds this width (a --resume's own, or eval's --width): that width, and that
+// model's tensors.
+AcceptedModel accepted_run_model(int64_t width, bool width_from_flag = false);
+// eval and tools: any width whose file and model fit the memory available now (and kMaxWidth);
+// with `model_tensors`, the header's tensors must then be the model's of the width it claims.
+AcceptedModel accepted_in_memory(bool model_tensors);
+
 // Writes `path` through a temporary file in the same directory, fsync and rename, so that a
 // crash or a full disk never leaves a half-written file under `path` or harms an older
 // checkpoint. Throws DataError with the path and the cause.
 void write_checkpoint_atomically(const Checkpoint& checkpoint, const std::string& path);
-// Reads the header first (its length capped: kMaxSafetensorsHeaderBytes) and refuses a file
-// larger than the model it claims can fill (checkpoint_size_limit), unread; then the data, once.
-// Messages start "<what> PATH" ("checkpoint PATH", "--model PATH"). Any version.
+// Reads the header first (its length capped: kMaxSafetensorsHeaderBytes), checks what it claims
+// against `accepted` (Note [A file is bounded by what the run can use, not by its own word]) and
+// refuses a file larger than that model can fill (checkpoint_size_limit), unread; then the data,
+// once. Messages start "<what> PATH" ("checkpoint PATH", "--model PATH"); memory that runs out
+// while the file is read is a DataError naming the file. Any version. Without `accepted`:
+// accepted_in_memory(false).
+Checkpoint read_checkpoint(const std::string& path, const std::string& what,
+                           const AcceptedModel& accepted);
 Checkpoint read_checkpoint(const std::string& path, const std::string& what = "checkpoint");
 
 // The weights `eval --model` reads: a model file or checkpoint of dptrain's (any version, its
@@ -105,7 +134,8 @@ struct ModelWeights {
   NamedTensors tensors;
   int64_t width = 0;
 };
-ModelWeights read_model_weights(const std::string& path, const std::string& what);
+ModelWeights read_model_weights(const std::string& path, const std::string& what,
+                                const AcceptedModel& accepted);
 
 // The "dptrain.digest" a version 3 file of this header and data must carry ("sha256:" and 64
 // hex digits; Note [A digest of the content, not of the bytes] in checkpoint.cpp).

@@ -50,7 +50,10 @@ struct CheckpointScan {
   // not a regular file, a newer format, ...).
   std::vector<std::pair<std::string, std::string>> unreadable;
 };
-CheckpointScan scan_checkpoint_directory(const std::string& directory);
+// Each file is read as `accepted` allows (checkpoint.h): a --resume passes its own model, so a
+// file claiming another is named unreadable before its data is read.
+CheckpointScan scan_checkpoint_directory(
+    const std::string& directory, const AcceptedModel& accepted = accepted_in_memory(false));
 
 // scan_checkpoint_directory's newest; `skipped`, when given, receives one line per unreadable
 // file ("checkpoint F: corrupt: ...").
@@ -92,7 +95,9 @@ using Notice = std::function<void(const std::string& text)>;
 
 // Where a run starts under --checkpoint-dir, --resume and --fresh (Note [What a checkpoint
 // directory may hold] in checkpoint_directory.cpp): nullopt for the beginning, else the newest
-// readable checkpoint and its path. `writer`: this process holds global rank 0 and the
+// readable checkpoint and its path (for messages only: printable(), as a name found on disk may
+// hold escape sequences). Each file is read as the run's own model (accepted_run_model): one
+// claiming another width is named unreadable before its data is read. `writer`: this process holds global rank 0 and the
 // directory's lock, and alone removes files and reports through `on_notice`. UsageError when the
 // run would overwrite or skip what it must not.
 std::optional<std::pair<std::string, Checkpoint>> choose_start(const TrainOptions& options,
