@@ -10,7 +10,6 @@
 #include <vector>
 
 #include "dptrain/core/errors.h"
-#include "dptrain/core/files.h"
 #include "dptrain/train/checkpoint_directory.h"
 #include "support/test_support.h"
 
