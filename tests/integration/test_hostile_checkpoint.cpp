@@ -1,0 +1,168 @@
+// The third round of hostile use (issue 44) against the checkpoint and data readers, through the
+// dptrain binary: a file whose header claims a model the run does not build, weights and figures
+// no run can have, memory that runs out while data is read, and names found in a checkpoint
+// directory that hold escape sequences. Not here: the readers' unit tests (test_checkpoint.cpp).
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdint>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "dptrain/train/checkpoint.h"
+#include "dptrain/train/checkpoint_directory.h"
+#include "support/cli_support.h"
+#include "support/test_support.h"
+#include "support/train_support.h"
+
+namespace dptrain {
+namespace {
+
+using testing::contains;
+using testing::describe;
+using testing::expect_one_error_line;
+using testing::run_dptrain;
+using testing::TempDir;
+using testing::tiny_data_dir;
+
+constexpr int kRunTime = 1;
+constexpr int kUsage = 2;
+
+// A run of a width-1 model on the tiny data set for `epochs` epochs, plus `more`.
+std::vector<std::string> tiny_train(const std::string& epochs,
+                                    const std::vector<std::string>& more) {
+  std::vector<std::string> args{"train",   "--data-dir", tiny_data_dir(), "--devices", "cpu",
+                                "--width", "1",          "--epochs",      epochs,      "--threads",
+                                "1",       "--batch-size", "8"};
+  args.insert(args.end(), more.begin(), more.end());
+  return args;
+}
+
+// The one checkpoint a one-epoch run leaves in `directory`.
+std::string trained_checkpoint(const std::string& directory) {
+  const auto result = run_dptrain(tiny_train("1", {"--checkpoint-dir", directory}));
+  EXPECT_EQ(result.exit_code, 0) << describe(result);
+  const auto names = checkpoint_file_names(directory);
+  EXPECT_EQ(names.size(), 1u);
+  return names.empty() ? "" : directory + "/" + names.front();
+}
+
+// A sparse file whose header claimed width 4096 (4.4 GB long, a few KB on disk) was read whole
+// by a --width 1 resume (24 s), by eval, and again at every resume. The run's own width now
+// bounds it, before its data is read; eval refuses the width the memory cannot hold.
+TEST(HostileCheckpoint, AClaimedWidthTheRunCannotUseIsRefusedUnread) {
+  TempDir dir;
+  const std::string checkpoints = dir.file("ck");
+  Checkpoint wide = read_checkpoint(trained_checkpoint(checkpoints));
+  wide.config.width = 4096;
+  const std::string huge = checkpoints + "/" + checkpoint_file_name(99, 0);
+  const uint64_t data = uint64_t{4400} << 20;
+  const auto header = testing::header_claiming(wide, data);
+  testing::write_bytes(huge, header);
+  ASSERT_EQ(::truncate(huge.c_str(), static_cast<off_t>(header.size() + data)), 0);
+
+  const auto start = std::chrono::steady_clock::now();
+  const auto resumed = run_dptrain(tiny_train("2", {"--checkpoint-dir", checkpoints, "--resume"}));
+  expect_one_error_line(resumed, kUsage,
+                        "checkpoint " + huge + " was written for another model: --width 4096 " +
+                            "(this run: 1); not read");
+  const auto evaluated = run_dptrain({"eval", "--checkpoint", huge, "--data-dir", tiny_data_dir()});
+  expect_one_error_line(evaluated, kUsage,
+                        "checkpoint " + huge + ": this machine cannot hold a width-4096 model");
+  const auto flagged = run_dptrain(
+      {"eval", "--model", huge, "--width", "1", "--data-dir", tiny_data_dir()});
+  expect_one_error_line(flagged, kUsage,
+                        "--width 1: --model " + huge + " holds a model of width 4096");
+  // Three runs of the binary, each refusing before the data: far below one read of 4.4 GB.
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(15));
+}
+
+// Non-finite weights and a negative running variance resumed, and the run then failed with
+// advice about --lr; now the file is refused, naming the tensor and the file.
+TEST(HostileCheckpoint, WeightsNoRunCanHaveAreRefusedNamingTheTensorAndTheFile) {
+  TempDir dir;
+  const std::string checkpoints = dir.file("ck");
+  const std::string path = trained_checkpoint(checkpoints);
+  const Checkpoint good = read_checkpoint(path);
+  const auto copy_of_good = [&] {  // tensors of its own: a Checkpoint's copy shares them
+    Checkpoint c = good;
+    for (auto& [key, value] : c.tensors) value = value.clone();
+    return c;
+  };
+  const auto tensor = [&](const Checkpoint& c, const std::string& name) {
+    for (const auto& [key, value] : c.tensors) {
+      if (key == name) return value;
+    }
+    ADD_FAILURE() << "no tensor " << name;
+    return torch::Tensor();
+  };
+  Checkpoint nan = copy_of_good();
+  tensor(nan, "0.weight").view(-1)[0] = std::numeric_limits<float>::quiet_NaN();
+  write_checkpoint_atomically(nan, path);
+  const auto resumed = run_dptrain(tiny_train("2", {"--checkpoint-dir", checkpoints, "--resume"}));
+  expect_one_error_line(resumed, kUsage,
+                        "checkpoint " + path + ": corrupt: impossible contents: tensor '0.weight' " +
+                            "holds NaN or an infinity");
+  EXPECT_FALSE(contains(resumed.err, "--lr")) << describe(resumed);
+
+  Checkpoint negative = copy_of_good();
+  tensor(negative, "1.running_var").view(-1)[0] = -1.0f;
+  write_checkpoint_atomically(negative, path);
+  const auto evaluated = run_dptrain({"eval", "--checkpoint", path, "--data-dir", tiny_data_dir()});
+  expect_one_error_line(evaluated, kRunTime,
+                        "checkpoint " + path + ": corrupt: impossible contents: tensor " +
+                            "'1.running_var' (a BatchNorm running variance) holds -1");
+}
+
+// Under `ulimit -v` a data file too large for the memory ended in a bare "error: std::bad_alloc"
+// naming no phase and no file. A sparse IDX file of 5,000,000 images (3.9 GB) under a 3 GiB
+// limit now gives one line naming the file, the phase and what to do.
+TEST(HostileCheckpoint, OutOfMemoryWhileLoadingDataNamesTheFile) {
+  TempDir dir;
+  testing::write_fake_data(dir, 16, 8);
+  const std::string images = dir.file(testing::kTrainImages);
+  const uint32_t n = 5000000;
+  const auto be = [](uint32_t v) {
+    return std::vector<uint8_t>{static_cast<uint8_t>(v >> 24), static_cast<uint8_t>(v >> 16),
+                                static_cast<uint8_t>(v >> 8), static_cast<uint8_t>(v)};
+  };
+  std::vector<uint8_t> header = be(0x803);
+  for (const uint32_t v : {n, 28u, 28u}) {
+    const auto bytes = be(v);
+    header.insert(header.end(), bytes.begin(), bytes.end());
+  }
+  testing::write_bytes(images, header);
+  ASSERT_EQ(::truncate(images.c_str(), static_cast<off_t>(16 + uint64_t{n} * 784)), 0);
+  testing::ChildSetup limited;
+  limited.address_space_limit_bytes = int64_t{3} << 30;
+  std::vector<std::string> command{testing::dptrain_binary()};
+  for (const auto& arg : tiny_train("1", {})) command.push_back(arg);
+  command[3] = dir.path();  // --data-dir
+  const auto result = testing::run_command(command, {}, 60, limited);
+  expect_one_error_line(result, kRunTime,
+                        images + ": out of memory while loading the data set from it");
+  EXPECT_TRUE(contains(result.err, "ulimit -v")) << describe(result);
+}
+
+// A name found in the checkpoint directory reached the terminal raw: an escape sequence in it
+// drove the terminal. Every message now shows it escaped.
+TEST(HostileCheckpoint, NamesFoundInTheCheckpointDirectoryAreEscaped) {
+  TempDir dir;
+  const std::string checkpoints = dir.file("ck");
+  ASSERT_EQ(::mkdir(checkpoints.c_str(), 0755), 0);
+  testing::write_bytes(checkpoints + "/checkpoint-\x1b]0;owned\x07\x1b[2J.safetensors", {'x'});
+  for (const bool resume : {false, true}) {
+    SCOPED_TRACE(resume ? "--resume" : "no --resume");
+    std::vector<std::string> more{"--checkpoint-dir", checkpoints};
+    if (resume) more.push_back("--resume");
+    const auto result = run_dptrain(tiny_train("1", more));
+    expect_one_error_line(result, kUsage, "checkpoint-\\x1b]0;owned\\x07\\x1b[2J.safetensors");
+    EXPECT_FALSE(contains(result.err, "\x1b")) << describe(result);
+  }
+}
+
+}  // namespace
+}  // namespace dptrain
