@@ -247,8 +247,11 @@ std::string describe_run(const dptrain::FashionMnist& data, const std::string& d
                 static_cast<long long>(data.train.size()), static_cast<long long>(data.test.size()),
                 data_dir.c_str(), static_cast<long long>(options.width), world.first_rank,
                 world.world_size, dptrain::device_name(device).c_str());
+  // The threads, and where the figure came from: ranks on one host that each took every core
+  // ran 5.3 times slower, and nothing said why.
   return header +
-         dptrain::describe_arithmetic(device, layout, options.amp, options.cudnn_benchmark);
+         dptrain::describe_arithmetic(device, layout, options.amp, options.cudnn_benchmark) +
+         "; " + dptrain::intra_op_threads(options, world).reason;
 }
 
 // `train()`, where a failure that a stop request caused before the first step (`started` still

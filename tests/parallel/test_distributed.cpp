@@ -1,6 +1,10 @@
 // Tests of the collectives, the rendezvous and the replica helpers (distributed.h,
 // rendezvous.h, replicas.h) over thread ranks, including timeouts that must fire, not hang.
+#include <arpa/inet.h>
 #include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <functional>
@@ -298,9 +302,13 @@ TEST(LaunchEnvironment, Torchrun) {
   EXPECT_EQ(launch->master_port, 29501);
 }
 
+// A task of a job step started by srun (Note [The batch step is no launch]): SLURM_STEP_ID is a
+// number, and the step's own SLURM_STEP_NUM_TASKS is the world.
 TEST(LaunchEnvironment, Slurm) {
-  const auto launch = read_launch_environment({{"SLURM_PROCID", "5"},
-                                               {"SLURM_NTASKS", "8"},
+  const auto launch = read_launch_environment({{"SLURM_STEP_ID", "0"},
+                                               {"SLURM_PROCID", "5"},
+                                               {"SLURM_NTASKS", "16"},
+                                               {"SLURM_STEP_NUM_TASKS", "8"},
                                                {"SLURM_LOCALID", "1"},
                                                {"MASTER_ADDR", "node1"},
                                                {"MASTER_PORT", "1234"}});
@@ -309,6 +317,108 @@ TEST(LaunchEnvironment, Slurm) {
   EXPECT_EQ(launch->rank, 5);
   EXPECT_EQ(launch->world_size, 8);
   EXPECT_EQ(launch->local_rank, 1);
+}
+
+// Inside an sbatch script but outside srun, SLURM_PROCID=0 and SLURM_NTASKS=N describe the batch
+// step: a plain run there became rank 0 of N and waited for ranks that never came. It is no
+// launch, whatever the batch step's SLURM_STEP_ID says of it.
+TEST(LaunchEnvironment, SlurmBatchStepIsNoLaunch) {
+  const std::map<std::string, std::string> batch{{"SLURM_JOB_ID", "77"},
+                                                 {"SLURM_PROCID", "0"},
+                                                 {"SLURM_NTASKS", "4"},
+                                                 {"SLURM_LOCALID", "0"}};
+  EXPECT_FALSE(read_launch_environment(batch).has_value());
+  for (const char* step : {"batch", "extern", "interactive", "4294967294", "4294967290",
+                           "4294967295", "", "-1", "12345678901"}) {
+    auto env = batch;
+    env["SLURM_STEP_ID"] = step;
+    EXPECT_FALSE(read_launch_environment(env).has_value()) << "SLURM_STEP_ID=" << step;
+  }
+  auto step = batch;
+  step["SLURM_STEP_ID"] = "2";
+  step["SLURM_STEP_NUM_TASKS"] = "2";
+  step["MASTER_ADDR"] = "node0";
+  step["MASTER_PORT"] = "29500";
+  const auto launch = read_launch_environment(step);
+  ASSERT_TRUE(launch.has_value());
+  EXPECT_EQ(launch->world_size, 2);  // the step's tasks, not the job's
+  auto legacy = step;  // older Slurm: SLURM_STEPID
+  legacy.erase("SLURM_STEP_ID");
+  legacy["SLURM_STEPID"] = "0";
+  EXPECT_TRUE(read_launch_environment(legacy).has_value());
+}
+
+// No line named the variables that made a process a rank; now its errors do.
+TEST(LaunchEnvironment, ErrorsNameTheVariablesThatMadeARank) {
+  dptrain::testing::expect_throws<UsageError>(
+      [] {
+        read_launch_environment({{"SLURM_STEP_ID", "3"},
+                                 {"SLURM_PROCID", "0"},
+                                 {"SLURM_STEP_NUM_TASKS", "2"},
+                                 {"SLURM_NTASKS", "4"}});
+      },
+      {"environment: MASTER_ADDR is not set (slurm launch, rank 0, from SLURM_STEP_ID=3, "
+       "SLURM_PROCID=0, SLURM_STEP_NUM_TASKS=2)"});
+  dptrain::testing::expect_throws<UsageError>(
+      [] { read_launch_environment({{"RANK", "0"}, {"WORLD_SIZE", "2"}}); },
+      {"MASTER_ADDR is not set (torchrun launch, rank 0, from RANK=0, WORLD_SIZE=2)"});
+  dptrain::testing::expect_throws<UsageError>(
+      [] {
+        read_launch_environment({{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"MASTER_ADDR", "h"}});
+      },
+      {"environment: MASTER_PORT is not set (this process is a rank because of RANK=0, "
+       "WORLD_SIZE=2)"});
+}
+
+// Two processes given the same RANK: the second is told at once, naming the rank; the others'
+// timeout names it too (it was called a rank that never came, or for rank 0 a port conflict).
+TEST(Rendezvous, ARankClaimedTwiceIsNamed) {
+  const auto store = make_in_process_store(5s);
+  EXPECT_NO_THROW(claim_rank(*store, 0));
+  EXPECT_NO_THROW(claim_rank(*store, 1));
+  dptrain::testing::expect_throws<CollectiveError>(
+      [&] { claim_rank(*store, 1); },
+      {"rank 1: another process has already joined this rendezvous as rank 1 (the same RANK"});
+  store_barrier(*store, "first", 0, 1, 1s);  // unaffected where nothing is missing
+  store->set("dptrain/barrier/late/rank/0", std::vector<uint8_t>{'3'});
+  dptrain::testing::expect_throws<CollectiveError>(
+      [&] { store_barrier(*store, "late", 0, 3, 200ms); },
+      {"rank(s) 1, 2 of 3 never arrived; rank(s) 1 were started in two processes each"});
+}
+
+// A serving rank whose MASTER_PORT another process holds: one line of dptrain's, without
+// LibTorch's W/E socket.cpp lines before it.
+TEST(Rendezvous, AServingRankWhosePortIsTakenSaysSoAlone) {
+  const int holder = ::socket(AF_INET6, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  ASSERT_GE(holder, 0);
+  sockaddr_in6 any{};
+  any.sin6_family = AF_INET6;
+  any.sin6_addr = in6addr_any;
+  ASSERT_EQ(::bind(holder, reinterpret_cast<sockaddr*>(&any), sizeof any), 0);
+  ASSERT_EQ(::listen(holder, 1), 0);
+  socklen_t length = sizeof any;
+  ASSERT_EQ(::getsockname(holder, reinterpret_cast<sockaddr*>(&any), &length), 0);
+  const int port = ntohs(any.sin6_port);
+  LaunchEnvironment launch;
+  launch.launcher = "torchrun";
+  launch.world_size = 2;
+  launch.master_addr = "127.0.0.1";
+  launch.master_port = port;
+  ::testing::internal::CaptureStderr();
+  std::string message;
+  try {
+    connect_tcp_store(launch, 5s);
+  } catch (const CollectiveError& e) {
+    message = e.what();
+  }
+  const std::string logged = ::testing::internal::GetCapturedStderr();
+  ::close(holder);
+  EXPECT_EQ(message, "rank 0: rendezvous at 127.0.0.1:" + std::to_string(port) +
+                         " (serving) failed: MASTER_PORT " + std::to_string(port) +
+                         " is already in use on this machine: by another program, or by another "
+                         "process started as rank 0 of this world (RANK=0 given twice?); end it, "
+                         "or choose a free MASTER_PORT");
+  EXPECT_EQ(logged, "");
 }
 
 struct BadEnvironment {

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 #include <sched.h>
 
+#include <algorithm>
 #include <fstream>
 #include <map>
 #include <optional>
@@ -195,13 +196,16 @@ int physical_cores_counted_from_siblings() {
 // with: a default that follows LibTorch's then fails wherever the process may use two physical
 // cores or more (the one-core runner cannot tell them apart).
 TEST(DefaultIntraOpThreads, OmpNumThreadsWinsElseThePhysicalCoresThisThreadMayUse) {
-  EXPECT_EQ(default_intra_op_threads("3"), at::get_num_threads());
+  EXPECT_EQ(default_intra_op_threads("3").threads, at::get_num_threads());
   const int cores = usable_cpu_cores();
-  const int physical = physical_cores_counted_from_siblings();
+  // Within the cgroup's CPU quota, where one is set (docker --cpus): tests/core/test_devices.cpp.
+  const auto quota = cgroup_cpu_quota();
+  const int physical = quota ? std::max(1, std::min(physical_cores_counted_from_siblings(), *quota))
+                             : physical_cores_counted_from_siblings();
   const int libtorch_threads = at::get_num_threads();
   at::set_num_threads(1);  // Debian 1.13's default
-  const int unset = default_intra_op_threads(nullptr);
-  const int empty = default_intra_op_threads("");
+  const int unset = default_intra_op_threads(nullptr).threads;
+  const int empty = default_intra_op_threads("").threads;
   at::set_num_threads(libtorch_threads);
   EXPECT_EQ(unset, physical) << "LibTorch's own count, not one per physical core?";
   EXPECT_GE(unset, 1);
@@ -215,11 +219,65 @@ TEST(DefaultIntraOpThreads, OmpNumThreadsWinsElseThePhysicalCoresThisThreadMayUs
     CPU_SET(sched_getcpu() >= 0 ? sched_getcpu() : 0, &one);
     if (sched_setaffinity(0, sizeof one, &one) != 0) return;
     pinned_cores = usable_cpu_cores();
-    pinned_default = default_intra_op_threads(nullptr);
+    pinned_default = default_intra_op_threads(nullptr).threads;
   });
   pinned.join();
   EXPECT_EQ(pinned_cores, 1);
   EXPECT_EQ(pinned_default, 1);
+}
+
+// Two ranks on one host each took every core: the default divides them among the local ranks,
+// and the figure says so (the first line prints the reason).
+TEST(DefaultIntraOpThreads, LocalRanksShareTheCores) {
+  const auto alone = default_intra_op_threads(nullptr, 1);
+  const auto shared = default_intra_op_threads(nullptr, 2);
+  EXPECT_EQ(shared.threads, std::max(1, alone.threads / 2));
+  EXPECT_NE(shared.reason.find(", / 2 local ranks)"), std::string::npos) << shared.reason;
+  EXPECT_EQ(alone.reason.find("local ranks"), std::string::npos) << alone.reason;
+  EXPECT_EQ(default_intra_op_threads(nullptr, 1000).threads, 1);
+}
+
+// How many ranks share this host, from each launcher's variables.
+TEST(LaunchEnvironment, LocalWorldSizeFromTheLauncher) {
+  auto env = torchrun(1, 4, 1);
+  EXPECT_EQ(read_launch_environment(env)->local_world_size, 4);  // loopback: all of them here
+  env["LOCAL_WORLD_SIZE"] = "2";
+  EXPECT_EQ(read_launch_environment(env)->local_world_size, 2);
+  env.erase("LOCAL_WORLD_SIZE");
+  env["MASTER_ADDR"] = "node0";
+  EXPECT_EQ(read_launch_environment(env)->local_world_size, 1);  // not known: the whole host
+  const Env slurm{{"SLURM_STEP_ID", "0"},          {"SLURM_PROCID", "5"},
+                  {"SLURM_STEP_NUM_TASKS", "7"},   {"SLURM_LOCALID", "1"},
+                  {"SLURM_NODEID", "2"},           {"SLURM_STEP_TASKS_PER_NODE", "2(x2),3"},
+                  {"MASTER_ADDR", "node0"},        {"MASTER_PORT", "29500"}};
+  EXPECT_EQ(read_launch_environment(slurm)->local_world_size, 3);
+  auto first = slurm;
+  first["SLURM_NODEID"] = "1";
+  EXPECT_EQ(read_launch_environment(first)->local_world_size, 2);
+  first["SLURM_STEP_TASKS_PER_NODE"] = "junk";
+  EXPECT_EQ(read_launch_environment(first)->local_world_size, 1);
+}
+
+// 256 `cpu` entries never reached a first step in 150 s and printed nothing: one process runs
+// at most kMaxReplicasPerProcess replicas (or one per GPU where it has more).
+TEST(PlanWorldBounds, TooManyReplicasInOneProcessIsAUsageError) {
+  std::string sixteen = "cpu", seventeen;
+  for (int i = 1; i < 16; ++i) sixteen += ",cpu";
+  seventeen = sixteen + ",cpu";
+  EXPECT_EQ(plan_world(sixteen, {}, std::nullopt, 0).local_devices.size(), 16u);
+  try {
+    plan_world(seventeen, {}, std::nullopt, 0);
+    ADD_FAILURE() << "17 replicas in one process were accepted";
+  } catch (const UsageError& e) {
+    EXPECT_EQ(std::string(e.what()),
+              "--devices lists 17 replicas; one process runs at most 16 (each is a thread with its "
+              "own model and a connection to every other); for more, start one process per rank "
+              "with torchrun");
+  }
+  // A machine with 32 GPUs may list each once.
+  std::string gpus = "cuda:0";
+  for (int i = 1; i < 32; ++i) gpus += ",cuda:" + std::to_string(i);
+  EXPECT_EQ(plan_world(gpus, {}, std::nullopt, 32).local_devices.size(), 32u);
 }
 
 }  // namespace

@@ -9,9 +9,11 @@
 #include <algorithm>
 #include <cstdio>
 #include <fstream>
+#include <optional>
 #include <set>
 #include <sstream>
 #include <utility>
+#include <vector>
 
 #if defined(DPTRAIN_WITH_CUDA)
 #include <ATen/cuda/CUDAContext.h>
@@ -130,10 +132,125 @@ int usable_physical_cores() {
 
 }  // namespace
 
-int default_intra_op_threads(const char* omp_num_threads) {
-  if (omp_num_threads && *omp_num_threads) return std::max(1, at::get_num_threads());
+namespace {
+
+std::optional<long long> read_number(const std::string& path) {
+  std::ifstream file(path);
+  long long value = 0;
+  if (file >> value) return value;
+  return std::nullopt;
+}
+
+// The cores' worth of a quota over a period, rounded down, at least 1; nullopt for none.
+std::optional<int> cores_of(std::optional<long long> quota, std::optional<long long> period) {
+  if (!quota || !period || *quota <= 0 || *period <= 0) return std::nullopt;
+  return static_cast<int>(std::max<long long>(1, std::min<long long>(*quota / *period, 1 << 20)));
+}
+
+// cgroup v2's cpu.max: "max 100000" (no quota) or "quota period".
+std::optional<int> read_cpu_max(const std::string& path) {
+  std::ifstream file(path);
+  std::string quota;
+  long long period = 0;
+  if (!(file >> quota >> period) || quota == "max") return std::nullopt;
+  if (quota.empty() || quota.find_first_not_of("0123456789") != std::string::npos ||
+      quota.size() > 18) {
+    return std::nullopt;
+  }
+  return cores_of(std::stoll(quota), period);
+}
+
+// `base` + `path` and every directory above it up to `base`: a quota on a parent binds too.
+std::vector<std::string> cgroup_and_parents(const std::string& base, std::string path) {
+  std::vector<std::string> dirs;
+  while (!path.empty() && path != "/") {
+    dirs.push_back(base + path);
+    const auto slash = path.rfind('/');
+    path = slash == std::string::npos ? "" : path.substr(0, slash);
+  }
+  dirs.push_back(base);
+  return dirs;
+}
+
+void keep_smaller(std::optional<int>& smallest, std::optional<int> quota) {
+  if (quota && (!smallest || *quota < *smallest)) smallest = quota;
+}
+
+}  // namespace
+
+// Note [The cgroup's CPU quota]
+// A quota (docker --cpus, Kubernetes' limits.cpu) leaves the affinity mask whole: the process
+// still sees every core, and the kernel throttles it once it has used its share of each period
+// (100 ms). OpenMP threads that wait for each other at every parallel region then wait out the
+// throttled ones: more threads than the quota's cores only slow a step. /proc/self/cgroup names
+// this process's cgroup under each hierarchy ("0::/path" for v2, "3:cpu,cpuacct:/path" for v1);
+// inside a container's cgroup namespace the path is "/" and the root directory is its own cgroup.
+// A path that does not exist under the mount (a v1 container that sees its host's path) leaves
+// the directories above it, ending at the mount's root, which is the container's.
+std::optional<int> cgroup_cpu_quota(const std::string& cgroup_root,
+                                    const std::string& proc_cgroup) {
+  std::optional<int> smallest;
+  std::istringstream lines(proc_cgroup);
+  std::string line;
+  while (std::getline(lines, line)) {
+    const auto first = line.find(':');
+    const auto second = first == std::string::npos ? first : line.find(':', first + 1);
+    if (second == std::string::npos) continue;
+    const std::string controllers = line.substr(first + 1, second - first - 1);
+    const std::string path = line.substr(second + 1);
+    if (controllers.empty()) {  // v2: the unified hierarchy, at the root or (hybrid) unified/
+      std::ifstream unified_at_root(cgroup_root + "/cgroup.controllers");
+      const std::string base = cgroup_root + (unified_at_root ? "" : "/unified");
+      for (const auto& dir : cgroup_and_parents(base, path)) {
+        keep_smaller(smallest, read_cpu_max(dir + "/cpu.max"));
+      }
+      continue;
+    }
+    std::istringstream names(controllers);
+    std::string name;
+    bool cpu = false;
+    while (std::getline(names, name, ',')) cpu = cpu || name == "cpu";
+    if (!cpu) continue;
+    for (const auto& mount : {cgroup_root + "/" + controllers, cgroup_root + "/cpu"}) {
+      for (const auto& dir : cgroup_and_parents(mount, path)) {
+        keep_smaller(smallest, cores_of(read_number(dir + "/cpu.cfs_quota_us"),
+                                        read_number(dir + "/cpu.cfs_period_us")));
+      }
+    }
+  }
+  return smallest;
+}
+
+std::optional<int> cgroup_cpu_quota() {
+  std::ifstream file("/proc/self/cgroup");
+  std::stringstream text;
+  text << file.rdbuf();
+  return cgroup_cpu_quota("/sys/fs/cgroup", text.str());
+}
+
+ThreadDefault share_cores(int cores, std::optional<int> quota, int local_ranks) {
+  cores = std::max(1, cores);
+  local_ranks = std::max(1, local_ranks);
+  const int usable = quota ? std::max(1, std::min(cores, *quota)) : cores;
+  ThreadDefault share;
+  share.threads = std::max(1, usable / local_ranks);
+  share.reason = std::to_string(share.threads) + (share.threads == 1 ? " thread (" : " threads (") +
+                 std::to_string(cores) + (cores == 1 ? " core" : " cores");
+  if (quota) share.reason += ", quota " + std::to_string(*quota);
+  if (local_ranks > 1) share.reason += ", / " + std::to_string(local_ranks) + " local ranks";
+  share.reason += ")";
+  return share;
+}
+
+ThreadDefault default_intra_op_threads(const char* omp_num_threads, int local_ranks) {
+  if (omp_num_threads && *omp_num_threads) {
+    const int threads = std::max(1, at::get_num_threads());
+    return {threads, std::to_string(threads) + (threads == 1 ? " thread" : " threads") +
+                         " (OMP_NUM_THREADS)"};
+  }
   const int physical = usable_physical_cores();
-  return physical > 0 ? physical : usable_cpu_cores();
+  return share_cores(physical > 0 ? physical : usable_cpu_cores(), cgroup_cpu_quota(),
+                     local_ranks);
 }
 
 void synchronize(const torch::Device& device) {

@@ -39,6 +39,7 @@ std::unique_ptr<Communicator> connect_rank(const WorldSeat& seat,
     devices = {device_name(seat.device)};
     return std::make_unique<Communicator>();
   }
+  claim_rank(*seat.store, seat.rank);
   store_barrier(*seat.store, "rendezvous", seat.rank, seat.world_size, seat.timeout);
   const RankPlacement mine{host_name(), device_name(seat.device), gpu_identity(seat.device)};
   const auto placements =

@@ -1,7 +1,9 @@
 // Launcher environments, stores and the bounded store barrier. See rendezvous.h.
 #include "dptrain/parallel/rendezvous.h"
 
+#include <arpa/inet.h>
 #include <netdb.h>
+#include <netinet/in.h>
 #include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -9,6 +11,8 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstdlib>
+#include <initializer_list>
+#include <sstream>
 #include <stdexcept>
 #include <thread>
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
@@ -16,6 +20,7 @@
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
 #include "dptrain/core/errors.h"
+#include "dptrain/core/files.h"
 
 extern char** environ;
 
@@ -49,17 +54,74 @@ std::string from_bytes(const std::vector<uint8_t>& b) { return {b.begin(), b.end
 
 }  // namespace
 
-std::optional<LaunchEnvironment> read_launch_environment(const Env& env) {
+namespace {
+
+// Note [The batch step is no launch]
+// Inside an sbatch script, outside srun, Slurm sets SLURM_PROCID=0 and SLURM_NTASKS=N for the
+// batch step: a plain run there became rank 0 of N and waited for ranks that never came. Slurm's
+// own tools tell a job step started by srun by SLURM_STEP_ID: a number for an srun step; unset,
+// "batch"/"extern"/"interactive", or one of the reserved ids from 0xfffffff0 up (4294967294 is
+// the batch script, 4294967290 salloc's interactive step) otherwise. The step's own task count
+// is SLURM_STEP_NUM_TASKS (SLURM_NTASKS is the job's, which an srun -n smaller than the job's
+// does not change).
+bool in_srun_step(const Env& env) {
+  const auto step = lookup(env, "SLURM_STEP_ID") ? lookup(env, "SLURM_STEP_ID")
+                                                 : lookup(env, "SLURM_STEPID");
+  if (!step || step->size() > 10 || step->find_first_not_of("0123456789") != std::string::npos) {
+    return false;
+  }
+  return std::stoull(*step) < 0xfffffff0ULL;
+}
+
+// The tasks of this step on this node: SLURM_STEP_TASKS_PER_NODE is one count per node, runs of
+// equal counts written "2(x3)", e.g. "2(x3),1" for nodes 0..3; SLURM_NODEID picks this node's.
+// 0 when it cannot be read.
+int slurm_tasks_on_this_node(const Env& env) {
+  const auto list = lookup(env, "SLURM_STEP_TASKS_PER_NODE") ? lookup(env, "SLURM_STEP_TASKS_PER_NODE")
+                                                             : lookup(env, "SLURM_TASKS_PER_NODE");
+  const auto node_text = lookup(env, "SLURM_NODEID").value_or("0");
+  if (!list || node_text.size() > 6 || node_text.find_first_not_of("0123456789") != std::string::npos) {
+    return 0;
+  }
+  long node = std::stol(node_text);
+  std::istringstream runs(*list);
+  std::string run;
+  while (std::getline(runs, run, ',')) {
+    long count = 0, repeat = 1;
+    char open = 0, x = 0;
+    std::istringstream parts(run);
+    if (!(parts >> count) || count < 1 || count > (1 << 20)) return 0;
+    if (parts >> open) {
+      if (open != '(' || !(parts >> x >> repeat) || x != 'x' || repeat < 1) return 0;
+    }
+    if (node < repeat) return static_cast<int>(count);
+    node -= repeat;
+  }
+  return 0;
+}
+
+// "RANK=0, WORLD_SIZE=2": the variables that made this process a rank, for its errors.
+std::string shown_variables(const Env& env, std::initializer_list<const char*> names) {
+  std::string shown;
+  for (const char* name : names) {
+    if (const auto value = lookup(env, name)) {
+      shown += (shown.empty() ? "" : ", ") + std::string(name) + "=" + printable(value->substr(0, 40));
+    }
+  }
+  return shown;
+}
+
+std::optional<LaunchEnvironment> read_launch_environment_unexplained(const Env& env,
+                                                                     const std::string& because) {
   LaunchEnvironment launch;
   std::string rank_var, size_var, local_var;
   if (lookup(env, "RANK") || lookup(env, "WORLD_SIZE")) {
     launch.launcher = "torchrun";
     rank_var = "RANK", size_var = "WORLD_SIZE", local_var = "LOCAL_RANK";
-  } else if (lookup(env, "SLURM_PROCID") && lookup(env, "SLURM_NTASKS")) {
-    launch.launcher = "slurm";
-    rank_var = "SLURM_PROCID", size_var = "SLURM_NTASKS", local_var = "SLURM_LOCALID";
   } else {
-    return std::nullopt;
+    launch.launcher = "slurm";
+    rank_var = "SLURM_PROCID", local_var = "SLURM_LOCALID";
+    size_var = lookup(env, "SLURM_STEP_NUM_TASKS") ? "SLURM_STEP_NUM_TASKS" : "SLURM_NTASKS";
   }
   constexpr int kMaxWorld = 1 << 20;
   launch.world_size = parse_env_int(env, size_var, 1, kMaxWorld);
@@ -68,7 +130,8 @@ std::optional<LaunchEnvironment> read_launch_environment(const Env& env) {
   auto addr = lookup(env, "MASTER_ADDR");
   if (!addr) {
     throw UsageError("environment: MASTER_ADDR is not set (" + launch.launcher + " launch, rank " +
-                     std::to_string(launch.rank) + ")");
+                     std::to_string(launch.rank) + ", from " + because +
+                     "); set MASTER_ADDR and MASTER_PORT to rank 0's host and a free port");
   }
   launch.master_addr = *addr;
   launch.master_port = parse_env_int(env, "MASTER_PORT", 1, 65535);
@@ -76,7 +139,38 @@ std::optional<LaunchEnvironment> read_launch_environment(const Env& env) {
   if (lookup(env, "TORCHELASTIC_RESTART_COUNT")) {
     launch.restart_count = parse_env_int(env, "TORCHELASTIC_RESTART_COUNT", 0, kMaxWorld);
   }
+  const bool loopback = launch.master_addr == "127.0.0.1" || launch.master_addr == "localhost" ||
+                        launch.master_addr == "::1";
+  if (launch.launcher == "torchrun" && lookup(env, "LOCAL_WORLD_SIZE")) {
+    launch.local_world_size = parse_env_int(env, "LOCAL_WORLD_SIZE", 1, kMaxWorld);
+  } else if (const int here = launch.launcher == "slurm" ? slurm_tasks_on_this_node(env) : 0;
+             here > 0) {
+    launch.local_world_size = here;
+  } else if (loopback) {
+    launch.local_world_size = launch.world_size;  // every rank meets on this machine
+  }
   return launch;
+}
+
+}  // namespace
+
+std::optional<LaunchEnvironment> read_launch_environment(const Env& env) {
+  std::string because;
+  if (lookup(env, "RANK") || lookup(env, "WORLD_SIZE")) {
+    because = shown_variables(env, {"RANK", "WORLD_SIZE", "LOCAL_RANK"});
+  } else if (lookup(env, "SLURM_PROCID") && in_srun_step(env)) {
+    because = shown_variables(env, {"SLURM_STEP_ID", "SLURM_STEPID", "SLURM_PROCID",
+                                    "SLURM_STEP_NUM_TASKS", "SLURM_LOCALID"});
+  } else {
+    return std::nullopt;  // no launcher, or an sbatch script's batch step
+  }
+  try {
+    return read_launch_environment_unexplained(env, because);
+  } catch (const UsageError& e) {
+    const std::string what = e.what();
+    if (what.find(because) != std::string::npos) throw;  // the message names them already
+    throw UsageError(what + " (this process is a rank because of " + because + ")");
+  }
 }
 
 std::optional<LaunchEnvironment> read_launch_environment() {
@@ -163,10 +257,62 @@ void wait_for_store_server(const LaunchEnvironment& launch, std::chrono::millise
                         "this MASTER_PORT?");
 }
 
+// Note [The serving rank binds first]
+// LibTorch's server tries [::] and then 0.0.0.0 on MASTER_PORT and, when neither binds, logs a
+// W and an E socket.cpp line of its own before it throws: the user read three lines of LibTorch
+// before dptrain's. The serving rank therefore tries the same binds itself first (with
+// SO_REUSEADDR, as LibTorch does, so a closed store's TIME_WAIT does not count): a port that
+// another process listens on is one line that says what may hold it, another program or a second
+// process started as rank 0. The race with a process that takes the port in between is left to
+// LibTorch's own message. Both 1.13 and 2.x bind every interface: TCPStoreOptions has no address
+// to bind (2.x takes an already bound socket, masterListenFd, which 1.13 lacks): docs/running.md.
+void check_store_port_free(const LaunchEnvironment& launch) {
+  int error = 0;
+  for (const int family : {AF_INET6, AF_INET}) {
+    const int fd = ::socket(family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) continue;
+    const int on = 1;
+    ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &on, sizeof on);
+    sockaddr_storage address{};
+    socklen_t length = 0;
+    if (family == AF_INET6) {
+      auto* any6 = reinterpret_cast<sockaddr_in6*>(&address);
+      any6->sin6_family = AF_INET6;
+      any6->sin6_addr = in6addr_any;
+      any6->sin6_port = htons(static_cast<uint16_t>(launch.master_port));
+      length = sizeof *any6;
+    } else {
+      auto* any4 = reinterpret_cast<sockaddr_in*>(&address);
+      any4->sin_family = AF_INET;
+      any4->sin_addr.s_addr = htonl(INADDR_ANY);
+      any4->sin_port = htons(static_cast<uint16_t>(launch.master_port));
+      length = sizeof *any4;
+    }
+    const bool bound = ::bind(fd, reinterpret_cast<sockaddr*>(&address), length) == 0;
+    if (!bound) error = errno;
+    ::close(fd);
+    if (bound) return;  // LibTorch will bind this family too
+  }
+  if (error != EADDRINUSE && error != EACCES) return;  // LibTorch says what else went wrong
+  const std::string where = "rank " + std::to_string(launch.rank) + ": rendezvous at " +
+                            launch.master_addr + ":" + std::to_string(launch.master_port) +
+                            " (serving) failed: ";
+  if (error == EACCES) {
+    throw CollectiveError(where + "MASTER_PORT " + std::to_string(launch.master_port) +
+                          " needs privileges this process lacks (ports below 1024); choose a "
+                          "MASTER_PORT from 1024 to 65535");
+  }
+  throw CollectiveError(where + "MASTER_PORT " + std::to_string(launch.master_port) +
+                        " is already in use on this machine: by another program, or by another "
+                        "process started as rank 0 of this world (RANK=0 given twice?); end it, "
+                        "or choose a free MASTER_PORT");
+}
+
 c10::intrusive_ptr<c10d::Store> connect_tcp_store(const LaunchEnvironment& launch,
                                                   std::chrono::milliseconds timeout) {
   check_master_address(launch);
   const bool serving = launch.rank == 0 && !launch.agent_store;
+  if (serving) check_store_port_free(launch);
   if (!serving) wait_for_store_server(launch, timeout);
   c10d::TCPStoreOptions options;
   options.port = static_cast<uint16_t>(launch.master_port);
@@ -253,6 +399,39 @@ void store_barrier(c10d::Store& store, const std::string& name, int rank, int wo
   }
 }
 
+namespace {
+
+const std::string kClaimPrefix = "dptrain/claim/rank/";
+
+// "; rank 1 was claimed by 2 processes (...)": the ranks that two processes took, which is why
+// others never came; "" when none (or the store cannot say).
+std::string ranks_claimed_twice(c10d::Store& store, int world_size) {
+  std::vector<int> twice;
+  try {
+    for (int r = 0; r < world_size && twice.size() < 8; ++r) {
+      const std::string key = kClaimPrefix + std::to_string(r);
+      if (store.check({key}) && store.add(key, 0) > 1) twice.push_back(r);
+    }
+  } catch (const std::exception&) {
+    return "";
+  }
+  if (twice.empty()) return "";
+  return "; rank(s) " + rank_list(twice) +
+         " were started in two processes each (the same RANK given twice?), so the ranks "
+         "left without a process never came";
+}
+
+}  // namespace
+
+void claim_rank(c10d::Store& store, int rank) {
+  const auto claims = store.add(kClaimPrefix + std::to_string(rank), 1);
+  if (claims <= 1) return;
+  throw CollectiveError("rank " + std::to_string(rank) + ": another process has already joined " +
+                        "this rendezvous as rank " + std::to_string(rank) +
+                        " (the same RANK, or SLURM_PROCID, given to two processes?); every "
+                        "process needs its own rank from 0 to WORLD_SIZE-1");
+}
+
 static void store_barrier_unguarded(c10d::Store& store, const std::string& name, int rank,
                                     int world_size, std::chrono::milliseconds timeout) {
   const std::string prefix = "dptrain/barrier/" + name + "/rank/";
@@ -262,7 +441,7 @@ static void store_barrier_unguarded(c10d::Store& store, const std::string& name,
     throw CollectiveError("rank " + std::to_string(rank) + ": " + name + " timed out after " +
                           std::to_string(timeout.count() / 1000.0).substr(0, 5) + " s: rank(s) " +
                           rank_list(missing) + " of " + std::to_string(world_size) +
-                          " never arrived");
+                          " never arrived" + ranks_claimed_twice(store, world_size));
   }
   for (int r = 0; r < world_size; ++r) {
     const auto their_size = from_bytes(store.get(prefix + std::to_string(r)));

@@ -1,6 +1,9 @@
 // Planning this process's replicas and backend. See world_plan.h.
 #include "dptrain/parallel/world_plan.h"
 
+#include <algorithm>
+#include <string>
+
 #include "dptrain/core/errors.h"
 #include "dptrain/core/devices.h"
 
@@ -26,6 +29,22 @@ torch::Device device_of_local_rank(const std::vector<torch::Device>& named,
                    " device(s) but this is local rank " + std::to_string(local));
 }
 
+// Note [A bound on the replicas of one process]
+// Every in-process replica is a thread with a model of its own, and the Gloo group connects every
+// pair of replicas through loopback sockets: n replicas hold n(n-1) socket ends in this one
+// process. 256 `cpu` entries (65280 sockets, past the usual limit of 1024 descriptors, and 256
+// models) never reached a first step in 150 s and printed nothing. Sixteen (240 sockets) start in
+// seconds; one process per rank under torchrun has no such bound. A machine with more GPUs than
+// that may list each of them once.
+void check_replica_count(size_t replicas, int cuda_devices) {
+  const size_t most = std::max<size_t>(kMaxReplicasPerProcess, static_cast<size_t>(cuda_devices));
+  if (replicas <= most) return;
+  throw UsageError("--devices lists " + std::to_string(replicas) +
+                   " replicas; one process runs at most " + std::to_string(most) +
+                   " (each is a thread with its own model and a connection to every other); "
+                   "for more, start one process per rank with torchrun");
+}
+
 }  // namespace
 
 WorldPlan plan_world(const std::optional<std::string>& devices, std::optional<int> gpus,
@@ -41,6 +60,7 @@ WorldPlan plan_world(const std::optional<std::string>& devices, std::optional<in
     if (named.empty()) {
       named = {cuda_devices > 0 ? torch::Device(torch::kCUDA, 0) : torch::Device(torch::kCPU)};
     }
+    check_replica_count(named.size(), cuda_devices);
     world.local_devices = named;
     world.world_size = static_cast<int>(named.size());
     return world;

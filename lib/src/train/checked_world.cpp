@@ -65,13 +65,30 @@ void check_omp_num_threads(const char* value, int cores, int64_t most_threads) {
   }
 }
 
-int intra_op_thread_count(const TrainOptions& options) {
-  return options.threads > 0 ? static_cast<int>(options.threads)
-                             : default_intra_op_threads(std::getenv("OMP_NUM_THREADS"));
+ThreadDefault intra_op_threads(const TrainOptions& options, const WorldPlan& world) {
+  ThreadDefault chosen;
+  if (options.threads > 0) {
+    chosen.threads = static_cast<int>(options.threads);
+    chosen.reason = std::to_string(chosen.threads) +
+                    (chosen.threads == 1 ? " thread" : " threads") + " (--threads)";
+  } else {
+    // The processes on this host share its cores: a launcher's local ranks; in-process
+    // replicas share this process's threads below (train.cpp divides them).
+    chosen = default_intra_op_threads(std::getenv("OMP_NUM_THREADS"),
+                                      world.multi_process ? world.launch.local_world_size : 1);
+  }
+  if (const auto replicas = world.local_devices.size(); replicas > 1) {
+    chosen.reason += ", shared by " + std::to_string(replicas) + " replicas";
+  }
+  return chosen;
+}
+
+int intra_op_thread_count(const TrainOptions& options, const WorldPlan& world) {
+  return intra_op_threads(options, world).threads;
 }
 
 void start_intra_op_threads(const CheckedWorld& run) {
-  at::set_num_threads(std::max(1, intra_op_thread_count(run.options())));
+  at::set_num_threads(std::max(1, intra_op_thread_count(run.options(), run.world())));
 }
 
 CheckedWorld check_world(const TrainOptions& options, const WorldPlan& world) {

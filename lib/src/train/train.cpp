@@ -154,7 +154,7 @@ Result run_world(const FashionMnist& data, const CheckedWorld& run, RankPlan bas
   if (world.local_devices.front().is_cuda()) {
     at::globalContext().setBenchmarkCuDNN(options.cudnn_benchmark);
   }
-  const int total_threads = intra_op_thread_count(options);
+  const int total_threads = intra_op_thread_count(options, world);
   base.world_size = world.world_size;
   base.threads = std::max(1, total_threads / local);
   base.loopback = !world.multi_process;

@@ -4,6 +4,7 @@
 
 #include <torch/types.h>
 
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -28,12 +29,36 @@ std::string device_list_name(const std::vector<std::string>& names);
 // than the machine has); at least 1.
 int usable_cpu_cores();
 
-// The intra-op threads a process takes when --threads is not given: OMP_NUM_THREADS when it is
-// set (LibTorch has applied it already; torchrun sets it to 1 when it starts several processes
-// on one host), else one per physical core among usable_cpu_cores() (a second hyperthread of a
-// core only competes for the same vector units). Not LibTorch's own default: Debian's 1.13
-// starts OpenMP with one thread. `omp_num_threads` is the variable's value, or null.
-int default_intra_op_threads(const char* omp_num_threads);
+// The whole cores of CPU time this process's cgroup may use: the smallest quota over its cgroup
+// and the cgroups above it (v2 cpu.max "quota period", v1 cpu.cfs_quota_us / cpu.cfs_period_us),
+// rounded down, at least 1; nullopt when no quota is set or none can be read. A container started
+// with `docker --cpus 2` sees every core in its affinity mask but gets two cores' time.
+// `cgroup_root` is where the cgroup filesystems are mounted (/sys/fs/cgroup) and `proc_cgroup`
+// the text of /proc/self/cgroup; tests pass a fake tree.
+std::optional<int> cgroup_cpu_quota(const std::string& cgroup_root, const std::string& proc_cgroup);
+// The same for this process.
+std::optional<int> cgroup_cpu_quota();
+
+// The intra-op threads a process takes when --threads is not given, and where the figure came
+// from, for the run's first line.
+struct ThreadDefault {
+  int threads = 1;
+  std::string reason;  // "2 threads (8 cores, quota 4, / 2 local ranks)"
+};
+
+// The host's usable cores shared among the processes on it: min(`cores`, `quota`) divided by
+// `local_ranks` (rounded down, at least 1 each). The arithmetic of default_intra_op_threads.
+ThreadDefault share_cores(int cores, std::optional<int> quota, int local_ranks);
+
+// The default: OMP_NUM_THREADS when it is set (LibTorch has applied it already; torchrun sets it
+// to 1 when it starts several processes on one host), else one per physical core among
+// usable_cpu_cores() (a second hyperthread of a core only competes for the same vector units),
+// capped by the cgroup's CPU quota and shared among the `local_ranks` processes on this host
+// (torchrun's LOCAL_WORLD_SIZE, Slurm's tasks on this node; 1 without a launcher): two ranks
+// that each took every core ran 5.3 times slower than with one thread each. Not LibTorch's own
+// default: Debian's 1.13 starts OpenMP with one thread. `omp_num_threads` is the variable's
+// value, or null.
+ThreadDefault default_intra_op_threads(const char* omp_num_threads, int local_ranks = 1);
 
 // Waits for the device's queued work, so that a clock reading means what it says.
 void synchronize(const torch::Device& device);

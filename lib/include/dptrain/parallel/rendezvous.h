@@ -20,6 +20,10 @@ struct LaunchEnvironment {
   int rank = 0;
   int world_size = 1;
   int local_rank = 0;
+  // The ranks on this host, which share its cores: torchrun's LOCAL_WORLD_SIZE, Slurm's tasks of
+  // this step on this node (SLURM_STEP_TASKS_PER_NODE at SLURM_NODEID), else the whole world
+  // when MASTER_ADDR is a loopback address (every rank is here), else 1 (not known).
+  int local_world_size = 1;
   std::string master_addr;
   int master_port = 0;
   // torchrun's agent already serves a TCPStore at MASTER_ADDR:MASTER_PORT
@@ -28,10 +32,13 @@ struct LaunchEnvironment {
   int restart_count = 0;  // TORCHELASTIC_RESTART_COUNT: keys of earlier attempts are ignored
 };
 
-// Reads torchrun's RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and MASTER_PORT, else Slurm's
-// SLURM_PROCID, SLURM_NTASKS and SLURM_LOCALID (with MASTER_ADDR/MASTER_PORT). Returns nullopt
-// when neither launcher is present. Throws UsageError on an incomplete or malformed set,
-// naming the variable. `env` maps variable names to values (tests pass their own).
+// Reads torchrun's RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and MASTER_PORT, else those of a
+// Slurm job step started by srun: SLURM_PROCID, SLURM_STEP_NUM_TASKS and SLURM_LOCALID (with
+// MASTER_ADDR/MASTER_PORT). Returns nullopt when neither launcher is present; an sbatch script's
+// own batch step (SLURM_PROCID=0 and SLURM_NTASKS set, but no numeric SLURM_STEP_ID) is no
+// launch, as it is for Slurm's own tools. Throws UsageError on an incomplete or malformed set,
+// naming the variable and the variables that made this process a rank. `env` maps variable
+// names to values (tests pass their own).
 std::optional<LaunchEnvironment> read_launch_environment(
     const std::map<std::string, std::string>& env);
 // The same, from this process's environment.
@@ -58,6 +65,12 @@ void check_master_address(const LaunchEnvironment& launch);
 // address and the cause.
 c10::intrusive_ptr<c10d::Store> connect_tcp_store(const LaunchEnvironment& launch,
                                                   std::chrono::milliseconds timeout);
+
+// Takes `rank` in the store, once: a second process that claims the same rank is a
+// CollectiveError at once, naming it (a duplicate RANK otherwise looks like a rank that never
+// came, and for rank 0 like a port held by another program). store_barrier's timeout names the
+// ranks claimed twice.
+void claim_rank(c10d::Store& store, int rank);
 
 // Every rank announces itself under `name` and waits for the others. On timeout, throws
 // CollectiveError listing the ranks that never arrived. Also checks that every rank agrees on

@@ -26,6 +26,10 @@ struct WorldPlan {
   LaunchEnvironment launch;  // multi-process only: where the ranks meet
 };
 
+// The most replicas one process runs as threads, where the machine has fewer GPUs (Note [A bound
+// on the replicas of one process]).
+constexpr size_t kMaxReplicasPerProcess = 16;
+
 // `devices` is --devices as given, `gpus` is --gpus (at most one is set), `launch` is
 // read_launch_environment(), `cuda_devices` is cuda_device_count().
 // Without a launcher every replica is a thread of this process: the devices named, else the
@@ -33,7 +37,7 @@ struct WorldPlan {
 // devices named are this node's and LOCAL_RANK picks one (a lone "cpu" serves every local rank);
 // with none named, GPU LOCAL_RANK, or the CPU on a machine without GPUs.
 // Throws UsageError naming the flag, or the launcher and local rank, when the devices are not
-// there.
+// there, or when more than kMaxReplicasPerProcess (or the GPU count, where larger) are listed.
 WorldPlan plan_world(const std::optional<std::string>& devices, std::optional<int> gpus,
                      const std::optional<LaunchEnvironment>& launch, int cuda_devices);
 

@@ -8,6 +8,7 @@
 
 #include <cstdint>
 
+#include "dptrain/core/devices.h"
 #include "dptrain/parallel/world_plan.h"
 #include "dptrain/train/options.h"
 
@@ -40,8 +41,11 @@ class CheckedWorld {
 // must be. check_world runs it.
 void check_omp_num_threads(const char* value, int cores, int64_t most_threads);
 
-// The intra-op threads of this process: --threads, else OMP_NUM_THREADS, else the physical cores.
-int intra_op_thread_count(const TrainOptions& options);
+// The intra-op threads of this process and where the figure came from: --threads, else
+// OMP_NUM_THREADS, else the physical cores (within the cgroup's CPU quota) shared among the
+// launcher's ranks on this host (default_intra_op_threads).
+ThreadDefault intra_op_threads(const TrainOptions& options, const WorldPlan& world);
+int intra_op_thread_count(const TrainOptions& options, const WorldPlan& world);
 // Sets them now, before the first parallel region (the data load) sizes LibTorch's OpenMP pool
 // from the environment.
 void start_intra_op_threads(const CheckedWorld& run);
