@@ -271,7 +271,9 @@ bool already_present(const std::string& path, const std::string& name, const std
 // into place. Now a download holds flock(2) on "<directory>/.dptrain-download.lock" from before
 // it looks at any file until it returns; a second one is refused at once, naming the holder
 // (the lock file says "pid N on HOST, since TIME"), as a second run is from a checkpoint
-// directory (CheckpointDirectoryLock, which lives in train/, above this layer). Under the lock
+// directory (CheckpointDirectoryLock) or a second writer from an output (OutputLock in files.h,
+// the same protocol; not used here because it refuses a directory it cannot write, where a
+// download whose files are all present must still succeed, and speaks of a file). Under the lock
 // a ".part" can only be a dead run's leftover, so remove_leftover_part stays safe. The lock file
 // is removed on the way out so that the directory holds only the data; that is safe because
 // whoever gets the flock checks that the name still points at the file it locked, and retries
