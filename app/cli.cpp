@@ -137,9 +137,12 @@ void add_output_flags(cxxopts::Options& options, bool training) {
         ("log-every", "steps between progress lines when stderr is not a terminal (on a "
                       "terminal a live bar is drawn)",
          cxxopts::value<std::string>()->default_value("50"), "N")
-        ("metrics", "write one record per epoch to FILE: .csv or .jsonl",
+        ("metrics", "write one record per epoch to FILE: .csv or .jsonl (should a write "
+                    "fail, one error line, and the run goes on without it, keeping its "
+                    "checkpoints and --save-model, and exits 1)",
          cxxopts::value<std::string>(), "FILE")
-        ("plot", "draw test accuracy, train loss and train accuracy per epoch into FILE.svg",
+        ("plot", "draw test accuracy, train loss and train accuracy per epoch into FILE.svg "
+                 "(a failed write: as for --metrics)",
          cxxopts::value<std::string>(), "FILE")
         ("tensorboard", "write TensorBoard event files into DIR (made if missing; view with "
                         "tensorboard --logdir DIR): each epoch's figures, the running training "

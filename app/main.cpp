@@ -176,17 +176,33 @@ std::unique_ptr<dptrain::RendezvousWatchdog> make_watchdog(const dptrain::WorldP
       stop_signal);
 }
 
+// What a stop leaves of --save-model: it is written by a run that finished, and a stopped one
+// did not, so a stop never writes it, and says so (with or without --checkpoint-dir: without
+// one nothing of the run is kept, which the line says too).
+std::string save_model_after_stop(const dptrain::TrainOptions& options) {
+  if (!options.save_model) return "";
+  return std::string("; --save-model ") + *options.save_model +
+         " was not written (the run did not finish" +
+         (options.checkpoint_dir ? ": resume to finish it)" : ", and without --checkpoint-dir "
+                                                              "its weights are lost)");
+}
+
 // After train(): the skipped steps, the steady pace and the book's line, and the exit status.
-int report_training(const dptrain::TrainResult& result, bool reporter, bool quiet,
-                    const std::string& prefix, const std::function<void(const std::string&)>& print,
+// A resume that had nothing left to train (TrainResult::steps_run 0) measured nothing, so it
+// prints no result: the history's last epoch is the checkpoint's figure, not this run's.
+int report_training(const dptrain::TrainResult& result, bool reporter,
+                    const dptrain::TrainCommand& command, const std::string& prefix,
+                    const std::function<void(const std::string&)>& print,
                     const CheckedStdout& out) {
+  const bool quiet = command.quiet;
   if (result.skipped_steps > 0 && reporter) {
     print("skipped " + std::to_string(result.skipped_steps) +
           " step(s) with a non-finite gradient (--on-nonfinite skip)");
   }
   const std::string resume =
-      result.last_checkpoint ? "; resume from " + *result.last_checkpoint : "";
-  if (result.stopped_by == 0 && reporter) {
+      (result.last_checkpoint ? "; resume from " + *result.last_checkpoint : "") +
+      (result.stopped_by != 0 ? save_model_after_stop(command.options) : "");
+  if (result.stopped_by == 0 && reporter && result.steps_run > 0) {
     // The steady pace first (first-epoch warm-up left out), then the book's line, last.
     if (const auto steady = dptrain::format_steady_line(result); !steady.empty() && !quiet) {
       print(steady);
@@ -328,6 +344,13 @@ int run_train(dptrain::TrainCommand command, CheckedStdout& out) {
 
   dptrain::RunRecords records(command.metrics, command.plot, options.lr, options.batch_size,
                               options.epochs);
+  // Note [A failed record costs only itself] in run_records.cpp: one line, and the run goes on.
+  records.on_lost([&](const std::string& flag, const std::string& what) {
+    progress.clear();
+    std::fprintf(stderr, "%serror: %s; the run goes on without %s (checkpoints and --save-model "
+                 "are kept) and will exit 1\n", prefix.c_str(), first_line(what).c_str(),
+                 flag.c_str());
+  });
   if (command.tensorboard) {
     records.log_tensorboard(*command.tensorboard,
                             dptrain::num_batches(data.train.size(), options.batch_size));
@@ -366,7 +389,8 @@ int run_train(dptrain::TrainCommand command, CheckedStdout& out) {
   const auto result = train_answering_a_stop([&] { return dptrain::train(data, run, callbacks); },
                                              *options.stop_signal, started, *watchdog);
   progress.clear();
-  return report_training(result, reporter, command.quiet, prefix, print, out);
+  const int status = report_training(result, reporter, command, prefix, print, out);
+  return status == 0 && !records.lost().empty() ? kExitRuntimeFailure : status;
 }
 
 // The weights to evaluate: a checkpoint, a --save-model file, or any safetensors file of the

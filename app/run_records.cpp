@@ -2,6 +2,7 @@
 #include "run_records.h"
 
 #include <cmath>
+#include <exception>
 #include <utility>
 
 #include "dptrain/report/plot.h"
@@ -21,29 +22,69 @@ void RunRecords::log_tensorboard(const std::string& dir, int64_t steps_per_epoch
   steps_per_epoch_ = steps_per_epoch;
 }
 
+// Note [A failed record costs only itself]
+// The records are written at the end of each epoch, beside the checkpoint, and a full disk or a
+// file-size limit fails them first (they are written more often). A failure used to end the
+// run before that epoch's checkpoint and --save-model: the records, which say what happened,
+// cost the weights, which are the run. Now the library writes the checkpoint before it rethrows
+// a callback's failure (rank.cpp), and here a failed write of one output drops that output
+// only: one line says so, the run goes on with its checkpoints, the other records and
+// --save-model, and the driver exits 1 at the end (the run did not leave everything asked of
+// it). Stopping instead would save nothing more: the checkpoint is already safe.
+template <typename Write>
+void RunRecords::guarded(const char* flag, Write write) {
+  try {
+    write();
+  } catch (const std::exception& e) {
+    const std::string name = flag;
+    if (name == "--metrics") {
+      metrics_.reset();
+      metrics_path_.reset();
+    } else if (name == "--plot") {
+      plot_path_.reset();
+    } else {
+      tensorboard_.reset();
+      tensorboard_dir_.reset();
+    }
+    lost_.push_back(name);
+    if (report_lost_) report_lost_(name, e.what());
+  }
+}
+
+void RunRecords::on_lost(
+    std::function<void(const std::string& flag, const std::string& what)> report) {
+  report_lost_ = std::move(report);
+}
+
 void RunRecords::start(const std::vector<std::string>& devices,
                        const std::vector<EpochStats>& done, int64_t start_step,
                        const std::vector<RunSetting>& settings) {
   devices_ = devices;
-  if (metrics_path_) metrics_ = std::make_unique<MetricsWriter>(*metrics_path_);
   for (const auto& stats : done) append_record(stats);
-  if (metrics_) metrics_->write(records_);
+  if (metrics_path_) {
+    guarded("--metrics", [&] {
+      metrics_ = std::make_unique<MetricsWriter>(*metrics_path_);
+      metrics_->write(records_);
+    });
+  }
   if (!done.empty()) redraw_plot();
   if (tensorboard_dir_) {
-    tensorboard_ = std::make_unique<TensorBoardLog>(*tensorboard_dir_, steps_per_epoch_);
-    tensorboard_->start(start_step, settings_markdown(settings));
+    guarded("--tensorboard", [&] {
+      tensorboard_ = std::make_unique<TensorBoardLog>(*tensorboard_dir_, steps_per_epoch_);
+      tensorboard_->start(start_step, settings_markdown(settings));
+    });
   }
 }
 
 void RunRecords::add(const EpochStats& stats) {
   append_record(stats);
-  if (metrics_) metrics_->write(records_.back());
+  if (metrics_) guarded("--metrics", [&] { metrics_->write(records_.back()); });
   redraw_plot();
-  if (tensorboard_) tensorboard_->add_epoch(stats);
+  if (tensorboard_) guarded("--tensorboard", [&] { tensorboard_->add_epoch(stats); });
 }
 
 void RunRecords::add_loss(const LossStats& loss) {
-  if (tensorboard_) tensorboard_->add_loss(loss);
+  if (tensorboard_) guarded("--tensorboard", [&] { tensorboard_->add_loss(loss); });
 }
 
 void RunRecords::append_record(const EpochStats& stats) {
@@ -69,12 +110,13 @@ void RunRecords::append_record(const EpochStats& stats) {
                                            : (lower_.top() + upper_.top()) / 2;
 }
 
-void RunRecords::redraw_plot() const {
+void RunRecords::redraw_plot() {
   if (!plot_path_) return;
   PlotOptions plot;
   plot.title = plot_title(lr_, batch_size_, devices_);
   plot.epochs = epochs_;
-  write_plot_atomically(*plot_path_, render_training_plot(records_, plot));
+  guarded("--plot",
+          [&] { write_plot_atomically(*plot_path_, render_training_plot(records_, plot)); });
 }
 
 }  // namespace dptrain

@@ -3,6 +3,8 @@
 // one write, one drawing) and then after every epoch, so that each holds every epoch once; and
 // the TensorBoard event file (--tensorboard), a new one per run, which holds this run's epochs
 // and running loss only (a resumed run's earlier ones are in the stopped run's file).
+// They are auxiliary: a write that fails drops that output for the rest of the run and says so
+// once (Note [A failed record costs only itself] in run_records.cpp); nothing here throws.
 // Not here: their formats (metrics.h, plot.h, tensorboard.h), checkpoints (train/checkpoint.h).
 #pragma once
 
@@ -37,11 +39,19 @@ class RunRecords {
   void add(const EpochStats& stats);
   // Every --tensorboard-every steps: the running loss, into the event file.
   void add_loss(const LossStats& loss);
+  // Called once per output whose write failed, with its flag and the failure, before it is
+  // dropped (the driver prints the one line).
+  void on_lost(std::function<void(const std::string& flag, const std::string& what)> report);
+  // The flags of the outputs dropped after a failed write, in order.
+  const std::vector<std::string>& lost() const { return lost_; }
 
  private:
+  // Runs one output's write; a failure drops that output (`flag`) and is reported.
+  template <typename Write>
+  void guarded(const char* flag, Write write);
   // Appends the record of `stats`, its steady seconds the median of epochs 2 on so far.
   void append_record(const EpochStats& stats);
-  void redraw_plot() const;
+  void redraw_plot();
 
   std::optional<std::string> metrics_path_;
   std::optional<std::string> plot_path_;
@@ -59,6 +69,8 @@ class RunRecords {
   // min-heap of the rest, never more than one longer than `lower_`.
   std::priority_queue<double> lower_;
   std::priority_queue<double, std::vector<double>, std::greater<double>> upper_;
+  std::function<void(const std::string&, const std::string&)> report_lost_;
+  std::vector<std::string> lost_;
 };
 
 }  // namespace dptrain

@@ -7,6 +7,7 @@
 
 #include <cerrno>
 #include <cstring>
+#include <vector>
 
 namespace dptrain {
 namespace {
@@ -35,6 +36,22 @@ void on_stop_signal(int signal_number) {
 
 }  // namespace
 
+std::vector<int> stop_request_signals() {
+  std::vector<int> signals{SIGUSR1, SIGUSR2, SIGALRM, SIGVTALRM, SIGPROF, SIGXCPU, SIGIO};
+#ifdef SIGPWR
+  signals.push_back(SIGPWR);
+#endif
+#ifdef SIGSTKFLT
+  signals.push_back(SIGSTKFLT);
+#endif
+  // The real-time signals (default action: end the process), SIGRTMIN's own number included;
+  // glibc keeps the two below SIGRTMIN for its threads.
+  for (int signal_number = SIGRTMIN; signal_number <= SIGRTMAX; ++signal_number) {
+    signals.push_back(signal_number);
+  }
+  return signals;
+}
+
 const std::atomic<int>& install_stop_handlers(bool announce) {
   g_announce.store(announce);
   struct sigaction action;
@@ -45,6 +62,23 @@ const std::atomic<int>& install_stop_handlers(bool announce) {
   // A lost terminal (SIGHUP) and Ctrl-\ (SIGQUIT) are stop requests too: either used to end the
   // process with no line, no checkpoint and a download's .part left behind.
   for (const int signal_number : {SIGINT, SIGTERM, SIGHUP, SIGQUIT}) {
+    sigaction(signal_number, &action, nullptr);
+  }
+  // Note [Every signal that would end the process is a stop request]
+  // Schedulers warn before they kill with other signals than SIGTERM: Slurm's --signal sends
+  // SIGUSR1 by default (or any signal named), batch systems send SIGXCPU at a CPU-time limit, a
+  // UPS daemon SIGPWR, and a script's `timeout -s` or alarm(2) SIGALRM. Their default action ends
+  // the process at once: no line, no checkpoint, a .part left. So every signal whose default
+  // action ends the process is a stop request, except the faults a program raises itself
+  // (SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGTRAP, SIGABRT, SIGSYS: answering them would run on in a
+  // broken state), SIGKILL and SIGSTOP (which cannot be caught), and SIGPIPE and SIGXFSZ, which
+  // ignore_write_signals() turns into failed writes. A signal some part of the process already
+  // handles or ignores (a profiler's SIGPROF, a library's real-time signal, a SIGUSR1 set to
+  // SIG_IGN by whoever started us) keeps its disposition.
+  for (const int signal_number : stop_request_signals()) {
+    struct sigaction current;
+    if (sigaction(signal_number, nullptr, &current) != 0) continue;
+    if (current.sa_handler != SIG_DFL || (current.sa_flags & SA_SIGINFO) != 0) continue;
     sigaction(signal_number, &action, nullptr);
   }
   return g_stop_signal;

@@ -1,5 +1,6 @@
-// Stop requests: SIGINT, SIGTERM, SIGHUP and SIGQUIT, and a standard output that can no longer be written (a
-// closed pipe, a full disk). The first request asks the training to finish its step, write a
+// Stop requests: SIGINT, SIGTERM, SIGHUP, SIGQUIT and every other signal whose default action
+// would end the process (stop_request_signals), and a standard output that can no longer be
+// written (a closed pipe, a full disk). The first request asks the training to finish its step, write a
 // checkpoint and exit; a second SIGINT exits at once. SIGPIPE and SIGXFSZ are ignored, so that a
 // closed pipe or a full file-size limit is a failed write that the program sees, not a death.
 // Not here: how the ranks agree on the stop (RankTraining::run in lib/src/train/rank.cpp).
@@ -8,8 +9,15 @@
 #include <atomic>
 #include <cstdio>
 #include <string>
+#include <vector>
 
 namespace dptrain {
+
+// The signals besides SIGINT, SIGTERM, SIGHUP and SIGQUIT that are stop requests: every one
+// whose default action ends the process, less the faults, SIGKILL, SIGPIPE and SIGXFSZ (Note
+// [Every signal that would end the process is a stop request] in signals.cpp). Each is answered
+// only where its disposition is still the default when the handlers are installed.
+std::vector<int> stop_request_signals();
 
 // Installs the handlers (once) and returns the flag they set: 0, or the first request's signal
 // number. `announce`: write a line to stderr on the first signal saying what happens next

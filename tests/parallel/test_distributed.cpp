@@ -3,9 +3,11 @@
 #include <arpa/inet.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
+#include <signal.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <functional>
 #include <map>
@@ -72,6 +74,54 @@ TEST(Communicator, MissingPeerTimesOutWithRankInMessage) {
     EXPECT_NE(message.find("the test all-reduce"), std::string::npos) << message;
   }
   EXPECT_LT(std::chrono::steady_clock::now() - start, 30s);
+}
+
+// A stop request (SIGTERM) while a peer stalled waited out the whole collective timeout (300 s
+// by default, past a scheduler's 30 s grace). Now the wait ends kStopGrace after the request,
+// with an error that says the stop ended it; a collective that finishes is not disturbed.
+TEST(Communicator, StopRequestEndsAWaitForAStalledPeerWithinTheGrace) {
+  struct IgnoredSigpipe {
+    void (*previous)(int) = signal(SIGPIPE, SIG_IGN);
+    ~IgnoredSigpipe() { signal(SIGPIPE, previous); }
+  } ignored_sigpipe;
+  auto store = make_in_process_store(30s);
+  std::atomic<int> stop{0};
+  std::atomic<bool> rank0_done{false};
+  std::string error;
+  std::chrono::steady_clock::duration waited{};
+  std::vector<std::thread> threads;
+  for (int rank = 0; rank < 2; ++rank) {
+    threads.emplace_back([&, rank] {
+      WorldOptions options;
+      options.timeout = 30s;
+      options.stop_signal = &stop;
+      Communicator communicator(store, rank, 2, options);
+      auto both = torch::ones({2});
+      communicator.allreduce_sum(both, "a collective both ranks join");
+      EXPECT_TRUE(torch::equal(both, torch::full({2}, 2.0f)));
+      if (rank == 1) {  // stalls: alive, its connection open, never joining the next collective
+        while (!rank0_done) std::this_thread::sleep_for(10ms);
+        return;
+      }
+      stop = SIGTERM;
+      const auto start = std::chrono::steady_clock::now();
+      try {
+        auto t = torch::ones({3});
+        communicator.allreduce_sum(t, "the stalled all-reduce");
+      } catch (const StopEndedTheWait& e) {
+        error = e.what();
+      }
+      waited = std::chrono::steady_clock::now() - start;
+      rank0_done = true;
+    });
+  }
+  for (auto& thread : threads) thread.join();
+  EXPECT_EQ(error,
+            "rank 0 of 2: the stop request (signal 15) ended the wait for the stalled all-reduce, "
+            "which had not finished 1 s after it (a peer stalled or died); no checkpoint was "
+            "written for this stop");
+  EXPECT_GE(waited, kStopGrace);
+  EXPECT_LT(waited, kStopGrace + 2s);
 }
 
 TEST(Communicator, DiagnosisBudgetIsAFifthOfTheTimeoutAtMostThreeSeconds) {

@@ -18,6 +18,7 @@
 #include <optional>
 #include <sstream>
 #include <thread>
+#include <tuple>
 
 #include "dptrain/data/batching.h"
 #include "dptrain/core/errors.h"
@@ -110,6 +111,62 @@ TEST(Training, SameSeedGivesBitIdenticalWeights) {
   const auto a = load_parameters(dir.file("a.safetensors"), 4);
   EXPECT_TRUE(all_equal(a, load_parameters(dir.file("b.safetensors"), 4)));
   EXPECT_FALSE(all_equal(a, load_parameters(dir.file("c.safetensors"), 4)));
+}
+
+// ---- The end of an epoch and of a run -----------------------------------------------------
+
+// The epoch's callback (the driver's records: --metrics, --plot) failing on a full disk ended
+// the run before that epoch's checkpoint. Now the checkpoint is written first, then the
+// failure goes on up.
+TEST(Training, AFailingEpochCallbackStillLeavesTheEpochsCheckpoint) {
+  const auto data = synthetic_data(64, 16);
+  TempDir dir;
+  auto options = small_options();
+  options.epochs = 2;
+  options.checkpoint_dir = dir.file("ck");
+  const auto full_disk = [](const EpochStats&) {
+    throw DataError("cannot write metrics file m.csv: No space left on device");
+  };
+  expect_throws<DataError>([&] { train(data, options, cpu_world(1), full_disk); },
+                           {"cannot write metrics file m.csv: No space left on device"});
+  EXPECT_EQ(checkpoint_file_names(dir.file("ck")),
+            std::vector<std::string>{checkpoint_file_name(1, 0)});
+}
+
+// A resume with nothing left to train ran no step and reported the checkpoint's last epoch as
+// its result. Now a notice says so and why, and the result says no step was run (steps_run 0),
+// which the driver reads to print no result; a run that trains counts its own steps only.
+TEST(Training, AResumeWithNothingLeftSaysSoAndRunsNoStep) {
+  const auto data = synthetic_data(64, 16);  // 2 steps per epoch at batch 32
+  TempDir dir;
+  auto options = small_options();
+  options.epochs = 2;
+  options.checkpoint_dir = dir.file("ck");
+  EXPECT_EQ(train(data, options, cpu_world(1)).steps_run, 4);
+  options.resume = true;
+  const std::string last = dir.file("ck") + "/" + checkpoint_file_name(2, 0);
+  for (const auto& [epochs, max_steps, why] : std::vector<std::tuple<int64_t, int64_t, std::string>>{
+           {2, 0, " has finished 2 epoch(s) and --epochs is 2"},
+           {1, 0, " has finished 2 epoch(s) and --epochs is 1"},
+           {5, 4, " is at global step 4 and --max-steps is 4"},
+           {5, 3, " is at global step 4 and --max-steps is 3"}}) {
+    SCOPED_TRACE("--epochs " + std::to_string(epochs) + " --max-steps " + std::to_string(max_steps));
+    options.epochs = epochs;
+    options.max_steps = max_steps;
+    TrainCallbacks callbacks;
+    std::vector<std::string> notices;
+    callbacks.on_notice = [&](const std::string& text) { notices.push_back(text); };
+    const auto result = train(data, options, cpu_world(1), callbacks);
+    EXPECT_EQ(result.steps_run, 0);
+    EXPECT_EQ(result.stopped_by, 0);
+    EXPECT_EQ(notices, std::vector<std::string>{"nothing left to train: the checkpoint " + last +
+                                                why +
+                                                "; this run takes no step and reports no result "
+                                                "(raise --epochs or --max-steps to train on)"});
+  }
+  options.epochs = 3;
+  options.max_steps = 0;
+  EXPECT_EQ(train(data, options, cpu_world(1)).steps_run, 2);
 }
 
 TEST(Training, PinnedFirstLosses) {

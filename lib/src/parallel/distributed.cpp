@@ -143,6 +143,11 @@ Communicator::~Communicator() {
   // Still open here means an exception is unwinding this rank: abort, so that no peer waits for
   // it, and so that LibTorch's destructor has nothing to flush or warn about.
   if (group_ && !shut_down_) abort();
+  // A stop ended a wait on a collective that is still in flight: ProcessGroupGloo's destructor
+  // would drain its work queue, i.e. wait for that collective, for the stalled peer, up to the
+  // timeout (abort() stops nothing in Gloo). The process is on its way out with the stop's
+  // error, so the group is left to the exit (Note [A stop request ends a wait on a collective]).
+  if (group_ && stopped_in_flight_) (void)group_->group.release();
 }
 
 Communicator::Communicator(c10::intrusive_ptr<c10d::Store> store, int rank, int world_size,
@@ -153,7 +158,8 @@ Communicator::Communicator(c10::intrusive_ptr<c10d::Store> store, int rank, int 
       world_size_(world_size),
       timeout_(options.timeout),
       collective_timeout_(options.timeout - diagnosis_budget(options.timeout)),
-      rank_hosts_(options.rank_hosts) {
+      rank_hosts_(options.rank_hosts),
+      stop_signal_(options.stop_signal) {
   TORCH_CHECK(world_size >= 1 && rank >= 0 && rank < world_size, "rank ", rank,
               " is outside a world of ", world_size);
   if (!backend_available(options.backend)) {
@@ -270,13 +276,65 @@ void Communicator::wait(Pending& pending) {
     } else {
       // Gloo fails the operation itself after the timeout given at creation; the wait bound is
       // the second line of defence against a stall that Gloo does not notice.
-      work->wait(collective_timeout_);
+      wait_in_slices(work, pending.what_);
     }
     return;
+  } catch (const StopEndedTheWait&) {
+    throw;
   } catch (const std::exception& e) {
     reason = e.what();
   }
   fail(pending.what_, reason);
+}
+
+// Note [A stop request ends a wait on a collective]
+// A stop request is answered at the next step boundary, where the ranks agree on it (rank.cpp).
+// A rank whose peer stalled (SIGSTOP, a hung file system, a lost host) never gets there: it
+// waits in a collective for the whole timeout (300 s by default), past the grace a scheduler
+// gives between SIGTERM and SIGKILL (30 s for Kubernetes and Slurm), and is killed with no
+// word. So every wait on a collective looks at the stop request (WorldOptions::stop_signal):
+// Gloo's in slices of kWaitSlice (Work::wait(timeout) returns the moment the work finishes,
+// so slicing costs a finished collective nothing), NCCL's host-side poll on every turn. Once
+// the request is kStopGrace old and the collective has still not finished, the rank fails
+// with StopEndedTheWait, a CollectiveError that says so; peers that are alive reach any
+// collective well within the grace (they are at most a step apart), so a stop among healthy
+// ranks still ends at the step boundary with a checkpoint. The peers are not diagnosed (Note
+// [Naming the missing rank]): its budget would be spent on ranks that stopped waiting too.
+namespace {
+constexpr std::chrono::milliseconds kWaitSlice{100};
+}  // namespace
+
+void Communicator::wait_in_slices(const c10::intrusive_ptr<c10d::Work>& work,
+                                  const std::string& what) {
+  const auto deadline = std::chrono::steady_clock::now() + collective_timeout_;
+  while (true) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+        deadline - std::chrono::steady_clock::now());
+    try {
+      work->wait(std::max(std::chrono::milliseconds(1), std::min(kWaitSlice, left)));
+      return;
+    } catch (const std::exception&) {
+      // Finished with a failure, or the whole timeout spent: the caller reports it.
+      if (work->isCompleted() || std::chrono::steady_clock::now() >= deadline) throw;
+    }
+    fail_if_stopped(what);
+  }
+}
+
+void Communicator::fail_if_stopped(const std::string& what) {
+  const int signal_number = stop_signal_ ? stop_signal_->load() : 0;
+  if (signal_number == 0) return;
+  const auto now = std::chrono::steady_clock::now();
+  if (stop_seen_ == std::chrono::steady_clock::time_point{}) stop_seen_ = now;
+  if (now - stop_seen_ < kStopGrace) return;
+  stopped_in_flight_ = true;
+  abort();  // peers waiting for this rank fail fast too
+  std::ostringstream message;
+  message << "rank " << rank_ << " of " << world_size_ << ": the stop request (signal "
+          << signal_number << ") ended the wait for " << what << ", which had not finished "
+          << kStopGrace.count() / 1000.0
+          << " s after it (a peer stalled or died); no checkpoint was written for this stop";
+  throw StopEndedTheWait(message.str());
 }
 
 void Communicator::wait_host(const std::string& what) {
@@ -302,9 +360,12 @@ void Communicator::wait_host_for(const c10::intrusive_ptr<c10d::Work>& work,
         reason = "did not finish within the timeout";
         break;
       }
+      fail_if_stopped(what);  // Note [A stop request ends a wait on a collective]
       std::this_thread::sleep_for(std::chrono::microseconds(50));
     }
     if (reason.empty() && work->exception()) std::rethrow_exception(work->exception());
+  } catch (const StopEndedTheWait&) {
+    throw;
   } catch (const std::exception& e) {
     reason = e.what();
   }

@@ -66,6 +66,7 @@ std::unique_ptr<Communicator> connect_rank(const WorldSeat& seat,
   world_options.backend = seat.backend;
   world_options.timeout = seat.timeout;
   world_options.loopback = seat.loopback;
+  world_options.stop_signal = seat.stop_signal;
   return std::make_unique<Communicator>(seat.store, seat.rank, seat.world_size, world_options);
 }
 

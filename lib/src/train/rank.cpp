@@ -10,6 +10,7 @@
 #include <atomic>
 #include <chrono>
 #include <cmath>
+#include <exception>
 #include <limits>
 #include <memory>
 #include <optional>
@@ -173,6 +174,7 @@ WorldSeat seat_of(const TrainOptions& options, const RankPlan& plan) {
   seat.backend = options.backend;
   seat.timeout = options.timeout;
   seat.local = plan.local;
+  seat.stop_signal = options.stop_signal;
   return seat;
 }
 
@@ -506,18 +508,35 @@ RankTraining::Next RankTraining::end_epoch(NonFiniteGuard& guard) {
   }
   const EpochStats stats = finish_epoch(seconds);
   result_.epochs.push_back(stats);
-  if (reporter() && callbacks_.on_epoch) callbacks_.on_epoch(stats);
+  // The epoch's callback (its line, the driver's records) comes first, as it always did, but a
+  // failure in it waits until the epoch's checkpoint is written: the records must never cost
+  // the weights (Note [A failed record costs only itself] in app/run_records.cpp).
+  std::exception_ptr callback_failure;
+  if (reporter() && callbacks_.on_epoch) {
+    try {
+      callbacks_.on_epoch(stats);
+    } catch (...) {
+      callback_failure = std::current_exception();
+    }
+  }
+  const auto rethrow_callback_failure = [&] {
+    if (callback_failure) std::rethrow_exception(callback_failure);
+  };
   if (at_.step < batches_per_epoch_) {
     // --max-steps cut this epoch short: its checkpoint records the position inside it and the
     // sums so far (all-reduced by finish_epoch), so that a resume finishes the epoch.
     if (checkpoints()) save_checkpoint(at_.epoch, at_.step, tally_.read(), seconds);
+    rethrow_callback_failure();
     return Next::kStop;
   }
   const bool last = at_.epoch + 1 == options_.epochs;
+  // (The schedule stays the same on every rank even when a callback failed: the checkpoint's
+  // write is a collective, and only the reporting replicas call back.)
   const bool scheduled = (at_.epoch + 1) % options_.checkpoint_every == 0 || last ||
                          (options_.checkpoint_every_steps > 0 &&
                           at_.global_step % options_.checkpoint_every_steps == 0);
   if (checkpoints() && scheduled) save_checkpoint(at_.epoch + 1, 0, Totals{}, 0);
+  rethrow_callback_failure();
   // A stop requested during the epoch's last step, the evaluation or the checkpoint ends the
   // run here, keeping the finished epoch even between scheduled checkpoints.
   if (last) return Next::kGoOn;
@@ -539,6 +558,7 @@ void RankTraining::end_run(const NonFiniteGuard& guard) {
     save_model_atomically(model_, config_, at_.epoch, at_.step, at_.global_step, result_.epochs,
                           *options_.save_model);
   }
+  result_.steps_run = at_.global_step - (plan_.start ? plan_.start->global_step : 0);
   result_.skipped_steps = guard.skipped();
   result_.graph_replays = graph_ ? graph_->replays() : 0;
   result_.gpu_step_ms = gpu_timer_.all_ms();

@@ -22,6 +22,7 @@
 #include "dptrain/core/devices.h"
 #include "dptrain/core/errors.h"
 #include "dptrain/core/files.h"
+#include "dptrain/core/sha256.h"
 #include "dptrain/data/batching.h"
 #include "dptrain/model/memory_format.h"
 #include "dptrain/parallel/joined_world.h"
@@ -198,6 +199,50 @@ void check_not_empty(const Dataset& set, const char* which) {
   }
 }
 
+// Note [The ranks of an eval agree on the weights]
+// Under a launcher every rank of `eval` reads its own --model or --checkpoint (on its own host,
+// a copy of its own), and rank 0 prints the figures of all of them together: ranks holding
+// different weights would print one result for files none of them evaluated alone. So the
+// weights' content (each tensor's name, type, shape and bytes, in file order) goes into the
+// settings the ranks compare at the rendezvous, as the data sets' digests do: a rank whose
+// weights differ is refused by name before any image is evaluated. The path is not compared:
+// the same weights may lie at different paths on different hosts.
+std::string weights_digest(const std::vector<std::pair<std::string, torch::Tensor>>& weights) {
+  Sha256 hash;
+  for (const auto& [name, tensor] : weights) {
+    const auto bytes = tensor.to(torch::kCPU).contiguous();
+    std::string shape;
+    for (const auto size : bytes.sizes()) shape += " " + std::to_string(size);
+    hash.update(name + "\n" + std::string(c10::toString(bytes.scalar_type())) + shape + "\n");
+    hash.update(bytes.data_ptr(), static_cast<size_t>(bytes.numel()) * bytes.element_size());
+  }
+  return hash.hex_digest();
+}
+
+// A resume whose checkpoint is at or past where this run would stop: the one line that says so
+// and why, or "" when there is training left. The loop then takes no step, and the driver
+// prints no result (TrainResult::steps_run is 0): the history's last epoch is the checkpoint's
+// figure, not this run's.
+std::string nothing_left_to_train(const TrainOptions& options, const Checkpoint& checkpoint,
+                                  const std::string& path) {
+  std::string why;
+  if (checkpoint.epochs_done >= options.epochs) {
+    why = path + " has finished " + std::to_string(checkpoint.epochs_done) +
+          " epoch(s) and --epochs is " + std::to_string(options.epochs);
+  } else if (options.max_steps > 0 && checkpoint.global_step >= options.max_steps) {
+    why = path + " is at global step " + std::to_string(checkpoint.global_step) +
+          " and --max-steps is " + std::to_string(options.max_steps);
+  } else {
+    return "";
+  }
+  return "nothing left to train: the checkpoint " + why +
+         "; this run takes no step and reports no result" +
+         (options.save_model ? "; --save-model " + *options.save_model +
+                                   " gets the checkpoint's weights as they are"
+                             : std::string()) +
+         " (raise --epochs or --max-steps to train on)";
+}
+
 // "60000 images, SHA-256 ...": a data set as the ranks compare it.
 std::string describe_set(const Dataset& set, const std::string& digest) {
   return std::to_string(set.size()) + " images, SHA-256 " + digest;
@@ -230,6 +275,10 @@ TrainResult train(const FashionMnist& data, const CheckedWorld& run,
     check_resumable(checkpoint, path,
                     checkpoint_config(options, data.train.size(), world.world_size, train_digest),
                     callbacks.on_notice);
+    if (const auto nothing = nothing_left_to_train(options, checkpoint, path);
+        !nothing.empty() && callbacks.on_notice) {
+      callbacks.on_notice(nothing);
+    }
     base.start = &checkpoint;
     base.weights = &checkpoint.tensors;
     base.start_name = path;
@@ -258,9 +307,12 @@ EvalResult evaluate_weights(const FashionMnist& data, const CheckedWorld& run,
   base.width = width;
   base.width_from = "the weights of " + name;
   base.collect_logits = with_logits;
-  base.settings = settings_text(
+  auto settings =
       run_settings(options, describe_set(data.train, dataset_digest(data.train)),
-                   describe_set(data.test, dataset_digest(data.test)), "the weights to evaluate"));
+                   describe_set(data.test, dataset_digest(data.test)), "the weights to evaluate");
+  // Note [The ranks of an eval agree on the weights]
+  settings.emplace_back("the weights' SHA-256", weights_digest(weights));
+  base.settings = settings_text(settings);
   return run_world<EvalResult>(data, run, base, TrainCallbacks{});
 }
 

@@ -19,6 +19,8 @@
 #include <utility>
 #include <vector>
 
+#include "dptrain/core/errors.h"
+
 namespace dptrain {
 
 enum class Backend { kGloo, kNccl };
@@ -47,6 +49,22 @@ struct WorldOptions {
   // All ranks on this machine: Gloo then talks over 127.0.0.1. Otherwise it uses the interface
   // named by GLOO_SOCKET_IFNAME, else the one this host's name resolves to.
   bool loopback = true;
+  // A stop request (a signal number, set by a signal handler; null: none can come): a wait on a
+  // collective that has not finished kStopGrace after the request ends with a CollectiveError
+  // saying so, instead of waiting out the timeout for a peer that stalled (Note [A stop request
+  // ends a wait on a collective] in distributed.cpp).
+  const std::atomic<int>* stop_signal = nullptr;
+};
+
+// How long a collective may still take once a stop is requested: enough for peers that are
+// alive to reach it (they are at most a step apart), short of a scheduler's grace (30 s).
+constexpr std::chrono::milliseconds kStopGrace{1000};
+
+// A wait on a collective that a stop request ended (Note [A stop request ends a wait on a
+// collective] in distributed.cpp): the message says so, and no peer was diagnosed.
+class StopEndedTheWait : public CollectiveError {
+ public:
+  using CollectiveError::CollectiveError;
 };
 
 // Gloo writes to sockets that a failed peer may have closed: a process with a Communicator must
@@ -124,6 +142,11 @@ class Communicator {
   void complete(Pending& pending);
   // Polls `work` until it finishes, fails or the timeout passes (NCCL's host-side wait).
   void wait_host_for(const c10::intrusive_ptr<c10d::Work>& work, const std::string& what);
+  // Gloo's wait: in slices of the timeout, so that a stop request is seen. Throws what the work
+  // failed with, or c10d's "Operation timed out!" at the timeout.
+  void wait_in_slices(const c10::intrusive_ptr<c10d::Work>& work, const std::string& what);
+  // Called while a collective is unfinished: fails `what` once a stop request is kStopGrace old.
+  void fail_if_stopped(const std::string& what);
   // The CollectiveError for a failed `what` (aborting the group first, so peers fail too).
   [[noreturn]] void fail(const std::string& what, std::string reason);
   // After a failed collective: which ranks still answer through the store (Note [Naming the
@@ -144,6 +167,10 @@ class Communicator {
   std::chrono::milliseconds timeout_{0};
   std::chrono::milliseconds collective_timeout_{0};
   std::vector<std::string> rank_hosts_;
+  const std::atomic<int>* stop_signal_ = nullptr;
+  // When this rank's waits first saw the stop request (the epoch: not yet).
+  std::chrono::steady_clock::time_point stop_seen_{};
+  bool stopped_in_flight_ = false;  // a stop ended a wait: the group is left to the exit
 };
 
 // The part of `timeout` kept, after a collective fails, for finding out which ranks still

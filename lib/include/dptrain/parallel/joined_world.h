@@ -8,6 +8,7 @@
 #include <c10/util/intrusive_ptr.h>
 #include <torch/types.h>
 
+#include <atomic>
 #include <chrono>
 #include <memory>
 #include <mutex>
@@ -47,6 +48,7 @@ struct WorldSeat {
   Backend backend = Backend::kGloo;
   std::chrono::milliseconds timeout{std::chrono::minutes(5)};  // bounds every wait
   LocalReplicas* local = nullptr;  // this process's replicas, when there are several
+  const std::atomic<int>* stop_signal = nullptr;  // WorldOptions::stop_signal
 };
 
 // `texts[r]` is rank r's settings, one "name=value" line each. Throws UsageError naming the first

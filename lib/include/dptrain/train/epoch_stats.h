@@ -84,6 +84,9 @@ struct TrainResult {
   std::optional<std::string> resumed_from;  // the checkpoint the run started from
   std::optional<std::string> last_checkpoint;
   int stopped_by = 0;               // the signal that stopped the run early, or 0
+  // Steps this run took (a resumed run's earlier ones not counted): 0 for a resume with nothing
+  // left to train, whose `epochs` are all the checkpoint's and none this run's measure.
+  int64_t steps_run = 0;
   int64_t skipped_steps = 0;        // steps left out under NonFinite::kSkip
   int64_t graph_replays = 0;        // --cuda-graph: steps replayed from the CUDA graph, not eager
   std::vector<double> gpu_step_ms;  // every timed step's GPU milliseconds (the reporting rank)
