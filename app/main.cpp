@@ -60,6 +60,26 @@ class StoppedBeforeTheFirstStep : public std::exception {
 // One line: c10 errors carry a C++ backtrace after the first line, which is not for users.
 std::string first_line(const std::string& text) { return text.substr(0, text.find('\n')); }
 
+// Our own messages whole, on one line: a path given with a newline in it used to cut the
+// message there (first_line), and one with an escape sequence drove the terminal. Control
+// bytes are written as \n or \xNN; the bytes of UTF-8 names pass as they are.
+std::string error_line(const std::string& text) {
+  std::string line;
+  for (const char c : text) {
+    const auto byte = static_cast<unsigned char>(c);
+    if (byte == '\n') {
+      line += "\\n";
+    } else if (byte < 0x20 || byte == 0x7f) {
+      char escaped[5];
+      std::snprintf(escaped, sizeof escaped, "\\x%02x", byte);
+      line += escaped;
+    } else {
+      line += c;
+    }
+  }
+  return line;
+}
+
 // Standard output, checked. Nobody sees what a run prints to a closed pipe or a full disk, so
 // the first failed write asks the training to stop, keeping a checkpoint, and the exit status
 // says what happened: 128 + SIGPIPE for a closed pipe (as if the signal had ended the
@@ -555,12 +575,7 @@ int main(int argc, char** argv) {
                  stopped.signal_number());
     return 128 + stopped.signal_number();
   } catch (const UsageError& e) {
-    std::fprintf(stderr, "error: %s\n", first_line(e.what()).c_str());
-    return kExitUsage;
-  } catch (const c10::Error& e) {
-    std::fprintf(stderr, "error: %s\n", first_line(e.what_without_backtrace()).c_str());
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "error: %s\n", first_line(e.what()).c_str());
+    std::fprintf(stderr, "error: %s\n", error_line(e.what()).c_str());
   } catch (...) {
     std::fprintf(stderr, "error: unknown failure\n");
   }
