@@ -576,6 +576,12 @@ int main(int argc, char** argv) {
     return 128 + stopped.signal_number();
   } catch (const UsageError& e) {
     std::fprintf(stderr, "error: %s\n", error_line(e.what()).c_str());
+    return kExitUsage;
+  } catch (const c10::Error& e) {
+    std::fprintf(stderr, "error: %s\n",
+                 error_line(first_line(e.what_without_backtrace())).c_str());
+  } catch (const std::exception& e) {  // ours (DataError, CollectiveError) and the library's
+    std::fprintf(stderr, "error: %s\n", error_line(e.what()).c_str());
   } catch (...) {
     std::fprintf(stderr, "error: unknown failure\n");
   }
