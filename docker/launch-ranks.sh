@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # dptrain-launch N ARGS...: starts N dptrain processes on this machine, one rank per GPU, with the
-# variables torchrun would give them (RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT),
-# for the runtime image, which has no Python and so no torchrun. Not a torchrun: no restarts, no
-# elastic membership, one machine only. If a rank fails, the others are stopped; SIGINT and
-# SIGTERM are passed on to every rank (dptrain then writes a checkpoint if asked to).
+# variables torchrun would give them (RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_ADDR,
+# MASTER_PORT), for the runtime image, which has no Python and so no torchrun. Not a torchrun: no
+# restarts, no elastic membership, one machine only. If a rank fails, the others are stopped;
+# SIGINT and SIGTERM are passed on to every rank (dptrain then writes a checkpoint if asked to).
 set -euo pipefail
 
 if [ "$#" -lt 2 ] || ! [[ "$1" =~ ^[1-9][0-9]*$ ]]; then
@@ -14,6 +14,8 @@ world_size=$1
 shift
 
 export WORLD_SIZE=$world_size
+# The ranks share this machine's cores: each takes its share by default, not all of them.
+export LOCAL_WORLD_SIZE=$world_size
 export MASTER_ADDR=${MASTER_ADDR:-127.0.0.1}
 export MASTER_PORT=${MASTER_PORT:-29500}
 
