@@ -36,7 +36,9 @@ def state(epochs_done=1, step=0):
                        "train_digest": "0123456789abcdef" * 4},
             "epochs_done": epochs_done, "step_in_epoch": step,
             "global_step": epochs_done * 2 + step,
-            "partial_sums": {"loss_sum": 1.5, "correct": 3.0, "count": 8.0},
+            # The sums of `step` full batches: none at an epoch's start.
+            "partial_sums": {"loss_sum": 1.5 if step else 0.0, "correct": 3.0 if step else 0.0,
+                             "count": 32.0 * step},
             "partial_seconds": 0.25, "history": history}
 
 

@@ -12,8 +12,10 @@ tests/support/pytorch_resnet.py's model. In Python: `from read_checkpoint import
 then `read_checkpoint(F)["state_dict"]`, ["global_step"], ["history"], ...: the tensors from PyPI
 safetensors where it is importable, else torch.frombuffer; --json and --tensor-digests need
 neither. A fault is one line, `error: checkpoint F: why`, exit status 1: a path that is not a
-regular file (a FIFO is never waited on), a zip archive, a header or data that does not fit
-(refused before the data is read), a digest that does not match, contents no run can have. With
+regular file (a FIFO is never waited on), a zip archive, a header or data that does not fit, a
+width or a size the memory left cannot hold (refused before the data is read), a digest that does
+not match, contents no run can have (weights included: NaN, an infinity, a negative running
+variance); Ctrl-C is one line too, exit status 130. With
 --json a diverged run's nan or inf is the string "nan" or "inf"; names from the file are shown
 with every byte but printable ASCII as \\xNN. Tested by tests/integration/test_read_checkpoint.py.
 """
@@ -24,6 +26,7 @@ import json
 import math
 import os
 import re
+import resource
 import stat
 import struct
 import sys
@@ -31,6 +34,11 @@ import sys
 FORMAT_VERSION = 3
 MAX_HEADER = 16 << 20  # lib/include/dptrain/core/safetensors.h: kMaxSafetensorsHeaderBytes
 MAX_RANK, MAX_EPOCHS, MAX_COUNT = 8, 1000000, 2**31 - 1
+# No run is older than about 31 years, nor trains 10^12 images a second (checkpoint_run_state.cpp).
+MAX_SECONDS, MAX_IMAGES_PER_SECOND = 1e9, 1e12
+# A floating dtype's exponent bits, all set in an infinity or a NaN: (element bytes, mask).
+EXPONENT = {"F32": (4, 0x7F800000), "F64": (8, 0x7FF0000000000000), "BF16": (2, 0x7F80),
+            "F16": (2, 0x7C00)}
 DTYPES = {"F32": ("float32", 4), "F64": ("float64", 8), "I64": ("int64", 8),
           "BF16": ("bfloat16", 2), "F16": ("float16", 2)}  # the dtypes a dptrain model holds
 # The run state's fields, each with its kind, in the order the C++ reader reads them
@@ -85,6 +93,46 @@ def read_exactly(fd, offset, size, fail):
     return data
 
 
+def available_memory():
+    """What this process may still allocate: MemAvailable, or what RLIMIT_AS (`ulimit -v`) still
+    leaves where that is less; None where neither can be read (memory_budget.cpp's
+    available_host_memory)."""
+    available = None
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    available = int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    soft = resource.getrlimit(resource.RLIMIT_AS)[0]
+    if soft != resource.RLIM_INFINITY:
+        try:
+            with open("/proc/self/statm") as f:
+                used = int(f.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
+        except (OSError, ValueError, IndexError):
+            used = 0
+        room = max(soft - used, 0)
+        available = room if available is None else min(available, room)
+    return available
+
+
+def check_claimed_width(metadata, size, fail):
+    """Note [A file is bounded by what the run can use, not by its own word] in checkpoint.h:
+    the width the metadata claims must be one whose data this process can hold (its file at 8
+    bytes an element), and the file no larger than the memory left, before the data is read."""
+    text = metadata.get("dptrain.width", "")
+    available = available_memory()
+    if re.fullmatch(r"[0-9]{1,9}", text) and int(text) <= 4096 and available is not None:
+        width = int(text)  # a wider claim is named by the run state's checks
+        need = 8 * (2800 * width * width + 64 * width * (16 + 10 + 1) + 40)
+        if need > available:
+            fail(f"claims a model of width {width}, whose data needs about {need / 2**30:.2f} GiB,"
+                 f" and {available / 2**30:.2f} GiB of memory is available; not read")
+    if available is not None and size > available:
+        fail(f"{size} bytes, more than the {available} bytes of memory available; not read")
+
+
 def data_limit(metadata):
     """The most tensor bytes the model its metadata claims holds, 8 an element (checkpoint.cpp's
     model_elements_bound); a claim out of range is clamped, and refused later by the run state's
@@ -132,6 +180,7 @@ def read_file(path, fail):
         if size - 8 - n > data_limit(c["metadata"]):
             fail(f"{size - 8 - n} bytes of tensors, more than the model its metadata claims can "
                  f"hold (at most {data_limit(c['metadata'])}); not read")
+        check_claimed_width(c["metadata"], size, fail)
         c["file"] = read_exactly(fd, 0, size, fail)
         return c
     except OSError as e:
@@ -357,6 +406,22 @@ def check_contents(c, fail):
     if sums["count"] > config["train_size"] or sums["correct"] > sums["count"]:
         impossible("the epoch's correct count", sums["correct"], f"of {value_text(sums['count'])}"
                    f" examples, from a training set of {config['train_size']}")
+    seen = step * config["batch_size"]
+    if sums["count"] > seen or sums["count"] != math.trunc(sums["count"]):
+        impossible("the epoch's example count", sums["count"],
+                   f"a whole number of at most {seen}: {step} steps of batches of "
+                   f"{config['batch_size']} into the epoch")
+    if sums["correct"] != math.trunc(sums["correct"]):
+        impossible("the epoch's correct count", sums["correct"], "a whole number")
+    if sums["count"] == 0 and sums["loss_sum"] != 0:
+        impossible("the epoch's loss sum", sums["loss_sum"], "over no examples: 0")
+    if c["partial_seconds"] > MAX_SECONDS:
+        impossible("the epoch's seconds", c["partial_seconds"],
+                   f"at most {value_text(MAX_SECONDS)}, some 31 years")
+    if not re.fullmatch(r"[0-9a-f]{64}", config["train_digest"]):
+        fail(f"corrupt: impossible contents: the training set's digest is "
+             f"'{shown(config['train_digest'][:80].encode())}' (a file of format version "
+             f"{FORMAT_VERSION} carries the SHA-256 of its training set, 64 hex digits)")
     if len(c["history"]) != done:
         impossible("the history's length", len(c["history"]),
                    f"it holds the finished epochs, and {done} are done")
@@ -368,12 +433,45 @@ def check_contents(c, fail):
         loss(at + "test loss", s["test_loss"])
         for key in ("seconds", "images_per_second", "steps"):
             at_least_zero(at + key.replace("_", " "), s[key])
+        if s["seconds"] > MAX_SECONDS:
+            impossible(at + "seconds", s["seconds"], f"at most {value_text(MAX_SECONDS)}, some 31 "
+                       "years")
+        if s["images_per_second"] > MAX_IMAGES_PER_SECOND:
+            impossible(at + "images per second", s["images_per_second"],
+                       f"at most {value_text(MAX_IMAGES_PER_SECOND)}")
+        if s["steps"] > steps:
+            impossible(at + "steps", s["steps"], shape)
         for key in ("train_acc", "test_acc"):
             if not 0 <= s[key] <= 1:
                 impossible(at + key.replace("_acc", " accuracy"), s[key], "an accuracy from 0 to 1")
 
 
-def parse(c, fail):
+def check_tensors(entries, data, fail):
+    """check_checkpoint_tensors in checkpoint_run_state.cpp: no floating tensor holds NaN or an
+    infinity (an element whose exponent bits are all set), and a BatchNorm running variance (a
+    name ending in "running_var") holds no number below 0 (its sign bit set, and not -0)."""
+    for name, dtype, _, begin, end in entries:
+        if dtype not in EXPONENT or begin == end:
+            continue
+        size, mask = EXPONENT[dtype]
+        sign = 1 << (8 * size - 1)
+        words = memoryview(data[begin:end]).cast({2: "H", 4: "I", 8: "Q"}[size])
+        label = f"tensor '{shown(name.encode())}'"
+        if any((word & mask) == mask for word in words):
+            fail(f"corrupt: impossible contents: {label} holds NaN or an infinity (dptrain never "
+                 "saves the weights of a non-finite step); not used")
+        if name.endswith("running_var"):
+            negative = [i for i, word in enumerate(words) if word & sign and word & (sign - 1)]
+            if negative:
+                at = begin + negative[0] * size
+                value = (struct.unpack("<f", b"\0\0" + bytes(data[at:at + 2]))[0]
+                         if dtype == "BF16" else
+                         struct.unpack_from({2: "<e", 4: "<f", 8: "<d"}[size], data, at)[0])
+                fail(f"corrupt: impossible contents: {label} (a BatchNorm running variance) "
+                     f"holds {value_text(value)} (a variance is >= 0); not used")
+
+
+def parse(c, fail, check_weights=True):
     """read_checkpoint's dict from read_file's: the checks after the header's, in the order of
     the C++ reader's checkpoint_from."""
     metadata, entries = c["metadata"], c["entries"]
@@ -396,19 +494,23 @@ def parse(c, fail):
         fail('corrupt: dptrain.kind is neither "checkpoint" nor "model"')
     result = run_state(metadata, fail)
     check_contents(result, fail)
+    if check_weights:
+        check_tensors(entries, data, fail)
     result.update(format_version=FORMAT_VERSION, kind=metadata["dptrain.kind"], metadata=metadata,
                   tensors=[(name, DTYPES[dtype][0], shape, bytes(data[begin:end]))
                            for name, dtype, shape, begin, end in entries])
     return result
 
 
-def read_checkpoint(path, load_tensors=True):
+def read_checkpoint(path, load_tensors=True, check_weights=True):
     """The file at `path` as a dict ("tensors": (name, dtype, dims, raw bytes); with load_tensors
-    "state_dict" too, which needs torch); raises CheckpointError for anything else."""
+    "state_dict" too, which needs torch); raises CheckpointError for anything else. Without
+    check_weights, weights no run saves (NaN, an infinity, a negative running variance) are
+    read as they are: compare_models.py must find them, not refuse them."""
     def fail(why):
         raise CheckpointError(f"checkpoint {shown(path)}: {why}")
     raw = read_file(path, fail)
-    result = parse(raw, fail)
+    result = parse(raw, fail, check_weights)
     if load_tensors:
         result["state_dict"] = state_dict(result["tensors"], raw["file"])
     return result
@@ -482,4 +584,8 @@ def main():
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except KeyboardInterrupt:  # Ctrl-C: one line and the shell's status for SIGINT, no traceback
+        print("error: interrupted; nothing was written", file=sys.stderr)
+        sys.exit(130)

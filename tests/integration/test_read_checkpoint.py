@@ -492,6 +492,96 @@ def expected_json(state, kind="checkpoint"):
     return st.figures({**state, "format_version": 3, "kind": kind, "metadata": metadata})
 
 
+class Issue44(ScriptTest):
+    """The third hostile round: bounds from what the process can hold, figures and weights no run
+    has, Ctrl-C."""
+
+    def test_a_width_the_memory_cannot_hold_is_refused_unread(self):
+        # Sparse: a header claiming width 1024 (some 22 GiB of data, far past the 1 GiB the
+        # script runs under) over 2 GiB of holes. The claim is refused before the data is read.
+        size = 2**31
+        head = header_with({"w": entry("F32", [size // 4], 0, size)},
+                           metadata={**st.metadata_of(st.valid_state()), "dptrain.width": "1024"})
+        path = self.write("wide.safetensors", head)
+        os.truncate(path, len(head) + size)
+        code, out, err = self.run_script(path)
+        self.assertEqual((code, out), (1, ""), err)
+        self.assertRegex(err, rf"^error: checkpoint {path}: claims a model of width 1024, whose "
+                         r"data needs about 21\.89 GiB, and [0-9.]+ GiB of memory is available; "
+                         r"not read\n$")
+
+    def test_figures_no_run_has_are_refused_as_dptrain_refuses_them(self):
+        def sums(**kw):
+            return lambda s: s["partial_sums"].update(**kw)
+        self.expect_rows([(label, valid(edit), f"corrupt: impossible contents: {why}")
+                          for label, edit, why in [
+            ("97 examples after 3 steps", sums(count=97.0), "the epoch's example count is 97 "
+             "(a whole number of at most 96: 3 steps of batches of 32 into the epoch)"),
+            ("half an example", sums(count=95.5), "the epoch's example count is 95.5 (a whole "
+             "number of at most 96: 3 steps of batches of 32 into the epoch)"),
+            ("half a correct one", sums(correct=39.5), "the epoch's correct count is 39.5 (a "
+             "whole number)"),
+            ("a loss over no examples",
+             lambda s: s.update(step_in_epoch=0, global_step=16,
+                                partial_sums={"loss_sum": 2.5, "correct": 0.0, "count": 0.0}),
+             "the epoch's loss sum is 2.5 (over no examples: 0)"),
+            ("1e300 s into the epoch", lambda s: s.update(partial_seconds=1e300),
+             "the epoch's seconds is 1e+300 (at most 1000000000, some 31 years)"),
+            ("an epoch of 1e300 s", lambda s: s["history"][0].update(seconds=1e300),
+             "epoch 1 of the history: seconds is 1e+300 (at most 1000000000, some 31 years)"),
+            ("1e300 images a second", lambda s: s["history"][1].update(images_per_second=1e300),
+             "epoch 2 of the history: images per second is 1e+300 (at most 1000000000000)"),
+            ("9 steps of 8", lambda s: s["history"][0].update(steps=9), "epoch 1 of the "
+             "history: steps is 9 (an epoch of 256 images in batches of 32 has 8 steps)"),
+            ("an emptied digest", lambda s: s["config"].update(train_digest=""),
+             "the training set's digest is '' (a file of format version 3 carries the SHA-256 "
+             "of its training set, 64 hex digits)"),
+        ]])
+
+    def test_weights_no_run_has_are_refused_naming_the_tensor(self):
+        nan, inf = float("nan"), float("inf")
+        tensors = st.valid_tensors()
+        rows = [
+            ("a NaN F32", [("w", "F32", [2], struct.pack("<2f", 1.0, nan))], "w"),
+            ("an infinite F64", [("d", "F64", [1], struct.pack("<d", -inf))], "d"),
+            ("a NaN BF16", [("b", "BF16", [1], b"\xc0\x7f")], "b"),
+            ("an infinite F16", [("h", "F16", [1], struct.pack("<e", inf))], "h"),
+        ]
+        self.expect_rows([(label, valid(tensors=bad), f"corrupt: impossible contents: tensor "
+                           f"'{name}' holds NaN or an infinity (dptrain never saves the weights "
+                           "of a non-finite step); not used") for label, bad, name in rows])
+        variance = [("1.running_var", "F32", [3], struct.pack("<3f", 1.0, -0.0, -0.5))]
+        self.expect_rows([("a negative variance", valid(tensors=tensors + variance),
+                           "corrupt: impossible contents: tensor '1.running_var' (a BatchNorm "
+                           "running variance) holds -0.5 (a variance is >= 0); not used")])
+        # -0 and a negative running mean are a run's own.
+        fine = [("1.running_var", "F32", [1], struct.pack("<f", -0.0)),
+                ("1.running_mean", "F32", [1], struct.pack("<f", -3.0))]
+        code, _, err = self.run_script(self.write("fine.safetensors", valid(tensors=fine)))
+        self.assertEqual(code, 0, err)
+
+    def test_ctrl_c_is_one_line_and_status_130(self):
+        # A FIFO given to Python's own open() would block, but the script never waits on one:
+        # Ctrl-C is sent while it reads a large sparse file's data instead.
+        size = 2**29
+        head = header_with({"w": entry("F32", [size // 4], 0, size)},
+                           metadata={**st.metadata_of(st.valid_state()), "dptrain.width": "512"})
+        path = self.write("slow.safetensors", head)
+        os.truncate(path, len(head) + size)
+        code = ("import os, signal, runpy, sys\n"
+                "real = os.preadv\n"
+                "def interrupted(*a):\n"
+                "    os.kill(os.getpid(), signal.SIGINT)\n"
+                "    return real(*a)\n"
+                "os.preadv = interrupted\n"
+                f"sys.argv = [{SCRIPT!r}, {path!r}]\n"
+                f"runpy.run_path({SCRIPT!r}, run_name='__main__')\n")
+        done = subprocess.run([sys.executable, "-c", code], capture_output=True,
+                              timeout=TIMEOUT_S)
+        self.assertEqual(done.stderr.decode(), "error: interrupted; nothing was written\n")
+        self.assertEqual(done.returncode, 130)
+
+
 class ValidFile(ScriptTest):
     def test_json_digests_summary_and_in_process(self):
         for kind, unpadded in (("checkpoint", False), ("model", True)):
