@@ -439,16 +439,16 @@ TEST(Rendezvous, ARankClaimedTwiceIsNamed) {
 // A serving rank whose MASTER_PORT another process holds: one line of dptrain's, without
 // LibTorch's W/E socket.cpp lines before it.
 TEST(Rendezvous, AServingRankWhosePortIsTakenSaysSoAlone) {
-  const int holder = ::socket(AF_INET6, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  const int holder = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);  // IPv4: there everywhere
   ASSERT_GE(holder, 0);
-  sockaddr_in6 any{};
-  any.sin6_family = AF_INET6;
-  any.sin6_addr = in6addr_any;
+  sockaddr_in any{};
+  any.sin_family = AF_INET;
+  any.sin_addr.s_addr = htonl(INADDR_ANY);
   ASSERT_EQ(::bind(holder, reinterpret_cast<sockaddr*>(&any), sizeof any), 0);
   ASSERT_EQ(::listen(holder, 1), 0);
   socklen_t length = sizeof any;
   ASSERT_EQ(::getsockname(holder, reinterpret_cast<sockaddr*>(&any), &length), 0);
-  const int port = ntohs(any.sin6_port);
+  const int port = ntohs(any.sin_port);
   LaunchEnvironment launch;
   launch.launcher = "torchrun";
   launch.world_size = 2;
