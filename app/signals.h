@@ -1,8 +1,9 @@
 // Stop requests: SIGINT, SIGTERM, SIGHUP, SIGQUIT and every other signal whose default action
 // would end the process (stop_request_signals), and a standard output that can no longer be
-// written (a closed pipe, a full disk). The first request asks the training to finish its step, write a
-// checkpoint and exit; a second SIGINT exits at once. SIGPIPE and SIGXFSZ are ignored, so that a
-// closed pipe or a full file-size limit is a failed write that the program sees, not a death.
+// written (a closed pipe, a full disk). The first request asks the training to finish its step,
+// write a checkpoint and exit; a second SIGINT exits at once. SIGPIPE and SIGXFSZ are ignored, so
+// that a closed pipe or a full file-size limit is a failed write that the program sees, not a
+// death.
 // Not here: how the ranks agree on the stop (RankTraining::run in lib/src/train/rank.cpp).
 #pragma once
 

@@ -61,8 +61,9 @@ bool wait_for_text(const std::string& path, const std::string& text) {
 
 // The environment of rank `rank` of a two-process launch on this host.
 std::map<std::string, std::string> rank_env(int rank, int port) {
-  return {{"RANK", std::to_string(rank)}, {"WORLD_SIZE", "2"},          {"LOCAL_RANK", "0"},
-          {"LOCAL_WORLD_SIZE", "1"},      {"MASTER_ADDR", "127.0.0.1"}, {"MASTER_PORT", std::to_string(port)}};
+  return {{"RANK", std::to_string(rank)}, {"WORLD_SIZE", "2"},
+          {"LOCAL_RANK", "0"},            {"LOCAL_WORLD_SIZE", "1"},
+          {"MASTER_ADDR", "127.0.0.1"},   {"MASTER_PORT", std::to_string(port)}};
 }
 
 // ---- 4. A failed record costs only itself ----------------------------------------------------
@@ -73,7 +74,7 @@ std::map<std::string, std::string> rank_env(int rank, int port) {
 // on without the plot, keeping both checkpoints and the model, and exits 1.
 TEST(HostileLifecycle, AFailedPlotWriteKeepsTheCheckpointsAndTheModel) {
   TempDir data;
-  testing::write_fake_data(data, 1024, 8);  // a first epoch of some 128 steps: time to stop it
+  testing::write_fake_data(data, 2048, 8);  // a first epoch of 256 steps: time to hold it
   TempDir dir;
   const std::string plot = dir.file("p.svg");
   const std::string model = dir.file("m.safetensors");
@@ -135,8 +136,8 @@ TEST(HostileLifecycle, AResumeWithNothingLeftPrintsNoResultAndSaysWhy) {
                 "train on)"})
       << describe(again);
   EXPECT_TRUE(testing::path_exists(model));
-  const auto steps = run_dptrain(
-      tiny_train({"--checkpoint-dir", checkpoints, "--resume", "--epochs", "3", "--max-steps", "2"}));
+  const auto steps = run_dptrain(tiny_train(
+      {"--checkpoint-dir", checkpoints, "--resume", "--epochs", "3", "--max-steps", "2"}));
   EXPECT_EQ(steps.exit_code, 0) << describe(steps);
   EXPECT_FALSE(contains(steps.out, "test acc")) << describe(steps);
   EXPECT_TRUE(contains(steps.err, "is at global step 2 and --max-steps is 2")) << describe(steps);

@@ -145,12 +145,14 @@ TEST(Training, AResumeWithNothingLeftSaysSoAndRunsNoStep) {
   EXPECT_EQ(train(data, options, cpu_world(1)).steps_run, 4);
   options.resume = true;
   const std::string last = dir.file("ck") + "/" + checkpoint_file_name(2, 0);
-  for (const auto& [epochs, max_steps, why] : std::vector<std::tuple<int64_t, int64_t, std::string>>{
-           {2, 0, " has finished 2 epoch(s) and --epochs is 2"},
-           {1, 0, " has finished 2 epoch(s) and --epochs is 1"},
-           {5, 4, " is at global step 4 and --max-steps is 4"},
-           {5, 3, " is at global step 4 and --max-steps is 3"}}) {
-    SCOPED_TRACE("--epochs " + std::to_string(epochs) + " --max-steps " + std::to_string(max_steps));
+  using Case = std::tuple<int64_t, int64_t, std::string>;  // --epochs, --max-steps, why
+  for (const auto& [epochs, max_steps, why] :
+       std::vector<Case>{{2, 0, " has finished 2 epoch(s) and --epochs is 2"},
+                         {1, 0, " has finished 2 epoch(s) and --epochs is 1"},
+                         {5, 4, " is at global step 4 and --max-steps is 4"},
+                         {5, 3, " is at global step 4 and --max-steps is 3"}}) {
+    SCOPED_TRACE("--epochs " + std::to_string(epochs) + " --max-steps " +
+                 std::to_string(max_steps));
     options.epochs = epochs;
     options.max_steps = max_steps;
     TrainCallbacks callbacks;
