@@ -1,6 +1,7 @@
 // The driver's run records (app/run_records.h): a resumed history is written once, its steady
 // seconds the same as the report's median over every prefix, and each epoch after it appended.
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 
 #include <cmath>
 #include <random>
@@ -58,6 +59,31 @@ TEST(RunRecords, ResumedHistoryIsWrittenOnceWithTheReportsSteadySeconds) {
         << "epoch " << i + 1;
   }
   EXPECT_NE(testing::read_text(dir.file("p.svg")).find("</svg>"), std::string::npos);
+}
+
+// A failed --plot write (here its path became a directory; on a full disk the same) threw out
+// of the epoch's callback and ended the run before its checkpoint. Now it is reported once, the
+// plot is dropped, and the metrics go on being written (Note [A failed record costs only
+// itself] in run_records.cpp).
+TEST(RunRecords, AFailedWriteDropsThatOutputAloneAndIsReportedOnce) {
+  testing::TempDir dir;
+  const std::string metrics = dir.file("m.csv");
+  const std::string plot = dir.file("p.svg");
+  RunRecords records(metrics, plot, 0.1, 256, 10000);
+  std::vector<std::string> reports;
+  records.on_lost([&](const std::string& flag, const std::string& what) {
+    reports.push_back(flag + ": " + what);
+  });
+  records.start({"cpu"}, {});  // no history: the plot is first drawn after epoch 1
+  ASSERT_EQ(::mkdir(plot.c_str(), 0755), 0);
+  testing::write_bytes(plot + "/x", {});
+  EXPECT_NO_THROW(records.add(epoch_with_seconds(1, 1.0)));
+  EXPECT_NO_THROW(records.add(epoch_with_seconds(2, 1.0)));
+  ASSERT_EQ(reports.size(), 1u);
+  EXPECT_EQ(reports[0].rfind("--plot: ", 0), 0u) << reports[0];
+  EXPECT_NE(reports[0].find(plot), std::string::npos) << reports[0];
+  EXPECT_EQ(records.lost(), std::vector<std::string>{"--plot"});
+  EXPECT_EQ(testing::split_lines(testing::read_text(metrics)).size(), 3u);  // header, 2 epochs
 }
 
 }  // namespace
