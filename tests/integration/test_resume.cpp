@@ -462,6 +462,32 @@ TEST_P(Resume, AnotherModelOrDataOrderIsAUsageError) {
             std::vector<std::string>{checkpoint_file_name(1, 0)});
 }
 
+// A stray file of another width among the checkpoints was read whole, however large its header
+// said it was (issue 44, class 3). A resume now reads at its own width: the stray is skipped,
+// named, before its data is read, and the run resumes from its own checkpoint.
+TEST_P(Resume, AnOlderCheckpointOfAnotherWidthIsSkippedUnread) {
+  auto options = resume_options(replicas(), dir_.path());
+  options.epochs = 1;
+  train(synthetic_data(), options, cpu_world(replicas()));
+  const std::string saved = dir_.file(checkpoint_file_name(1, 0));
+  Checkpoint stray = read_checkpoint(saved);
+  stray.config.width = 8;
+  const std::string stray_path = dir_.file(checkpoint_file_name(0, 3));  // named before `saved`
+  write_checkpoint_atomically(stray, stray_path);
+  options.epochs = 2;
+  options.resume = true;
+  std::vector<std::string> notices;
+  TrainCallbacks callbacks;
+  callbacks.on_notice = [&](const std::string& text) { notices.push_back(text); };
+  const auto resumed = train(synthetic_data(), options, cpu_world(replicas()), callbacks);
+  EXPECT_EQ(resumed.resumed_from, saved);
+  EXPECT_EQ(resumed.epochs.size(), 2u);  // the checkpoint's epoch and this run's
+  const std::string expected = "--resume: skipped checkpoint " + stray_path +
+                               " was written for another model: --width 8 (this run: 4); not read";
+  EXPECT_EQ(std::count(notices.begin(), notices.end(), expected), 1)
+      << ::testing::PrintToString(notices);
+}
+
 TEST(ResumeOptions, ResumeWithoutADirectoryIsAUsageError) {
   auto options = resume_options(1, "");
   options.checkpoint_dir.reset();
