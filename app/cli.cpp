@@ -91,8 +91,9 @@ void add_device_flags(cxxopts::Options& options) {
        cxxopts::value<std::string>(), "LIST")
       ("gpus", "shorthand for --devices cuda:0,...,cuda:N-1", cxxopts::value<std::string>(), "N")
       ("threads", "intra-op CPU threads for the process, shared by its replicas; at most the "
-                  "CPU cores it may use (default: $OMP_NUM_THREADS, else one per physical core within "
-                  "the CPU quota, divided among the ranks on this host; the first line says)",
+                  "CPU cores it may use (default: $OMP_NUM_THREADS, else one per physical core "
+                  "within the CPU quota, divided among the ranks on this host; the first line "
+                  "says)",
        cxxopts::value<std::string>(), "N");
   options.add_options("Data parallelism")
       ("backend", "collective backend: nccl or gloo (default: nccl on CUDA, gloo on cpu)",

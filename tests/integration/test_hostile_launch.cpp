@@ -83,9 +83,8 @@ TEST(HostileLaunch, FirstLineSaysTheThreadsAndWhereTheyCameFrom) {
   // Without a launcher: all of this host's cores, and the replicas share them.
   const auto alone = run_dptrain(tiny_run({"--devices", "cpu,cpu"}), no_omp, 60);
   ASSERT_EQ(alone.exit_code, 0) << describe(alone);
-  EXPECT_TRUE(contains(split_lines(alone.out).at(0),
-                       "; " + default_intra_op_threads(nullptr, 1).reason + ", shared by 2 replicas"))
-      << describe(alone);
+  const std::string shared = default_intra_op_threads(nullptr, 1).reason + ", shared by 2 replicas";
+  EXPECT_TRUE(contains(split_lines(alone.out).at(0), "; " + shared)) << describe(alone);
   // --threads is named as the source.
   const auto flag = run_dptrain(tiny_run({"--threads", "1"}), {}, 60);
   ASSERT_EQ(flag.exit_code, 0) << describe(flag);

@@ -77,10 +77,12 @@ bool in_srun_step(const Env& env) {
 // equal counts written "2(x3)", e.g. "2(x3),1" for nodes 0..3; SLURM_NODEID picks this node's.
 // 0 when it cannot be read.
 int slurm_tasks_on_this_node(const Env& env) {
-  const auto list = lookup(env, "SLURM_STEP_TASKS_PER_NODE") ? lookup(env, "SLURM_STEP_TASKS_PER_NODE")
-                                                             : lookup(env, "SLURM_TASKS_PER_NODE");
+  const auto list = lookup(env, "SLURM_STEP_TASKS_PER_NODE")
+                        ? lookup(env, "SLURM_STEP_TASKS_PER_NODE")
+                        : lookup(env, "SLURM_TASKS_PER_NODE");
   const auto node_text = lookup(env, "SLURM_NODEID").value_or("0");
-  if (!list || node_text.size() > 6 || node_text.find_first_not_of("0123456789") != std::string::npos) {
+  if (!list || node_text.size() > 6 ||
+      node_text.find_first_not_of("0123456789") != std::string::npos) {
     return 0;
   }
   long node = std::stol(node_text);
@@ -105,7 +107,8 @@ std::string shown_variables(const Env& env, std::initializer_list<const char*> n
   std::string shown;
   for (const char* name : names) {
     if (const auto value = lookup(env, name)) {
-      shown += (shown.empty() ? "" : ", ") + std::string(name) + "=" + printable(value->substr(0, 40));
+      shown +=
+          (shown.empty() ? "" : ", ") + std::string(name) + "=" + printable(value->substr(0, 40));
     }
   }
   return shown;
