@@ -1,7 +1,6 @@
-// The binary under hostile launches (issue 44): an sbatch script's batch step taken for a
+// The binary under hostile launches (issue 44), on tiny data: an sbatch batch step taken for a
 // launch, ranks on one host that each took every core, 256 in-process replicas, a serving rank
-// whose port is taken, two processes given one rank. Each case is what the tryout ran, on tiny
-// data. Not here: the launcher variables' parsing and the rendezvous' parts one by one
+// whose port is taken, one rank given to two processes. Not here: the parts one by one
 // (tests/parallel/test_distributed.cpp, test_world_plan.cpp, tests/core/test_devices.cpp).
 #include <arpa/inet.h>
 #include <gtest/gtest.h>
