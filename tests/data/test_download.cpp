@@ -705,7 +705,8 @@ TEST_F(DownloadTest, HardLinkAtTheLockFileNameIsRefused) {
   options_.base_url = "file://" + served_.path();
   testing::expect_data_error(
       [&] { download_fashion_mnist(options_); },
-      {"download: the directory's lock file " + lock + " has 2 hard links; ", "remove it"});
+      {"download: its lock file " + lock + " has 2 hard links (another name shares it); ",
+       "remove it"});
   EXPECT_EQ(read_file(victim), "keep me\n");
   EXPECT_FALSE(path_exists(target(kTestImagesFile)));
 }

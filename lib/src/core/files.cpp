@@ -40,6 +40,12 @@ class FileDescriptor {
     }
   }
   int get() const { return fd_; }
+  // Hands the descriptor over: this object no longer closes it.
+  int release() {
+    const int fd = fd_;
+    fd_ = -1;
+    return fd;
+  }
   // Closes now and reports close(2)'s own failure (a deferred write error on some file systems).
   bool close() {
     const int fd = fd_;
@@ -301,56 +307,40 @@ std::string read_lock_holder(int fd) {
 
 }  // namespace
 
-std::string OutputLock::lock_path(const std::string& path) {
-  const size_t slash = path.rfind('/');
-  const std::string name = slash == std::string::npos ? path : path.substr(slash + 1);
-  const std::string directory = slash == std::string::npos ? "" : path.substr(0, slash + 1);
-  return directory + "." + name + ".lock";
-}
-
-OutputLock::OutputLock(const std::string& path, const std::string& flag)
-    : lock_path_(lock_path(path)) {
-  const std::string name = flag + " " + path;
+HolderLock::HolderLock(std::string lock_path, const std::string& what, bool remove_when_done)
+    : lock_path_(std::move(lock_path)), remove_when_done_(remove_when_done) {
   // A few rounds at most: each new round means a holder removed the file just as it ended.
   for (int round = 0;; ++round) {
-    fd_ = ::open(lock_path_.c_str(), O_RDWR | O_CREAT | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC, 0644);
-    if (fd_ < 0) {
-      throw DataError(name + ": cannot open its lock file " + lock_path_ + ": " + errno_text());
+    FileDescriptor fd(
+        ::open(lock_path_.c_str(), O_RDWR | O_CREAT | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC, 0644));
+    if (fd.get() < 0) {
+      throw DataError(what + ": cannot open its lock file " + lock_path_ + ": " + errno_text());
     }
-    // As for a checkpoint directory's lock: a hard link would have the user's other file
-    // truncated and overwritten with the holder's line.
     struct stat info {};
-    if (::fstat(fd_, &info) != 0 || !S_ISREG(info.st_mode) || info.st_nlink != 1) {
-      const std::string what = !S_ISREG(info.st_mode) ? "is " + file_kind(info.st_mode)
+    if (::fstat(fd.get(), &info) != 0 || !S_ISREG(info.st_mode) || info.st_nlink != 1) {
+      const std::string kind = !S_ISREG(info.st_mode) ? "is " + file_kind(info.st_mode)
                                                       : "has " + std::to_string(info.st_nlink) +
-                                                            " hard links";
-      ::close(fd_);
-      fd_ = -1;
-      throw DataError(name + ": its lock file " + lock_path_ + " " + what +
+                                                            " hard links (another name shares it)";
+      throw DataError(what + ": its lock file " + lock_path_ + " " + kind +
                       "; dptrain writes into it who holds the lock, so it must be a file of its "
                       "own: remove it");
     }
-    if (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
+    if (::flock(fd.get(), LOCK_EX | LOCK_NB) != 0) {
       const int error = errno;
-      const std::string who = read_lock_holder(fd_);
-      ::close(fd_);
-      fd_ = -1;
       if (error != EWOULDBLOCK) {
-        throw DataError(name + ": cannot lock " + lock_path_ + ": " + errno_text(error));
+        throw DataError(what + ": cannot lock " + lock_path_ + ": " + errno_text(error));
       }
-      throw UsageError(name + " is being written by another dptrain run" +
-                       (who.empty() ? std::string() : " (" + who + ")") +
-                       "; wait for it to end, or give this run a file of its own");
+      throw Held(read_lock_holder(fd.get()));
     }
     struct stat now {};
     if (::lstat(lock_path_.c_str(), &now) == 0 && now.st_dev == info.st_dev &&
         now.st_ino == info.st_ino) {
+      fd_ = fd.release();
       break;
     }
-    ::close(fd_);  // the name now leads elsewhere: the lock we hold guards nothing
-    fd_ = -1;
+    // The name now leads elsewhere: the lock held (dropped as `fd` closes) guards nothing.
     if (round == 8) {
-      throw DataError(name + ": its lock file " + lock_path_ +
+      throw DataError(what + ": its lock file " + lock_path_ +
                       " keeps being replaced; is another program removing it?");
     }
   }
@@ -358,12 +348,30 @@ OutputLock::OutputLock(const std::string& path, const std::string& flag)
   if (::ftruncate(fd_, 0) == 0) (void)!::pwrite(fd_, text.data(), text.size(), 0);
 }
 
-OutputLock::~OutputLock() {
+HolderLock::~HolderLock() {
   if (fd_ < 0) return;
-  // Removed while still held: a run that opened it meanwhile finds the name gone once it holds
-  // the flock, and starts again (Note [One writer per output] in files.h).
-  ::unlink(lock_path_.c_str());
-  ::close(fd_);
+  // Removed while still held: a process that opened it meanwhile finds the name gone once it
+  // holds the flock, and starts again (Note [Lock files that name their holder]).
+  if (remove_when_done_) ::unlink(lock_path_.c_str());
+  ::close(fd_);  // releases the flock
+}
+
+std::string OutputLock::lock_path(const std::string& path) {
+  const size_t slash = path.rfind('/');
+  const std::string name = slash == std::string::npos ? path : path.substr(slash + 1);
+  const std::string directory = slash == std::string::npos ? "" : path.substr(0, slash + 1);
+  return directory + "." + name + ".lock";
+}
+
+OutputLock::OutputLock(const std::string& path, const std::string& flag) {
+  const std::string name = flag + " " + path;
+  try {
+    lock_ = std::make_unique<HolderLock>(lock_path(path), name, /*remove_when_done=*/true);
+  } catch (const HolderLock::Held& held) {
+    throw UsageError(name + " is being written by another dptrain run" +
+                     (held.holder().empty() ? std::string() : " (" + held.holder() + ")") +
+                     "; wait for it to end, or give this run a file of its own");
+  }
 }
 
 void sync_directory(const std::string& directory) {

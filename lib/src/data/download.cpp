@@ -24,7 +24,6 @@
 #include <thread>
 #include <vector>
 
-#include "dptrain/core/devices.h"
 #include "dptrain/core/errors.h"
 #include "dptrain/core/files.h"
 #include "dptrain/core/sha256.h"
@@ -268,105 +267,27 @@ bool already_present(const std::string& path, const std::string& name, const std
 // Note [One download per directory]
 // Two downloads into one directory used to share "<name>.part": the second removed the first's
 // live file as a leftover, and the first to finish could rename the other's half-written file
-// into place. Now a download holds flock(2) on "<directory>/.dptrain-download.lock" from before
-// it looks at any file until it returns; a second one is refused at once, naming the holder
-// (the lock file says "pid N on HOST, since TIME"), as a second run is from a checkpoint
-// directory (CheckpointDirectoryLock) or a second writer from an output (OutputLock in files.h,
-// the same protocol; not used here because it refuses a directory it cannot write, where a
-// download whose files are all present must still succeed, and speaks of a file). Under the lock
-// a ".part" can only be a dead run's leftover, so remove_leftover_part stays safe. The lock file
-// is removed on the way out so that the directory holds only the data; that is safe because
-// whoever gets the flock checks that the name still points at the file it locked, and retries
-// when the holder removed it meanwhile. A directory this user cannot write into gets no lock:
-// nothing can be written there, so a file that must be fetched fails on its ".part" instead.
+// into place. Now a download holds a HolderLock (files.h) on "<directory>/.dptrain-download.lock"
+// from before it looks at any file until it returns; a second one is refused at once, naming
+// the holder, as a second run is from a checkpoint directory or a second writer from an output.
+// Under the lock a ".part" can only be a dead run's leftover, so remove_leftover_part stays
+// safe. The lock file is removed on the way out so that the directory holds only the data. A
+// directory this user cannot write into gets no lock: nothing can be written there, so a file
+// that must be fetched fails on its ".part" instead, while a download whose files are all
+// present still succeeds.
 constexpr char kDownloadLockName[] = ".dptrain-download.lock";
 
-class DownloadDirectoryLock {
- public:
-  explicit DownloadDirectoryLock(const std::string& directory)
-      : path_(directory + "/" + kDownloadLockName) {
-    for (int attempt = 0; attempt < 10 && fd_ < 0; ++attempt) {
-      if (!try_lock(directory)) return;  // a read-only directory: no lock (see the Note)
-    }
-    if (fd_ < 0) {
-      throw DataError("download: cannot lock " + path_ + ": it was replaced 10 times meanwhile");
-    }
-    const std::time_t now = std::time(nullptr);
-    std::tm local{};
-    char started[32] = {0};
-    if (::localtime_r(&now, &local) != nullptr) {
-      std::strftime(started, sizeof started, "%Y-%m-%d %H:%M:%S", &local);
-    }
-    const std::string text =
-        "pid " + std::to_string(::getpid()) + " on " + host_name() + ", since " + started + "\n";
-    // Best effort: the lock is the flock, the text only names the holder.
-    if (::ftruncate(fd_, 0) == 0) (void)!::pwrite(fd_, text.data(), text.size(), 0);
+std::unique_ptr<HolderLock> lock_download_directory(const std::string& directory) {
+  if (::access(directory.c_str(), W_OK) != 0) return nullptr;  // read-only: no lock (the Note)
+  try {
+    return std::make_unique<HolderLock>(directory + "/" + kDownloadLockName, "download",
+                                        /*remove_when_done=*/true);
+  } catch (const HolderLock::Held& held) {
+    throw UsageError("download: " + directory + " is in use by another dptrain download" +
+                     (held.holder().empty() ? std::string() : " (" + held.holder() + ")") +
+                     "; wait for it to end, or give this one a directory of its own");
   }
-  ~DownloadDirectoryLock() {
-    if (fd_ < 0) return;
-    ::unlink(path_.c_str());  // before the flock goes: a newcomer then locks a file of its own
-    ::close(fd_);
-  }
-  DownloadDirectoryLock(const DownloadDirectoryLock&) = delete;
-  DownloadDirectoryLock& operator=(const DownloadDirectoryLock&) = delete;
-
- private:
-  // One try: false when the directory cannot be written (no lock); otherwise fd_ holds the
-  // lock, or stays -1 when the file locked was removed meanwhile (try again). Throws when
-  // another download holds it or the lock file is not a plain file of its own.
-  bool try_lock(const std::string& directory) {
-    const int fd =
-        ::open(path_.c_str(), O_RDWR | O_CREAT | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC, 0644);
-    if (fd < 0) {
-      const int error = errno;
-      if ((error == EACCES || error == EPERM || error == EROFS) &&
-          ::access(directory.c_str(), W_OK) != 0) {
-        return false;
-      }
-      throw DataError("download: cannot open the directory's lock file " + path_ + ": " +
-                      errno_text(error));
-    }
-    Descriptor file(fd);
-    // O_NOFOLLOW stops a symbolic link, not a hard link: the file behind a second name would be
-    // overwritten with the holder's line.
-    struct stat info {};
-    if (::fstat(fd, &info) != 0 || !S_ISREG(info.st_mode) || info.st_nlink != 1) {
-      const std::string what = !S_ISREG(info.st_mode)
-                                   ? "is " + file_kind(info.st_mode)
-                                   : "has " + std::to_string(info.st_nlink) + " hard links";
-      throw DataError("download: the directory's lock file " + path_ + " " + what +
-                      "; dptrain writes into it who holds the lock, so it must be a file of its "
-                      "own: remove it");
-    }
-    if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
-      const int error = errno;
-      if (error != EWOULDBLOCK) {
-        throw DataError("download: cannot lock " + path_ + ": " + errno_text(error));
-      }
-      char holder[256] = {0};
-      const ssize_t n = ::pread(fd, holder, sizeof holder - 1, 0);
-      std::string who = n > 0 ? std::string(holder, static_cast<size_t>(n)) : "";
-      while (!who.empty() && (who.back() == '\n' || who.back() == '\0')) who.pop_back();
-      who = printable(who);  // another program's bytes, maybe: never raw to the terminal
-      throw UsageError("download: " + directory + " is in use by another dptrain download" +
-                       (who.empty() ? std::string() : " (" + who + ")") +
-                       "; wait for it to end, or give this one a directory of its own");
-    }
-    // Locked; but the holder before may have removed the name after this open: then the name
-    // is another file now (or none), and this lock keeps nobody out.
-    struct stat now {};
-    if (::stat(path_.c_str(), &now) != 0 || now.st_dev != info.st_dev ||
-        now.st_ino != info.st_ino) {
-      return true;  // closing `file` drops the useless lock; try again
-    }
-    fd_ = fd;
-    file.release();
-    return true;
-  }
-
-  std::string path_;
-  int fd_ = -1;
-};
+}
 
 #if defined(DPTRAIN_WITH_CURL)
 // ---- One attempt with libcurl ----------------------------------------------------------------
@@ -808,7 +729,8 @@ std::vector<DownloadedFile> download_fashion_mnist(const DownloadOptions& option
   check_options(options);
   init_curl_once();
   make_directories(options.directory, "cannot create download directory " + options.directory);
-  const DownloadDirectoryLock lock(options.directory);  // Note [One download per directory]
+  // Note [One download per directory]
+  const auto lock = lock_download_directory(options.directory);
 
   std::string base = options.base_url;
   while (!base.empty() && base.back() == '/') base.pop_back();

@@ -3,24 +3,20 @@
 
 #include <dirent.h>
 #include <fcntl.h>
-#include <sys/file.h>
+#include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
-
-#include <signal.h>
 
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
-#include <ctime>
 #include <limits>
 #include <tuple>
 
 #include "dptrain/core/errors.h"
 #include "dptrain/core/files.h"
-#include "dptrain/core/devices.h"
 #include "dptrain/train/options.h"
 
 namespace dptrain {
@@ -290,56 +286,15 @@ void check_outputs_apart_from_checkpoints(const std::string& directory,
 }
 
 CheckpointDirectoryLock::CheckpointDirectoryLock(const std::string& directory) {
-  const std::string path = directory + "/" + kLockFileName;
-  fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC, 0644);
-  if (fd_ < 0) {
-    throw DataError("checkpoint directory " + directory + ": cannot open its lock file " + path +
-                    ": " + errno_text());
-  }
-  // O_NOFOLLOW stops a symbolic link, not a hard link: a second name for the user's own file
-  // planted here would have it truncated and overwritten with the holder's line.
-  struct stat info {};
-  if (::fstat(fd_, &info) != 0 || !S_ISREG(info.st_mode) || info.st_nlink != 1) {
-    const std::string what = !S_ISREG(info.st_mode) ? "is " + file_kind(info.st_mode)
-                                                    : "has " + std::to_string(info.st_nlink) +
-                                                          " hard links (another name shares it)";
-    ::close(fd_);
-    fd_ = -1;
-    throw DataError("checkpoint directory " + directory + ": its lock file " + path + " " + what +
-                    "; dptrain writes into it who holds the lock, so it must be a file of its "
-                    "own: remove it");
-  }
-  if (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
-    const int error = errno;
-    char holder[256] = {0};
-    const ssize_t n = ::pread(fd_, holder, sizeof holder - 1, 0);
-    std::string who = n > 0 ? std::string(holder, static_cast<size_t>(n)) : "";
-    while (!who.empty() && (who.back() == '\n' || who.back() == '\0')) who.pop_back();
-    who = printable(who);  // another program's bytes, maybe: never raw to the terminal
-    ::close(fd_);
-    fd_ = -1;
-    if (error != EWOULDBLOCK) {
-      throw DataError("checkpoint directory " + directory + ": cannot lock " + path + ": " +
-                      errno_text(error));
-    }
+  try {
+    lock_ = std::make_unique<HolderLock>(directory + "/" + kLockFileName,
+                                         "checkpoint directory " + directory,
+                                         /*remove_when_done=*/false);
+  } catch (const HolderLock::Held& held) {
     throw UsageError("--checkpoint-dir " + directory + " is in use by another dptrain run" +
-                     (who.empty() ? std::string() : " (" + who + ")") +
+                     (held.holder().empty() ? std::string() : " (" + held.holder() + ")") +
                      "; wait for it to end, or give this run a directory of its own");
   }
-  // Who holds it, for the message a second run prints. Best effort: the lock is the flock.
-  const std::time_t now = std::time(nullptr);
-  std::tm local{};
-  char started[32] = {0};
-  if (::localtime_r(&now, &local) != nullptr) {
-    std::strftime(started, sizeof started, "%Y-%m-%d %H:%M:%S", &local);
-  }
-  const std::string text =
-      "pid " + std::to_string(::getpid()) + " on " + host_name() + ", since " + started + "\n";
-  if (::ftruncate(fd_, 0) == 0) (void)!::pwrite(fd_, text.data(), text.size(), 0);
-}
-
-CheckpointDirectoryLock::~CheckpointDirectoryLock() {
-  if (fd_ >= 0) ::close(fd_);  // releases the flock
 }
 
 // ---- Where a run starts -------------------------------------------------------------------------

@@ -8,7 +8,10 @@
 #include <cerrno>
 #include <cstddef>
 #include <cstdint>
+#include <memory>
+#include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace dptrain {
@@ -100,31 +103,60 @@ struct RoleFile {
 void check_distinct_files(const std::vector<RoleFile>& outputs,
                           const std::vector<RoleFile>& inputs);
 
+// Note [Lock files that name their holder]
+// Every exclusive hold dptrain takes on a place — a checkpoint directory (one run), an output
+// (one writer), a download directory (one download) — is one protocol, HolderLock: an
+// exclusive, non-blocking flock(2) on a lock file, which the kernel drops however the process
+// ends (a crash leaves no stale lock), and a line in the file saying who holds it (pid, host,
+// since when) for the refusal a second process prints. The file is opened with O_NOFOLLOW and
+// must be a regular file with one link: a hard link planted there would have another file
+// truncated and overwritten with that line. A holder may remove the file when it is done; a
+// taker therefore checks, once it holds the flock, that the name still leads to the file it
+// locked, and starts again if not.
+class HolderLock {
+ public:
+  // The refusal when another process holds the lock: what its lock file says, printable.
+  class Held : public std::runtime_error {
+   public:
+    explicit Held(std::string holder)
+        : std::runtime_error("held by another process"), holder_(std::move(holder)) {}
+    const std::string& holder() const { return holder_; }
+
+   private:
+    std::string holder_;
+  };
+
+  // Takes `lock_path`; `what` begins every message ("checkpoint directory D", "--metrics F").
+  // Throws Held when another process holds it, DataError when the file cannot be made a lock.
+  // `remove_when_done`: the file goes when the hold ends (an output's directory keeps no trace).
+  HolderLock(std::string lock_path, const std::string& what, bool remove_when_done);
+  ~HolderLock();
+  HolderLock(const HolderLock&) = delete;
+  HolderLock& operator=(const HolderLock&) = delete;
+
+ private:
+  std::string lock_path_;
+  bool remove_when_done_;
+  int fd_ = -1;
+};
+
 // Note [One writer per output]
 // Two runs given one --metrics (or --plot, --save-model, --logits) would both exit 0 with their
 // records interleaved, or the last one's file in place. The output cannot be locked itself: the
 // atomic writers replace its inode at every write, and the metrics file is truncated when it is
-// opened. So the writer holds an exclusive flock(2) on a sibling, "<dir>/.<name>.lock", from
-// before the data is read to its end, as CheckpointDirectoryLock does for a checkpoint directory;
-// the kernel drops it however the process ends, and the file says who holds it (pid, host, since
-// when). The holder removes the file when it is done; a taker checks, once it holds the flock,
-// that the name still leads to the file it locked (a holder may have removed it meanwhile), and
-// starts again if not. A crash leaves the file but no lock: the next run takes it.
+// opened. So the writer holds a HolderLock on a sibling, "<dir>/.<name>.lock", from before the
+// data is read to its end, and removes it when done.
 class OutputLock {
  public:
   // Throws UsageError "<flag> PATH is being written by another dptrain run (pid N on host H,
   // since ...)" when another process holds it; DataError when the lock file cannot be made.
   OutputLock(const std::string& path, const std::string& flag);
-  ~OutputLock();
-  OutputLock(const OutputLock&) = delete;
-  OutputLock& operator=(const OutputLock&) = delete;
 
   // "<dir>/.<name>.lock": the lock file of output `path`.
   static std::string lock_path(const std::string& path);
 
  private:
-  int fd_ = -1;
-  std::string lock_path_;
+  std::unique_ptr<HolderLock> lock_;
 };
 
 // fsync of a directory, so that a file created or renamed in it keeps its name after a crash.

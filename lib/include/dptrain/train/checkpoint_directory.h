@@ -5,6 +5,7 @@
 #pragma once
 
 #include <functional>
+#include <memory>
 #include <optional>
 #include <string>
 #include <utility>
@@ -73,19 +74,16 @@ std::vector<std::string> remove_stale_temporaries(const std::string& directory);
 
 // Note [One run per checkpoint directory]
 // Two runs writing into one directory would replace each other's checkpoints, and a resume would
-// then mix them. The process that holds global rank 0 (the only writer) takes an exclusive
-// flock(2) on `<directory>/.dptrain.lock` for the whole run; the kernel releases it when the
-// process ends, however it ends, so a crash leaves no stale lock. The file says who holds it.
+// then mix them. The process that holds global rank 0 (the only writer) holds a HolderLock
+// (files.h) on `<directory>/.dptrain.lock` for the whole run. The file stays when the run ends:
+// the directory is the run's, and its lock file is the name --fresh and the output checks know.
 class CheckpointDirectoryLock {
  public:
   // Throws UsageError naming the holder ("pid 1234 on host h") when another run holds the lock.
   explicit CheckpointDirectoryLock(const std::string& directory);
-  ~CheckpointDirectoryLock();
-  CheckpointDirectoryLock(const CheckpointDirectoryLock&) = delete;
-  CheckpointDirectoryLock& operator=(const CheckpointDirectoryLock&) = delete;
 
  private:
-  int fd_ = -1;
+  std::unique_ptr<HolderLock> lock_;
 };
 
 struct TrainOptions;
