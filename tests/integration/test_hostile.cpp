@@ -357,7 +357,8 @@ TEST(HostileMessages, EvalErrorsNameTheFile) {
   write_hollow_checkpoint(hollow, 1);
   const auto result =
       run_dptrain({"eval", "--checkpoint", hollow, "--data-dir", tiny_data_dir(), "--threads", "1"});
-  expect_one_error_line(result, kRunTime, "checkpoint " + hollow + ": has no tensor");
+  expect_one_error_line(result, kRunTime,
+                        "checkpoint " + hollow + ": holds 0 tensors where the width-1 model has");
 }
 
 // A bad --checkpoint-dir was found only after the data was read (exit 1); like the other output

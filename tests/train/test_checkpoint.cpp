@@ -1011,9 +1011,10 @@ TEST_F(LoadModelTensors, WrongShapeOrDtypeIsNamedWithBothShapes) {
 TEST_F(LoadModelTensors, ExtraOrDuplicateTensorsAreRefused) {
   auto extra = tensors_;
   extra.emplace_back("not.in.the.model", torch::zeros({1}));
-  expect_data_error([&] { load_model_tensors(*target_, extra, "c.dpt"); },
-                    {"c.dpt", "holds " + std::to_string(extra.size()) + " tensors, the model " +
-                                  std::to_string(tensors_.size())});
+  expect_data_error(
+      [&] { load_model_tensors(*target_, extra, "c.dpt"); },
+      {"c.dpt", "holds " + std::to_string(extra.size()) + " tensors where the model has " +
+                    std::to_string(tensors_.size())});
   auto duplicate = tensors_;
   duplicate.push_back(tensors_[0]);
   expect_data_error([&] { load_model_tensors(*target_, duplicate, "c.dpt"); },
@@ -1266,7 +1267,7 @@ TEST(CheckpointBound, TheHeadersTensorsMustBeTheRunsModel) {
   fewer.tensors.pop_back();
   write_bytes(path, serialize_checkpoint(fewer));
   expect_data_error([&] { read_checkpoint(path, "checkpoint", accepted_run_model(8)); },
-                    {"tensors, the width-8 model", "; not read"});
+                    {"tensors where the width-8 model has", "; not read"});
 }
 
 TEST(CheckpointFormat, PartialSumsAndSecondsNoRunCanHaveAreRefused) {

@@ -241,15 +241,16 @@ void check_model_tensors(const SafetensorsHeader& header, int64_t width, const s
                       std::to_string(width) + " model has not; not read");
     }
     if (found->second.dtype != e.dtype || found->second.shape != e.shape) {
-      throw DataError(label + ": tensor '" + e.name + "' is " + safetensors_dtype_name(e.dtype) +
-                      "[" + shape_text(e.shape) + "], the width-" + std::to_string(width) +
-                      " model's is " + safetensors_dtype_name(found->second.dtype) + "[" +
+      throw DataError(label + ": tensor '" + printable(e.name) + "' is " +
+                      safetensors_dtype_name(e.dtype) + "[" + shape_text(e.shape) +
+                      "], the width-" + std::to_string(width) + " model's is " +
+                      safetensors_dtype_name(found->second.dtype) + "[" +
                       shape_text(found->second.shape) + "]; not read");
     }
   }
   if (header.entries.size() != specs->size()) {
     throw DataError(label + ": holds " + std::to_string(header.entries.size()) +
-                    " tensors, the width-" + std::to_string(width) + " model " +
+                    " tensors where the width-" + std::to_string(width) + " model has " +
                     std::to_string(specs->size()) + "; not read");
   }
 }
@@ -570,7 +571,7 @@ void load_model_tensors(torch::nn::Module& model,
   }
   if (loaded != tensors.size()) {
     throw DataError("checkpoint " + name + ": holds " + std::to_string(tensors.size()) +
-                    " tensors, the model " + std::to_string(loaded));
+                    " tensors where the model has " + std::to_string(loaded));
   }
 }
 

@@ -57,123 +57,174 @@ std::string value_text(double value) {
 // emptied one would pass for version 1, which has none, and skip the comparison). The weights
 // themselves are finite, and a BatchNorm running variance >= 0 (check_checkpoint_tensors): a
 // resume from anything else fails only later, with advice about --lr that does not apply.
-void check_checkpoint_contents(const Checkpoint& c, const std::string& label) {
-  const auto impossible = [&](const std::string& field, double value, const std::string& why) {
-    throw DataError(label + ": corrupt: impossible contents: " + field + " is " + value_text(value) +
-                    " (" + why + ")");
-  };
-  const auto in_range = [&](const char* field, int64_t value, int64_t low, int64_t high) {
+namespace {
+
+// The contents checks' one wording: every refusal names the file, the field, its value and why.
+class ContentsCheck {
+ public:
+  explicit ContentsCheck(const std::string& label) : label_(label) {}
+  [[noreturn]] void impossible(const std::string& field, double value,
+                               const std::string& why) const {
+    throw DataError(label_ + ": corrupt: impossible contents: " + field + " is " +
+                    value_text(value) + " (" + why + ")");
+  }
+  void in_range(const char* field, int64_t value, int64_t low, int64_t high) const {
     if (value < low || value > high) {
       impossible(field, static_cast<double>(value),
                  "dptrain writes " + std::to_string(low) + " to " + std::to_string(high));
     }
-  };
-  const auto finite_at_least_zero = [&](const std::string& field, double value) {
-    if (!std::isfinite(value) || value < 0) impossible(field, value, "a finite number >= 0");
-  };
-  const auto loss = [&](const std::string& field, double value) {
-    if (!(std::isnan(value) || value >= 0)) impossible(field, value, "a loss: >= 0, inf or nan");
-  };
-  const auto& config = c.config;
-  in_range("width", config.width, 1, kMaxWidth);
-  in_range("the class count", config.num_classes, 1, kMaxClassesOrChannels);
-  in_range("the input channel count", config.in_channels, 1, kMaxClassesOrChannels);
-  in_range("the batch size", config.batch_size, 1, kMaxCount);
-  in_range("the training-set size", config.train_size, 1, kMaxCount);
-  in_range("the world size", config.world_size, 1, kMaxWorldSize);
-  if (!std::isfinite(config.lr) || config.lr <= 0) {
-    impossible("the learning rate", config.lr, "a finite number > 0");
   }
-  in_range("the epochs done", c.epochs_done, 0, static_cast<int64_t>(kMaxEpochs));
-  const int64_t steps_per_epoch = (config.train_size + config.batch_size - 1) / config.batch_size;
-  const std::string epoch_shape = "an epoch of " + std::to_string(config.train_size) +
-                                  " images in batches of " + std::to_string(config.batch_size) +
-                                  " has " + std::to_string(steps_per_epoch) + " steps";
-  if (c.step_in_epoch < 0 || c.step_in_epoch >= steps_per_epoch) {
-    impossible("the step in the epoch", static_cast<double>(c.step_in_epoch), epoch_shape);
+  void finite_at_least_zero(const std::string& field, double value) const {
+    if (!std::isfinite(value) || value < 0) impossible(field, value, "a finite number >= 0");
+  }
+  void loss(const std::string& field, double value) const {
+    if (!(std::isnan(value) || value >= 0)) impossible(field, value, "a loss: >= 0, inf or nan");
+  }
+  void seconds(const std::string& field, double value) const {
+    if (value > kMaxSeconds) {
+      impossible(field, value, "at most " + value_text(kMaxSeconds) + ", some 31 years");
+    }
+  }
+
+ private:
+  const std::string& label_;
+};
+
+// The steps an epoch has, and the sentence that says so, for the position's checks.
+struct EpochShape {
+  int64_t steps;
+  std::string text;
+};
+
+EpochShape epoch_shape(const CheckpointConfig& config) {
+  const int64_t steps = (config.train_size + config.batch_size - 1) / config.batch_size;
+  return {steps, "an epoch of " + std::to_string(config.train_size) + " images in batches of " +
+                     std::to_string(config.batch_size) + " has " + std::to_string(steps) +
+                     " steps"};
+}
+
+// The run's settings, each in the range the flags allow (checked before anything divides by them).
+void check_config(const Checkpoint& c, const ContentsCheck& check) {
+  const auto& config = c.config;
+  check.in_range("width", config.width, 1, kMaxWidth);
+  check.in_range("the class count", config.num_classes, 1, kMaxClassesOrChannels);
+  check.in_range("the input channel count", config.in_channels, 1, kMaxClassesOrChannels);
+  check.in_range("the batch size", config.batch_size, 1, kMaxCount);
+  check.in_range("the training-set size", config.train_size, 1, kMaxCount);
+  check.in_range("the world size", config.world_size, 1, kMaxWorldSize);
+  if (!std::isfinite(config.lr) || config.lr <= 0) {
+    check.impossible("the learning rate", config.lr, "a finite number > 0");
+  }
+  check.in_range("the epochs done", c.epochs_done, 0, static_cast<int64_t>(kMaxEpochs));
+}
+
+void check_position(const Checkpoint& c, const ContentsCheck& check, const EpochShape& epoch) {
+  if (c.step_in_epoch < 0 || c.step_in_epoch >= epoch.steps) {
+    check.impossible("the step in the epoch", static_cast<double>(c.step_in_epoch), epoch.text);
   }
   // At most 10^6 x (2^31 - 1) + 2^31: no overflow.
-  const int64_t global = c.epochs_done * steps_per_epoch + c.step_in_epoch;
+  const int64_t global = c.epochs_done * epoch.steps + c.step_in_epoch;
   if (c.global_step != global) {
-    impossible("the global step", static_cast<double>(c.global_step),
-               "epoch " + std::to_string(c.epochs_done) + " step " +
-                   std::to_string(c.step_in_epoch) + " is global step " + std::to_string(global) +
-                   "; " + epoch_shape);
+    check.impossible("the global step", static_cast<double>(c.global_step),
+                     "epoch " + std::to_string(c.epochs_done) + " step " +
+                         std::to_string(c.step_in_epoch) + " is global step " +
+                         std::to_string(global) + "; " + epoch.text);
   }
-  loss("the epoch's loss sum", c.partial_sums.loss_sum);
-  finite_at_least_zero("the epoch's correct count", c.partial_sums.correct);
-  finite_at_least_zero("the epoch's example count", c.partial_sums.count);
-  finite_at_least_zero("the epoch's seconds", c.partial_seconds);
-  if (c.partial_sums.count > static_cast<double>(config.train_size) ||
-      c.partial_sums.correct > c.partial_sums.count) {
-    impossible("the epoch's correct count", c.partial_sums.correct,
-               "of " + value_text(c.partial_sums.count) + " examples, from a training set of " +
-                   std::to_string(config.train_size));
+}
+
+// The unfinished epoch's sums: those of the steps before its position.
+void check_partial_epoch(const Checkpoint& c, const ContentsCheck& check) {
+  const auto& sums = c.partial_sums;
+  const auto& config = c.config;
+  check.loss("the epoch's loss sum", sums.loss_sum);
+  check.finite_at_least_zero("the epoch's correct count", sums.correct);
+  check.finite_at_least_zero("the epoch's example count", sums.count);
+  check.finite_at_least_zero("the epoch's seconds", c.partial_seconds);
+  if (sums.count > static_cast<double>(config.train_size) || sums.correct > sums.count) {
+    check.impossible("the epoch's correct count", sums.correct,
+                     "of " + value_text(sums.count) + " examples, from a training set of " +
+                         std::to_string(config.train_size));
   }
   // At most 2^31 x 2^31: exact in a double.
   const double seen = static_cast<double>(c.step_in_epoch) * static_cast<double>(config.batch_size);
-  if (c.partial_sums.count > seen || c.partial_sums.count != std::trunc(c.partial_sums.count)) {
-    impossible("the epoch's example count", c.partial_sums.count,
-               "a whole number of at most " + value_text(seen) + ": " +
-                   std::to_string(c.step_in_epoch) + " steps of batches of " +
-                   std::to_string(config.batch_size) + " into the epoch");
+  if (sums.count > seen || sums.count != std::trunc(sums.count)) {
+    check.impossible("the epoch's example count", sums.count,
+                     "a whole number of at most " + value_text(seen) + ": " +
+                         std::to_string(c.step_in_epoch) + " steps of batches of " +
+                         std::to_string(config.batch_size) + " into the epoch");
   }
-  if (c.partial_sums.correct != std::trunc(c.partial_sums.correct)) {
-    impossible("the epoch's correct count", c.partial_sums.correct, "a whole number");
+  if (sums.correct != std::trunc(sums.correct)) {
+    check.impossible("the epoch's correct count", sums.correct, "a whole number");
   }
-  if (c.partial_sums.count == 0 && c.partial_sums.loss_sum != 0) {
-    impossible("the epoch's loss sum", c.partial_sums.loss_sum, "over no examples: 0");
+  if (sums.count == 0 && sums.loss_sum != 0) {
+    check.impossible("the epoch's loss sum", sums.loss_sum, "over no examples: 0");
   }
-  if (c.partial_seconds > kMaxSeconds) {
-    impossible("the epoch's seconds", c.partial_seconds,
-               "at most " + value_text(kMaxSeconds) + ", some 31 years");
+  check.seconds("the epoch's seconds", c.partial_seconds);
+}
+
+// A version 2 or 3 file carries its training set's SHA-256: an emptied one would pass for
+// version 1, which has none, and skip the comparison.
+void check_train_digest(const Checkpoint& c, const std::string& label) {
+  if (c.format_version < 2) return;
+  const std::string& digest = c.config.train_digest;
+  const bool hex = digest.size() == 64 && std::all_of(digest.begin(), digest.end(), [](char ch) {
+                     return (ch >= '0' && ch <= '9') || (ch >= 'a' && ch <= 'f');
+                   });
+  if (!hex) {
+    throw DataError(label + ": corrupt: impossible contents: the training set's digest is '" +
+                    printable(digest.substr(0, 80)) + "' (a file of format version " +
+                    std::to_string(c.format_version) +
+                    " carries the SHA-256 of its training set, 64 hex digits)");
   }
-  if (c.format_version >= 2) {
-    const std::string& digest = config.train_digest;
-    const bool hex = digest.size() == 64 && std::all_of(digest.begin(), digest.end(), [](char ch) {
-                       return (ch >= '0' && ch <= '9') || (ch >= 'a' && ch <= 'f');
-                     });
-    if (!hex) {
-      throw DataError(label + ": corrupt: impossible contents: the training set's digest is '" +
-                      printable(digest.substr(0, 80)) + "' (a file of format version " +
-                      std::to_string(c.format_version) +
-                      " carries the SHA-256 of its training set, 64 hex digits)");
-    }
-  }
+}
+
+void check_history(const Checkpoint& c, const ContentsCheck& check, const EpochShape& epoch) {
   if (c.history.size() != static_cast<size_t>(c.epochs_done)) {
-    impossible("the history's length", static_cast<double>(c.history.size()),
-               "it holds the finished epochs, and " + std::to_string(c.epochs_done) +
-                   " are done");
+    check.impossible(
+        "the history's length", static_cast<double>(c.history.size()),
+        "it holds the finished epochs, and " + std::to_string(c.epochs_done) + " are done");
   }
   for (size_t i = 0; i < c.history.size(); ++i) {
     const auto& s = c.history[i];
     const std::string at = "epoch " + std::to_string(i + 1) + " of the history: ";
     if (s.epoch != static_cast<int64_t>(i) + 1) {
-      impossible(at + "its number", static_cast<double>(s.epoch), "the epochs are numbered 1, 2, ...");
+      check.impossible(at + "its number", static_cast<double>(s.epoch),
+                       "the epochs are numbered 1, 2, ...");
     }
-    loss(at + "train loss", s.train_loss);
-    loss(at + "test loss", s.test_loss);
+    check.loss(at + "train loss", s.train_loss);
+    check.loss(at + "test loss", s.test_loss);
     for (const auto& [field, value] :
          {std::pair<const char*, double>{"seconds", s.seconds},
           {"images per second", s.images_per_second}, {"steps", static_cast<double>(s.steps)}}) {
-      finite_at_least_zero(at + field, value);
+      check.finite_at_least_zero(at + field, value);
     }
-    if (s.seconds > kMaxSeconds) {
-      impossible(at + "seconds", s.seconds,
-                 "at most " + value_text(kMaxSeconds) + ", some 31 years");
-    }
+    check.seconds(at + "seconds", s.seconds);
     if (s.images_per_second > kMaxImagesPerSecond) {
-      impossible(at + "images per second", s.images_per_second,
-                 "at most " + value_text(kMaxImagesPerSecond));
+      check.impossible(at + "images per second", s.images_per_second,
+                       "at most " + value_text(kMaxImagesPerSecond));
     }
-    if (s.steps > steps_per_epoch) {
-      impossible(at + "steps", static_cast<double>(s.steps), epoch_shape);
-    }
+    if (s.steps > epoch.steps)
+      check.impossible(at + "steps", static_cast<double>(s.steps), epoch.text);
     for (const auto& [field, value] :
-         {std::pair<const char*, double>{"train accuracy", s.train_acc}, {"test accuracy", s.test_acc}}) {
-      if (!(value >= 0 && value <= 1)) impossible(at + field, value, "an accuracy from 0 to 1");
+         {std::pair<const char*, double>{"train accuracy", s.train_acc},
+          {"test accuracy", s.test_acc}}) {
+      if (!(value >= 0 && value <= 1)) {
+        check.impossible(at + field, value, "an accuracy from 0 to 1");
+      }
     }
   }
+}
+
+}  // namespace
+
+void check_checkpoint_contents(const Checkpoint& c, const std::string& label) {
+  const ContentsCheck check(label);
+  check_config(c, check);
+  const EpochShape epoch = epoch_shape(c.config);
+  check_position(c, check, epoch);
+  check_partial_epoch(c, check);
+  check_train_digest(c, label);
+  check_history(c, check, epoch);
 }
 
 void check_checkpoint_tensors(const NamedTensors& tensors, const std::string& label) {
