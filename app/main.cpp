@@ -275,8 +275,8 @@ dptrain::CheckedWorld check_command_world(const dptrain::TrainOptions& options,
 std::string describe_run(const dptrain::FashionMnist& data, const std::string& data_dir,
                          const dptrain::TrainOptions& options, const dptrain::WorldPlan& world) {
   const auto& device = world.local_devices.front();
-  const auto layout =
-      dptrain::resolve_memory_format(options.memory_format, device, dptrain::detect_cpu_kernels());
+  const auto cpu = dptrain::detect_cpu_kernels();
+  const auto layout = dptrain::resolve_memory_format(options.memory_format, device, cpu);
   char header[512];
   std::snprintf(header, sizeof header,
                 "dptrain: %lld train / %lld test images from %s; width %lld; rank %d of %d; %s: ",
@@ -286,7 +286,7 @@ std::string describe_run(const dptrain::FashionMnist& data, const std::string& d
   // The threads, and where the figure came from: ranks on one host that each took every core
   // ran 5.3 times slower, and nothing said why.
   return header +
-         dptrain::describe_arithmetic(device, layout, options.amp, options.cudnn_benchmark) +
+         dptrain::describe_arithmetic(device, layout, options.amp, options.cudnn_benchmark, cpu) +
          "; " + dptrain::intra_op_threads(options, world).reason;
 }
 

@@ -557,6 +557,22 @@ TEST(CliRun, FirstLineSaysTheLayoutAndPrecision) {
       << first_line;
 }
 
+// Where oneDNN has no bf16 units to run on (here: its ISA cap at AVX2, as on an AVX2-only
+// EPYC), --amp bf16 still trains, and the first line says it runs without them.
+TEST(CliRun, Bf16WithoutBf16UnitsTrainsAndTheFirstLineSaysSo) {
+  const auto data = testing::real_data_dir();
+  if (!data) GTEST_SKIP() << "no Fashion-MNIST found (set DPTRAIN_DATA or install it)";
+  const auto result = run_dptrain(
+      {"train", "--devices", "cpu", "--width", "2", "--epochs", "1", "--train-limit", "64",
+       "--test-limit", "32", "--batch-size", "32", "--threads", "1", "--amp", "bf16"},
+      {{"ONEDNN_MAX_CPU_ISA", "AVX2"}}, 300);
+  ASSERT_EQ(result.exit_code, 0) << describe(result);
+  const auto first_line = result.out.substr(0, result.out.find('\n'));
+  EXPECT_TRUE(contains(first_line, "; cpu: contiguous, bf16 autocast without bf16 units ("))
+      << first_line;
+  EXPECT_TRUE(contains(result.out, "test acc: ")) << describe(result);
+}
+
 TEST(CliRun, RealDataTwoCpuReplicas) {
   const auto data = testing::real_data_dir();
   if (!data) GTEST_SKIP() << "no Fashion-MNIST found (set DPTRAIN_DATA or install it)";

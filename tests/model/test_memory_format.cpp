@@ -3,7 +3,11 @@
 #include <gtest/gtest.h>
 #include <stdlib.h>
 
+#include <fstream>
+#include <iterator>
 #include <optional>
+#include <set>
+#include <sstream>
 #include <string>
 
 #include "dptrain/core/errors.h"
@@ -133,6 +137,61 @@ TEST(DetectCpuKernels, ReadsOneDnnsCapUnderEitherName) {
     const ScopedEnv dnnl("DNNL_MAX_CPU_ISA", "AVX2");
     EXPECT_EQ(dptrain::detect_cpu_kernels().isa_cap, "AVX512_CORE");
   }
+}
+
+// The flags Linux reads from CPUID for this machine's first processor in /proc/cpuinfo.
+std::set<std::string> cpuinfo_flags() {
+  std::ifstream cpuinfo("/proc/cpuinfo");
+  std::string line;
+  while (std::getline(cpuinfo, line)) {
+    if (line.rfind("flags", 0) != 0) continue;
+    std::istringstream words(line.substr(line.find(':') + 1));
+    return {std::istream_iterator<std::string>(words), std::istream_iterator<std::string>()};
+  }
+  return {};
+}
+
+// detect_cpu_kernels reads CPUID itself; Linux's own reading of it must agree on this machine
+// (an AVX2-only EPYC, a Zen 4 with AVX512-BF16, a Xeon with AMX: each says its own).
+TEST(DetectCpuKernels, Bf16UnitsAgreeWithTheKernelsCpuFlags) {
+#if defined(__x86_64__) || defined(__i386__)
+  const auto flags = cpuinfo_flags();
+  if (flags.empty()) GTEST_SKIP() << "/proc/cpuinfo has no flags line here";
+  const ScopedEnv onednn("ONEDNN_MAX_CPU_ISA", nullptr);
+  const ScopedEnv dnnl("DNNL_MAX_CPU_ISA", nullptr);
+  const auto cpu = dptrain::detect_cpu_kernels();
+  const bool avx512 = flags.count("avx512f") && flags.count("avx512bw") &&
+                      flags.count("avx512vl") && flags.count("avx512dq");
+  EXPECT_EQ(cpu.avx512, avx512);
+  EXPECT_EQ(cpu.avx512_bf16, avx512 && flags.count("avx512_bf16") > 0);
+  EXPECT_EQ(cpu.amx_bf16, avx512 && flags.count("amx_bf16") > 0);
+  const std::string expected = !avx512                      ? ""
+                               : flags.count("amx_bf16")    ? "AMX"
+                               : flags.count("avx512_bf16") ? "AVX512-BF16"
+                                                            : "";
+  EXPECT_EQ(cpu.bf16_units(), expected);
+#else
+  GTEST_SKIP() << "CPUID is read on x86 only";
+#endif
+}
+
+TEST(CpuKernelsTest, AnIsaCapTurnsBf16UnitsOffBelowTheirLevel) {
+  CpuKernels amx = kernels(true);
+  amx.avx512_bf16 = amx.amx_bf16 = true;
+  EXPECT_EQ(amx.bf16_units(), "AMX");
+  amx.isa_cap = "avx512_core_bf16";
+  EXPECT_EQ(amx.bf16_units(), "AVX512-BF16");
+  amx.isa_cap = "AVX512_CORE";
+  EXPECT_EQ(amx.bf16_units(), "");
+  EXPECT_TRUE(amx.runs_avx512());
+  amx.isa_cap = "AVX2";
+  EXPECT_EQ(amx.bf16_units(), "");
+  CpuKernels zen4 = kernels(true);
+  zen4.avx512_bf16 = true;
+  EXPECT_EQ(zen4.bf16_units(), "AVX512-BF16");
+  zen4.isa_cap = "AVX512_CORE_AMX";  // a cap above the CPU allows what it has
+  EXPECT_EQ(zen4.bf16_units(), "AVX512-BF16");
+  EXPECT_EQ(kernels(false).bf16_units(), "");
 }
 
 }  // namespace

@@ -16,6 +16,21 @@ namespace {
 
 using namespace dptrain;
 
+// A CPU with AVX-512 and no bf16 units, as the AMD EPYC of Zen 3 and Intel's Skylake server.
+const CpuKernels kNoBf16Units = [] {
+  CpuKernels cpu;
+  cpu.avx512 = true;
+  return cpu;
+}();
+
+CpuKernels with_avx512_bf16(bool amx, const std::string& cap = "") {
+  CpuKernels cpu = kNoBf16Units;
+  cpu.avx512_bf16 = true;
+  cpu.amx_bf16 = amx;
+  cpu.isa_cap = cap;
+  return cpu;
+}
+
 // Restores LibTorch's TF32 switches and NVIDIA_TF32_OVERRIDE when a test ends.
 class Tf32Switches : public ::testing::Test {
  protected:
@@ -44,22 +59,58 @@ class Tf32Switches : public ::testing::Test {
 
 TEST_F(Tf32Switches, CpuSaysLayoutAndPrecisionOnly) {
   const torch::Device cpu(torch::kCPU);
-  EXPECT_EQ(describe_arithmetic(cpu, MemoryFormat::kContiguous, Amp::kOff, true),
+  EXPECT_EQ(describe_arithmetic(cpu, MemoryFormat::kContiguous, Amp::kOff, true, kNoBf16Units),
             "contiguous, fp32");
-  EXPECT_EQ(describe_arithmetic(cpu, MemoryFormat::kChannelsLast, Amp::kBFloat16, false),
-            "channels-last, bf16 autocast");
+  EXPECT_EQ(describe_arithmetic(cpu, MemoryFormat::kChannelsLast, Amp::kBFloat16, false,
+                                with_avx512_bf16(false)),
+            "channels-last, bf16 autocast on AVX512-BF16");
+  EXPECT_EQ(describe_arithmetic(cpu, MemoryFormat::kChannelsLast, Amp::kOff, false,
+                                with_avx512_bf16(true)),
+            "channels-last, fp32");
+}
+
+// Note [bf16 without bf16 units] in memory_format.cpp: the first line of a bf16 run says what
+// its products run on, and where there is nothing to run them on, why and what to expect.
+TEST_F(Tf32Switches, CpuBf16SaysWhichUnitsRunItOrThatNoneDo) {
+  const torch::Device cpu(torch::kCPU);
+  const auto bf16 = [&](const CpuKernels& kernels) {
+    return describe_arithmetic(cpu, MemoryFormat::kContiguous, Amp::kBFloat16, false, kernels);
+  };
+  EXPECT_EQ(bf16(with_avx512_bf16(true)), "contiguous, bf16 autocast on AMX");
+  EXPECT_EQ(bf16(with_avx512_bf16(true, "AVX512_CORE_BF16")),
+            "contiguous, bf16 autocast on AVX512-BF16");
+  EXPECT_EQ(bf16(kNoBf16Units),
+            "contiguous, bf16 autocast without bf16 units (this CPU has neither AVX512-BF16 nor "
+            "AMX; oneDNN emulates bf16 on AVX-512, a few times slower than fp32; --amp off is "
+            "faster)");
+  EXPECT_EQ(bf16(CpuKernels{}),
+            "contiguous, bf16 autocast without bf16 units (this CPU has no AVX-512, so neither "
+            "AVX512-BF16 nor AMX; LibTorch's own bf16 kernels run it, many times slower than "
+            "fp32; --amp off is faster)");
+  EXPECT_EQ(bf16(with_avx512_bf16(true, "avx2")),
+            "contiguous, bf16 autocast without bf16 units (the oneDNN ISA cap avx2 turns this "
+            "CPU's off; LibTorch's own bf16 kernels run it, many times slower than fp32; --amp "
+            "off is faster)");
+  EXPECT_EQ(bf16(with_avx512_bf16(false, "AVX512_CORE_VNNI")),
+            "contiguous, bf16 autocast without bf16 units (the oneDNN ISA cap AVX512_CORE_VNNI "
+            "turns this CPU's off; oneDNN emulates bf16 on AVX-512, a few times slower than "
+            "fp32; --amp off is faster)");
+  // A name oneDNN does not know caps nothing, as oneDNN ignores it.
+  EXPECT_EQ(bf16(with_avx512_bf16(false, "ALL")), "contiguous, bf16 autocast on AVX512-BF16");
+  EXPECT_EQ(bf16(with_avx512_bf16(true, "AVX10_1_512_AMX")), "contiguous, bf16 autocast on AMX");
 }
 
 TEST_F(Tf32Switches, CudaSaysWhetherCudnnAndCublasMayUseTf32) {
   const torch::Device gpu(torch::kCUDA, 0);
   at::globalContext().setAllowTF32CuDNN(true);
   at::globalContext().setAllowTF32CuBLAS(false);
-  EXPECT_EQ(describe_arithmetic(gpu, MemoryFormat::kChannelsLast, Amp::kOff, true),
+  EXPECT_EQ(describe_arithmetic(gpu, MemoryFormat::kChannelsLast, Amp::kOff, true, kNoBf16Units),
             "channels-last, fp32; cuDNN: TF32 on, benchmark on; cuBLAS: TF32 off");
   at::globalContext().setAllowTF32CuDNN(false);
   at::globalContext().setAllowTF32CuBLAS(true);
-  EXPECT_EQ(describe_arithmetic(gpu, MemoryFormat::kContiguous, Amp::kBFloat16, false),
-            "contiguous, bf16 autocast; cuDNN: TF32 off, benchmark off; cuBLAS: TF32 on");
+  EXPECT_EQ(
+      describe_arithmetic(gpu, MemoryFormat::kContiguous, Amp::kBFloat16, false, kNoBf16Units),
+      "contiguous, bf16 autocast; cuDNN: TF32 off, benchmark off; cuBLAS: TF32 on");
 }
 
 TEST_F(Tf32Switches, NvidiaOverrideZeroForbidsTf32WhateverLibTorchAllows) {
@@ -67,11 +118,11 @@ TEST_F(Tf32Switches, NvidiaOverrideZeroForbidsTf32WhateverLibTorchAllows) {
   at::globalContext().setAllowTF32CuDNN(true);
   at::globalContext().setAllowTF32CuBLAS(true);
   ::setenv("NVIDIA_TF32_OVERRIDE", "0", 1);
-  EXPECT_EQ(describe_arithmetic(gpu, MemoryFormat::kChannelsLast, Amp::kOff, true),
+  EXPECT_EQ(describe_arithmetic(gpu, MemoryFormat::kChannelsLast, Amp::kOff, true, kNoBf16Units),
             "channels-last, fp32; cuDNN: TF32 off (NVIDIA_TF32_OVERRIDE=0), benchmark on; "
             "cuBLAS: TF32 off (NVIDIA_TF32_OVERRIDE=0)");
   ::setenv("NVIDIA_TF32_OVERRIDE", "1", 1);  // allows no more than LibTorch does
-  EXPECT_EQ(describe_arithmetic(gpu, MemoryFormat::kChannelsLast, Amp::kOff, true),
+  EXPECT_EQ(describe_arithmetic(gpu, MemoryFormat::kChannelsLast, Amp::kOff, true, kNoBf16Units),
             "channels-last, fp32; cuDNN: TF32 on, benchmark on; cuBLAS: TF32 on");
 }
 
@@ -120,7 +171,7 @@ TEST_F(Tf32Switches, DescribingCudaRaisesNoWarning) {
   {
     const warnings::WarningHandlerGuard collect(&collected);
     const warnings::WarnAlways every_time;
-    EXPECT_NE(describe_arithmetic(gpu, MemoryFormat::kChannelsLast, Amp::kOff, true)
+    EXPECT_NE(describe_arithmetic(gpu, MemoryFormat::kChannelsLast, Amp::kOff, true, kNoBf16Units)
                   .find("; cuDNN: TF32 "),
               std::string::npos);
   }
@@ -141,7 +192,7 @@ TEST_F(Tf32Switches, PerOperationPrecisionsAreReadForTheConvolutions) {
                               at::Float32Precision::IEEE);
   context.setFloat32Precision(at::Float32Backend::CUDA, at::Float32Op::MATMUL,
                               at::Float32Precision::NONE);  // as the level above: IEEE here
-  EXPECT_EQ(describe_arithmetic(gpu, MemoryFormat::kChannelsLast, Amp::kOff, false),
+  EXPECT_EQ(describe_arithmetic(gpu, MemoryFormat::kChannelsLast, Amp::kOff, false, kNoBf16Units),
             "channels-last, fp32; cuDNN: TF32 on, benchmark off; cuBLAS: TF32 off");
   context.setFloat32Precision(at::Float32Backend::CUDA, at::Float32Op::RNN, rnn);
 }

@@ -1,6 +1,7 @@
 // Autocast on and off for one device type. See autocast.h.
 #include "dptrain/model/autocast.h"
 
+#include <ATen/Context.h>
 #include <ATen/autocast_mode.h>
 #include <torch/version.h>
 
@@ -35,6 +36,18 @@ AutocastGuard::~AutocastGuard() {
   set_autocast(device_type_, false);
   // Casted copies of the weights are cached for one forward pass; the next step's weights differ.
   at::autocast::clear_cache();
+}
+
+CpuBf16KernelsGuard::CpuBf16KernelsGuard(const torch::Device& device, Amp amp,
+                                         const CpuKernels& cpu) {
+  if (!device.is_cpu() || amp != Amp::kBFloat16 || cpu.runs_avx512()) return;
+  previous_ = at::globalContext().userEnabledMkldnn();
+  restore_ = previous_;
+  if (restore_) at::globalContext().setUserEnabledMkldnn(false);
+}
+
+CpuBf16KernelsGuard::~CpuBf16KernelsGuard() {
+  if (restore_) at::globalContext().setUserEnabledMkldnn(previous_);
 }
 
 }  // namespace dptrain

@@ -4,6 +4,12 @@
 #include <algorithm>
 #include <cctype>
 #include <cstdlib>
+#include <optional>
+#include <utility>
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <cpuid.h>
+#endif
 
 #include "dptrain/core/errors.h"
 
@@ -44,14 +50,40 @@ std::string upper(std::string text) {
   return text;
 }
 
-// The values of oneDNN's ISA cap that keep it below AVX-512 (oneDNN's documented names; any
-// other value leaves AVX-512 allowed, as oneDNN ignores names it does not know).
-bool caps_below_avx512(const std::string& cap) {
+// The units oneDNN's kernels may use, from lowest to highest; each ISA cap oneDNN documents
+// allows those up to one of them.
+enum class IsaLevel { kBelowAvx512, kAvx512, kAvx512Bf16, kAmx };
+
+// The level `cap` allows; none for a name oneDNN does not know (it ignores those) or "ALL".
+std::optional<IsaLevel> cap_level(const std::string& cap) {
+  static const std::pair<const char*, IsaLevel> kCaps[] = {
+      {"SSE41", IsaLevel::kBelowAvx512},
+      {"AVX", IsaLevel::kBelowAvx512},
+      {"AVX2", IsaLevel::kBelowAvx512},
+      {"AVX2_VNNI", IsaLevel::kBelowAvx512},
+      {"AVX2_VNNI_2", IsaLevel::kBelowAvx512},
+      {"AVX512_CORE", IsaLevel::kAvx512},
+      {"AVX512_CORE_VNNI", IsaLevel::kAvx512},
+      {"AVX512_CORE_BF16", IsaLevel::kAvx512Bf16},
+      {"AVX512_CORE_FP16", IsaLevel::kAvx512Bf16},
+      {"AVX10_1_512", IsaLevel::kAvx512Bf16},
+      {"AVX10_2_512", IsaLevel::kAvx512Bf16},
+      {"AVX512_CORE_AMX", IsaLevel::kAmx},
+      {"AVX512_CORE_AMX_FP16", IsaLevel::kAmx},
+      {"AVX10_1_512_AMX", IsaLevel::kAmx},
+      {"AVX10_1_512_AMX_FP16", IsaLevel::kAmx},
+      {"AVX10_2_512_AMX_2", IsaLevel::kAmx},
+  };
   const std::string value = upper(cap);
-  for (const char* lower : {"SSE41", "AVX", "AVX2", "AVX2_VNNI", "AVX2_VNNI_2"}) {
-    if (value == lower) return true;
+  for (const auto& [name, level] : kCaps) {
+    if (value == name) return level;
   }
-  return false;
+  return std::nullopt;
+}
+
+bool cap_allows(const std::string& cap, IsaLevel level) {
+  const auto allowed = cap_level(cap);
+  return !allowed || *allowed >= level;
 }
 
 }  // namespace
@@ -68,12 +100,45 @@ std::string memory_format_name(MemoryFormat format) {
   return "auto";
 }
 
-bool CpuKernels::runs_avx512() const { return avx512 && !caps_below_avx512(isa_cap); }
+bool CpuKernels::runs_avx512() const { return avx512 && cap_allows(isa_cap, IsaLevel::kAvx512); }
 
 std::string CpuKernels::describe() const {
   if (runs_avx512()) return "this CPU has AVX-512";
   if (avx512) return "the oneDNN ISA cap " + isa_cap + " turns AVX-512 off";
   return "this CPU has no AVX-512";
+}
+
+// Note [bf16 without bf16 units]
+// Under bf16 autocast the convolutions and the linear layer run in bf16 through oneDNN. Where
+// the CPU has AVX512-BF16 (AMD Zen 4 and later, Intel since Cooper Lake) oneDNN's kernels take
+// two bf16 products per fp32 lane in one instruction, and AMX (Intel since Sapphire Rapids)
+// multiplies whole bf16 tiles. Without them a bf16 run still trains, slower than fp32: with
+// AVX-512 oneDNN emulates the bf16 products; without AVX-512 oneDNN has no bf16 kernels, and
+// LibTorch's own (generic) bf16 convolutions run instead (LibTorch picks them by itself on such
+// a CPU; under an ISA cap LibTorch 1.13 does not, so dptrain turns oneDNN off for the run:
+// CpuBf16KernelsGuard in autocast.h). The run's first line says which of these a bf16 run gets.
+// On one Intel Xeon with AMX, the units taken away by the cap, at width 16 (bf16 against fp32):
+// 1.55x on AMX, 0.78x on AVX512-BF16, 0.34x emulated on AVX-512, 0.04x on LibTorch's kernels
+// (bench/results/2026-12-04-cpu-bf16-units.md).
+std::string CpuKernels::bf16_units() const {
+  if (!runs_avx512()) return "";
+  if (amx_bf16 && cap_allows(isa_cap, IsaLevel::kAmx)) return "AMX";
+  if ((avx512_bf16 || amx_bf16) && cap_allows(isa_cap, IsaLevel::kAvx512Bf16)) {
+    return "AVX512-BF16";
+  }
+  return "";
+}
+
+std::string CpuKernels::describe_bf16() const {
+  if (const auto units = bf16_units(); !units.empty()) return "on " + units;
+  const std::string why = avx512 && (avx512_bf16 || amx_bf16)
+                              ? "the oneDNN ISA cap " + isa_cap + " turns this CPU's off"
+                          : avx512 ? "this CPU has neither AVX512-BF16 nor AMX"
+                                   : "this CPU has no AVX-512, so neither AVX512-BF16 nor AMX";
+  const std::string how = runs_avx512()
+                              ? "oneDNN emulates bf16 on AVX-512, a few times slower than fp32"
+                              : "LibTorch's own bf16 kernels run it, many times slower than fp32";
+  return "without bf16 units (" + why + "; " + how + "; --amp off is faster)";
 }
 
 CpuKernels detect_cpu_kernels() {
@@ -82,6 +147,15 @@ CpuKernels detect_cpu_kernels() {
   __builtin_cpu_init();
   cpu.avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
                __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
+  // CPUID leaf 7: subleaf 1's EAX bit 5 is AVX512-BF16, subleaf 0's EDX bit 22 AMX-BF16. Both
+  // use AVX-512's registers or tiles, so they count only where AVX-512 itself is usable.
+  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+  if (cpu.avx512 && __get_cpuid_count(7, 1, &eax, &ebx, &ecx, &edx)) {
+    cpu.avx512_bf16 = (eax >> 5) & 1U;
+  }
+  if (cpu.avx512 && __get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx)) {
+    cpu.amx_bf16 = (edx >> 22) & 1U;
+  }
 #endif
   // oneDNN reads ONEDNN_MAX_CPU_ISA first, then its older name.
   for (const char* name : {"ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA"}) {

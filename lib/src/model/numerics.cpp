@@ -45,9 +45,10 @@ bool tf32_forbidden_by_environment() {
 }  // namespace
 
 std::string describe_arithmetic(const torch::Device& device, MemoryFormat layout, Amp amp,
-                                bool cudnn_benchmark) {
+                                bool cudnn_benchmark, const CpuKernels& cpu) {
   std::string text =
       memory_format_name(layout) + (amp == Amp::kBFloat16 ? ", bf16 autocast" : ", fp32");
+  if (device.is_cpu() && amp == Amp::kBFloat16) text += " " + cpu.describe_bf16();
   if (!device.is_cuda()) return text;
   const bool forbidden = tf32_forbidden_by_environment();
   const auto tf32 = [&](bool allowed) {

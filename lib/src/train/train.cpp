@@ -24,6 +24,7 @@
 #include "dptrain/core/files.h"
 #include "dptrain/core/sha256.h"
 #include "dptrain/data/batching.h"
+#include "dptrain/model/autocast.h"
 #include "dptrain/model/memory_format.h"
 #include "dptrain/parallel/joined_world.h"
 #include "dptrain/parallel/rendezvous.h"
@@ -155,6 +156,8 @@ Result run_world(const FashionMnist& data, const CheckedWorld& run, RankPlan bas
   if (world.local_devices.front().is_cuda()) {
     at::globalContext().setBenchmarkCuDNN(options.cudnn_benchmark);
   }
+  const CpuBf16KernelsGuard bf16_kernels(world.local_devices.front(), options.amp,
+                                         detect_cpu_kernels());
   const int total_threads = intra_op_thread_count(options, world);
   base.world_size = world.world_size;
   base.threads = std::max(1, total_threads / local);

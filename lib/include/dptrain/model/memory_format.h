@@ -21,9 +21,17 @@ std::string memory_format_name(MemoryFormat format);
 // The instruction set oneDNN, LibTorch's CPU convolution library, runs its kernels with.
 struct CpuKernels {
   bool avx512 = false;           // the CPU has AVX-512 F, BW, VL and DQ (oneDNN's "avx512_core")
+  bool avx512_bf16 = false;      // and bf16 dot products, AVX512-BF16 ("avx512_core_bf16")
+  bool amx_bf16 = false;         // and AMX tiles with bf16 ("avx512_core_amx")
   std::string isa_cap;           // ONEDNN_MAX_CPU_ISA or DNNL_MAX_CPU_ISA as set, else empty
   bool runs_avx512() const;      // avx512, and no cap below AVX-512
   std::string describe() const;  // "this CPU has no AVX-512", for messages
+  // The bf16 units oneDNN's kernels run on: "AMX", "AVX512-BF16", or "" where the CPU has none
+  // or the ISA cap turns them off (Note [bf16 without bf16 units]).
+  std::string bf16_units() const;
+  // What a bf16 autocast run computes on, for the run's first line: "on AVX512-BF16", or
+  // "without bf16 units (...)" saying why and what to expect.
+  std::string describe_bf16() const;
 };
 
 // This process's CPU and environment.

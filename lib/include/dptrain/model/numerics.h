@@ -14,11 +14,12 @@
 
 namespace dptrain {
 
-// "channels-last, fp32" on the CPU; on CUDA, e.g. "channels-last, fp32; cuDNN: TF32 on,
+// "channels-last, fp32" on the CPU, "channels-last, bf16 autocast on AVX512-BF16" (the bf16
+// units of `cpu`, or that it has none); on CUDA, e.g. "channels-last, fp32; cuDNN: TF32 on,
 // benchmark on; cuBLAS: TF32 off". `layout` is resolved (never kAuto). Reads LibTorch's global
 // switches and NVIDIA_TF32_OVERRIDE (0 turns TF32 off below LibTorch), as they are now.
 std::string describe_arithmetic(const torch::Device& device, MemoryFormat layout, Amp amp,
-                                bool cudnn_benchmark);
+                                bool cudnn_benchmark, const CpuKernels& cpu);
 
 // Whether cuDNN may now round `device`'s float32 convolutions through TF32: LibTorch allows it
 // (its default) and NVIDIA_TF32_OVERRIDE is not 0. False on the CPU. It picks the column of the
