@@ -10,6 +10,12 @@ The contestants (each with 1 and 2 replicas, the same width, global batch and th
                    and shortcut sum that dptrain's model uses
   peer-2.11-compiled  the tuned peer under torch.compile (Inductor)
 V is 1.13 (Debian's /usr/bin/python3) and 2.11 (--python-211, a venv with torch==2.11.0).
+With --precisions fp32,bf16 each of them runs again in bf16, named with a "-bf16" suffix:
+dptrain with --amp bf16, the peers with bf16 autocast over the forward pass (PyTorch's AMP
+recipe), and the ratios compare each precision with its own peers and bf16 with fp32.
+--onednn-kernels counts, for each contestant, the oneDNN primitives one training step executes
+(ONEDNN_VERBOSE=1; the executions of a 2-step run less those of a 1-step run, one replica) by
+kind and implementation, e.g. "convolution brg:avx512_core_bf16".
 Contestants whose program is missing are left out, saying so. dptrain-V-system-allocator
 (dptrain with --cpu-allocator system, which binaries that link tcmalloc run by default) runs only
 when --only names it.
@@ -125,31 +131,76 @@ def dptrain_rate(stderr, warmup, steps, batch_size):
     return steps * batch_size / seconds
 
 
+def dptrain_command(binary, args, replicas, warmup, steps, extra):
+    total = warmup + steps
+    return [binary, "train", "--devices", ",".join(["cpu"] * replicas),
+            "--width", str(args.width), "--batch-size", str(args.batch_size),
+            "--lr", "0.1", "--epochs", "1", "--max-steps", str(total),
+            "--train-limit", str(total * args.batch_size), "--test-limit", "256",
+            "--threads", str(args.threads), "--log-every", str(max(warmup, 1)),
+            "--data-dir", args.data_dir] + list(extra)
+
+
 def dptrain_contestant(name, binary, version, extra=()):
     def run(args, replicas):
-        total = args.warmup + args.steps
-        command = [binary, "train", "--devices", ",".join(["cpu"] * replicas),
-                   "--width", str(args.width), "--batch-size", str(args.batch_size),
-                   "--lr", "0.1", "--epochs", "1", "--max-steps", str(total),
-                   "--train-limit", str(total * args.batch_size), "--test-limit", "256",
-                   "--threads", str(args.threads), "--log-every", str(args.warmup),
-                   "--data-dir", args.data_dir] + list(extra)
+        command = dptrain_command(binary, args, replicas, args.warmup, args.steps, extra)
         _, stderr, peak = run_measured(command)
         return dptrain_rate(stderr, args.warmup, args.steps, args.batch_size), peak
+
+    def steps_command(args, steps):
+        return dptrain_command(binary, args, 1, 0, steps, extra)
     return {"name": name, "system": "dptrain", "torch": version, "program": binary,
-            "flags": list(extra), "run": run}
+            "flags": list(extra), "run": run, "steps_command": steps_command}
+
+
+def peer_command(python, args, replicas, warmup, steps, flags):
+    return [python, os.path.join(HERE, "pytorch_peer.py"), "--width", str(args.width),
+            "--batch-size", str(args.batch_size), "--steps", str(steps),
+            "--warmup", str(warmup), "--replicas", str(replicas),
+            "--threads", str(args.threads), "--data-dir", args.data_dir] + flags
 
 
 def peer_contestant(name, python, version, flags):
     def run(args, replicas):
-        command = [python, os.path.join(HERE, "pytorch_peer.py"), "--width", str(args.width),
-                   "--batch-size", str(args.batch_size), "--steps", str(args.steps),
-                   "--warmup", str(args.warmup), "--replicas", str(replicas),
-                   "--threads", str(args.threads), "--data-dir", args.data_dir] + flags
+        command = peer_command(python, args, replicas, args.warmup, args.steps, flags)
         stdout, _, peak = run_measured(command)
         return json.loads(stdout.strip().splitlines()[-1])["images_per_second"], peak
+
+    def steps_command(args, steps):
+        return peer_command(python, args, 1, 0, steps, flags)
     return {"name": name, "system": "peer", "torch": version, "program": python,
-            "flags": flags, "run": run}
+            "flags": flags, "run": run, "steps_command": steps_command}
+
+
+# ---- Which oneDNN kernels a step runs ----------------------------------------------------------
+
+def onednn_executions(command):
+    """(kind, implementation) -> count of the oneDNN primitives `command` executed, from
+    ONEDNN_VERBOSE=1's "exec" lines (oneDNN 2.x: onednn_verbose,exec,cpu,KIND,IMPL,...; 3.x
+    adds fields before "exec", so the fields are found from it)."""
+    env = dict(os.environ, ONEDNN_VERBOSE="1", DNNL_VERBOSE="1")
+    stdout, _, _ = run_measured(command, env=env)
+    counts = {}
+    for line in stdout.splitlines():
+        if not line.startswith(("onednn_verbose,", "dnnl_verbose,")):
+            continue
+        fields = line.split(",")
+        if "exec" not in fields:
+            continue
+        at = fields.index("exec")
+        if len(fields) > at + 3:
+            key = f"{fields[at + 2]} {fields[at + 3]}"
+            counts[key] = counts.get(key, 0) + 1
+    return counts
+
+
+def onednn_kernels_per_step(contestant, args):
+    """The primitives one training step executes: a 2-step run's less a 1-step run's, so that
+    start-up, warm-up and the final evaluation cancel."""
+    one = onednn_executions(contestant["steps_command"](args, 1))
+    two = onednn_executions(contestant["steps_command"](args, 2))
+    step = {k: two.get(k, 0) - one.get(k, 0) for k in set(one) | set(two)}
+    return {k: v for k, v in sorted(step.items(), key=lambda kv: (-kv[1], kv[0])) if v}
 
 
 def torch_version(python):
@@ -160,9 +211,13 @@ def torch_version(python):
 
 def contestants(args):
     chosen, missing = [], []
+    precisions = args.precisions.split(",")
+    bf16_suffixes = [("", [])] * ("fp32" in precisions) + \
+        [("-bf16", ["--amp", "bf16"])] * ("bf16" in precisions)
     for name, binary in (("dptrain-1.13", args.dptrain), ("dptrain-2.11", args.dptrain_211)):
         if os.access(binary, os.X_OK):
-            chosen.append(dptrain_contestant(name, binary, name.split("-")[1]))
+            for suffix, amp in bf16_suffixes:
+                chosen.append(dptrain_contestant(name + suffix, binary, name.split("-")[1], amp))
             # LibTorch's own allocator instead of dptrain's caching one; the same as the default
             # for a binary that links tcmalloc (bench/results/2026-12-04-cpu-allocators.md)
             chosen.append(dptrain_contestant(name + "-system-allocator", binary,
@@ -175,11 +230,13 @@ def contestants(args):
         if version is None:
             missing.append(f"peer-{label}-* ({python} has no torch)")
             continue
-        chosen.append(peer_contestant(f"peer-{label}-book", python, version, []))
-        chosen.append(peer_contestant(f"peer-{label}-tuned", python, version, tuned))
-        if label == "2.11":
-            chosen.append(peer_contestant("peer-2.11-compiled", python, version,
-                                          tuned + ["--compile"]))
+        for suffix, amp in bf16_suffixes:
+            chosen.append(peer_contestant(f"peer-{label}-book{suffix}", python, version, amp))
+            chosen.append(peer_contestant(f"peer-{label}-tuned{suffix}", python, version,
+                                          tuned + amp))
+            if label == "2.11":
+                chosen.append(peer_contestant(f"peer-2.11-compiled{suffix}", python, version,
+                                              tuned + ["--compile"] + amp))
     wanted = set(args.only.split(",")) if args.only else None
     chosen = [c for c in chosen if (c["name"] in wanted if wanted else
                                     not c["name"].endswith("-system-allocator"))]
@@ -196,26 +253,36 @@ def summarize(runs):
             "sec_per_epoch": 60000 / statistics.median(rates), "runs": runs}
 
 
+def is_bf16(name):
+    return name.endswith("-bf16")
+
+
 def ratios(results, replicas):
-    """dptrain on each LibTorch against its book peer, the best tuned or compiled peer, and
-    the peer's memory; None where a contestant is missing."""
+    """dptrain on each LibTorch and precision against its book peer, the best peer of its
+    precision (fp32: tuned or compiled; bf16: book, tuned or compiled, the issue's target) and
+    their memory, and bf16 against fp32; None where a contestant is missing."""
     row = results.get(str(replicas), {})
     out = {}
-    peers = {n: r for n, r in row.items() if n.startswith("peer-")}
-    best = max((n for n in peers if not n.endswith("-book")),
-               key=lambda n: peers[n]["images_per_second"], default=None)
     for name, result in row.items():
         if not name.startswith("dptrain-") or name.endswith("-system-allocator"):
             continue
-        version = name.split("-")[1]
-        book = row.get(f"peer-{version}-book")
+        version, bf16 = name.split("-")[1], is_bf16(name)
+        suffix = "-bf16" if bf16 else ""
+        peers = {n: r for n, r in row.items() if n.startswith("peer-") and is_bf16(n) == bf16}
+        best = max((n for n in peers if bf16 or not n.endswith("-book")),
+                   key=lambda n: peers[n]["images_per_second"], default=None)
+        book = row.get(f"peer-{version}-book{suffix}")
+        fp32 = row.get(f"dptrain-{version}") if bf16 else None
         rate = result["images_per_second"]
         out[name] = {
             "vs_book_peer": rate / book["images_per_second"] if book else None,
             "best_tuned_peer": best,
             "vs_best_tuned_peer": rate / peers[best]["images_per_second"] if best else None,
+            "memory_vs_best_peer": (result["peak_resident_mib"] / peers[best]["peak_resident_mib"]
+                                    if best else None),
             "memory_vs_book_peer": (result["peak_resident_mib"] / book["peak_resident_mib"]
                                     if book else None),
+            "vs_fp32": rate / fp32["images_per_second"] if fp32 else None,
             "vs_system_allocator": (rate / row[name + "-system-allocator"]["images_per_second"]
                                     if name + "-system-allocator" in row else None),
             "memory_vs_lightest_peer_same_torch": min(
@@ -231,7 +298,8 @@ def write_report(record, base):
     s = record["settings"]
     lines = [f"# dptrain against the PyTorch peers, CPU, {record['date']}", "",
              f"Machine: {record['machine']['cpu']}, {record['machine']['cores']} cores, "
-             f"AVX-512: {'yes' if record['machine']['avx512'] else 'no'}. Width {s['width']}, "
+             f"flags: {', '.join(record['machine']['flags']) or 'none of note'}. "
+             f"Width {s['width']}, "
              f"global batch {s['batch_size']}, {s['threads']} threads, {s['warmup']} warm-up "
              f"steps then {s['steps']} timed steps a run; medians of {s['repeats']} alternating "
              f"rounds after one warm-up round. Peak memory: the largest total resident set of "
@@ -252,14 +320,25 @@ def write_report(record, base):
             if q["vs_book_peer"] is not None:
                 parts.append(f"{q['vs_book_peer']:.2f}× the book's peer on the same PyTorch")
             if q["vs_best_tuned_peer"] is not None:
-                parts.append(f"{q['vs_best_tuned_peer']:.2f}× the fastest tuned or compiled peer "
-                             f"({q['best_tuned_peer']})")
+                kind = "peer in bf16" if is_bf16(name) else "tuned or compiled peer"
+                parts.append(f"{q['vs_best_tuned_peer']:.2f}× the fastest {kind} "
+                             f"({q['best_tuned_peer']}), with {q['memory_vs_best_peer']:.2f}× "
+                             f"its memory")
+            if q["vs_fp32"] is not None:
+                parts.append(f"{q['vs_fp32']:.2f}× itself in fp32")
             if q["vs_system_allocator"] is not None:
                 parts.append(f"{q['vs_system_allocator']:.2f}× itself with LibTorch's allocator")
             if q["memory_vs_lightest_peer_same_torch"] is not None:
                 parts.append(f"{q['memory_vs_lightest_peer_same_torch']:.2f}× the memory of the "
                              f"lightest peer on the same PyTorch")
             lines.append(f"- {name}: " + "; ".join(parts) + ".")
+        lines.append("")
+    if record.get("onednn_kernels"):
+        lines += ["## oneDNN primitives executed by one training step (one replica)", "",
+                  "From `ONEDNN_VERBOSE=1`: a 2-step run's executions less a 1-step run's.", ""]
+        for name, kernels in record["onednn_kernels"].items():
+            listed = ", ".join(f"{k} ×{v}" for k, v in kernels.items()) or "none"
+            lines.append(f"- {name}: {sum(kernels.values())} executions: {listed}")
         lines.append("")
     lines.append(f"Command: `{record['command']}`")
     with open(base + ".md", "w") as f:
@@ -284,12 +363,20 @@ def main():
     parser.add_argument("--only", default="",
                         help="comma list of contestant names (default: all but the "
                              "dptrain-*-system-allocator ones)")
+    parser.add_argument("--precisions", default="fp32",
+                        help="comma list of fp32 and bf16 (bf16: dptrain --amp bf16, the peers "
+                             "under bf16 autocast)")
+    parser.add_argument("--onednn-kernels", action="store_true",
+                        help="also count the oneDNN primitives one step of each contestant runs")
     parser.add_argument("--name", default="cpu-peers",
                         help="the results' file name, after the date")
     parser.add_argument("--out", default=os.path.join(HERE, "results"))
     args = parser.parse_args()
     if args.warmup < 1:
         parser.error("--warmup must be at least 1 (dptrain's rate is read from its progress)")
+
+    if not args.precisions or set(args.precisions.split(",")) - {"fp32", "bf16"}:
+        parser.error("--precisions takes fp32, bf16 or both, comma-separated")
 
     chosen, missing = contestants(args)
     for note in missing:
@@ -314,13 +401,23 @@ def main():
             summary.update(torch=c["torch"], program=c["program"], flags=c.get("flags", []))
             results[str(replicas)][c["name"]] = summary
 
+    kernels = {}
+    if args.onednn_kernels:
+        for c in chosen:
+            kernels[c["name"]] = onednn_kernels_per_step(c, args)
+            print(f"oneDNN kernels of one step, {c['name']}: {kernels[c['name']]}", flush=True)
+
     record = {
         "date": datetime.datetime.now().isoformat(timespec="seconds"),
         "machine": {"cpu": cpu_model(), "cores": os.cpu_count(), "avx512": "avx512f" in cpu_flags(),
+                    "flags": sorted(cpu_flags() & {"avx2", "avx512f", "avx512_bf16", "amx_tile",
+                                                   "amx_bf16", "avx512_fp16"}),
                     "host": platform.node()},
         "command": shlex.join([sys.executable] + sys.argv),
         "settings": {"width": args.width, "batch_size": args.batch_size, "warmup": args.warmup,
-                     "steps": args.steps, "threads": args.threads, "repeats": args.repeats},
+                     "steps": args.steps, "threads": args.threads, "repeats": args.repeats,
+                     "precisions": args.precisions.split(",")},
+        "onednn_kernels": kernels,
         "missing": missing,
         "results": results,
         "ratios": {r: ratios(results, int(r)) for r in results},
