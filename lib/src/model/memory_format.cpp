@@ -118,8 +118,10 @@ std::string CpuKernels::describe() const {
 // a CPU; under an ISA cap LibTorch 1.13 does not, so dptrain turns oneDNN off for the run:
 // CpuBf16KernelsGuard in autocast.h). The run's first line says which of these a bf16 run gets.
 // On one Intel Xeon with AMX, the units taken away by the cap, at width 16 (bf16 against fp32):
-// 1.55x on AMX, 0.78x on AVX512-BF16, 0.34x emulated on AVX-512, 0.04x on LibTorch's kernels
-// (bench/results/2026-12-04-cpu-bf16-units.md).
+// about 1.6x on AMX, a third of fp32's speed emulated on AVX-512, a twenty-fifth on LibTorch's
+// kernels (bench/results/2026-12-04-cpu-bf16-units.md). The cap is no stand-in for an AVX512-BF16
+// CPU: capped there, the Xeon ran bf16 at 0.77x its fp32, where an AMD EPYC Zen 4 ran 1.49x
+// (issue 45's figure).
 std::string CpuKernels::bf16_units() const {
   if (!runs_avx512()) return "";
   if (amx_bf16 && cap_allows(isa_cap, IsaLevel::kAmx)) return "AMX";
