@@ -278,7 +278,26 @@ message(STATUS "dptrain: libcurl (dptrain download): ${DPTRAIN_WITH_CURL}")
 set(DPTRAIN_WITH_TENSORBOARD OFF)
 set(DPTRAIN_TENSORBOARD_MISSING "DPTRAIN_TENSORBOARD=OFF")
 if(DPTRAIN_TENSORBOARD STREQUAL "AUTO")
+  # A PyPI LibTorch ships protobuf 3.13's headers and protoc in its own include/ and bin/, and a
+  # CMAKE_PREFIX_PATH that names LibTorch's root (quickstart.sh's GPU path, the Dockerfile) put
+  # them before the system's: the generated code then met the system's 3.21 headers and did not
+  # compile. Protobuf is looked for with such a LibTorch's folders ignored (Debian's LibTorch
+  # lives in /usr, beside Debian's protobuf, and is left alone); a cache that took them is
+  # looked up again.
+  set(dptrain_ignore_path_before "${CMAKE_IGNORE_PATH}")
+  if(EXISTS "${TORCH_INSTALL_PREFIX}/include/google/protobuf"
+     AND NOT TORCH_INSTALL_PREFIX MATCHES "^/usr/?$")
+    list(APPEND CMAKE_IGNORE_PATH "${TORCH_INSTALL_PREFIX}/include" "${TORCH_INSTALL_PREFIX}/bin"
+         "${TORCH_INSTALL_PREFIX}/lib")
+    foreach(variable Protobuf_INCLUDE_DIR Protobuf_PROTOC_EXECUTABLE)
+      string(FIND "${${variable}}" "${TORCH_INSTALL_PREFIX}/" dptrain_in_torch)
+      if(dptrain_in_torch EQUAL 0)
+        unset(${variable} CACHE)
+      endif()
+    endforeach()
+  endif()
   find_package(Protobuf QUIET)
+  set(CMAKE_IGNORE_PATH "${dptrain_ignore_path_before}")
   find_path(DPTRAIN_ISAL_INCLUDE_DIR isa-l/crc.h)
   find_library(DPTRAIN_ISAL_LIBRARY isal)
   set(dptrain_tensorboard_lacks "")
