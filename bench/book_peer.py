@@ -11,6 +11,7 @@ It is the book's code, with what a CPU forces and what dptrain's spec fixes:
   runs one process on the whole batch, since PyTorch's SyncBatchNorm runs on CUDA only; with
   equal halves it is the same arithmetic;
 - biases start at 0, as dptrain's spec says (the book leaves PyTorch's default there);
+- --amp bf16 (not the book's) runs the forward pass under bf16 autocast, the loss in fp32;
 - the data is the in-memory IDX files, pixels scaled to [0, 1], reshuffled every epoch; the last,
   smaller batch is kept, as the book's DataLoader does.
 
@@ -38,13 +39,19 @@ from pytorch_peer import init_weights, load_set  # noqa: E402
 from pytorch_resnet import resnet18  # noqa: E402
 
 
-def evaluate(net, test_set, batch_size):
+def bf16_autocast(args):
+    """--amp bf16: PyTorch's AMP recipe on the CPU, the forward pass under bf16 autocast."""
+    return torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.amp == "bf16")
+
+
+def evaluate(net, test_set, batch_size, args):
     """Test loss and accuracy over the whole test set, in eval mode (running statistics)."""
     net.eval()
     loss_sum, correct, count = 0.0, 0, 0
     with torch.no_grad():
         for images, labels in DataLoader(test_set, batch_size=batch_size):
-            logits = net(images.float() / 255)
+            with bf16_autocast(args):
+                logits = net(images.float() / 255).float()
             loss_sum += F.cross_entropy(logits, labels, reduction="sum").item()
             correct += (logits.argmax(1) == labels).sum().item()
             count += labels.numel()
@@ -82,7 +89,8 @@ def train(rank, args, port):
         for images, labels in loader:
             x = images.float() / 255
             optimizer.zero_grad()
-            logits = model(x)
+            with bf16_autocast(args):
+                logits = model(x).float()
             loss = F.cross_entropy(logits, labels)
             loss.backward()
             optimizer.step()
@@ -94,7 +102,7 @@ def train(rank, args, port):
         if replicas > 1:
             dist.all_reduce(sums)
         if rank == 0:
-            test_loss, test_acc = evaluate(net, test_set, 256)
+            test_loss, test_acc = evaluate(net, test_set, 256, args)
             print(json.dumps({"epoch": epoch + 1, "train_loss": sums[0].item() / sums[2].item(),
                               "train_acc": sums[1].item() / sums[2].item(),
                               "test_loss": test_loss, "test_acc": test_acc,
@@ -115,6 +123,8 @@ def main():
                         help="normalise over the whole global batch: one process")
     parser.add_argument("--threads", type=int, default=os.cpu_count())
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--amp", choices=["off", "bf16"], default="off",
+                        help="bf16 autocast over the forward pass (the loss in fp32)")
     parser.add_argument("--train-limit", type=int, default=None)
     parser.add_argument("--test-limit", type=int, default=None)
     args = parser.parse_args()
