@@ -28,6 +28,7 @@
 namespace dptrain {
 namespace {
 
+using testing::binary_and;
 using testing::CommandResult;
 using testing::contains;
 using testing::describe;
@@ -38,6 +39,7 @@ using testing::run_dptrain;
 using testing::split_lines;
 using testing::TempDir;
 using testing::tiny_data_dir;
+using testing::wait_for_text;
 
 constexpr int kRunTime = 1;
 constexpr int kUsage = 2;
@@ -50,12 +52,6 @@ std::vector<std::string> tiny_train(const std::vector<std::string>& more,
                                 "1",       "--batch-size", "8"};
   args.insert(args.end(), more.begin(), more.end());
   return args;
-}
-
-std::vector<std::string> binary_and(const std::vector<std::string>& args) {
-  std::vector<std::string> command{testing::dptrain_binary()};
-  command.insert(command.end(), args.begin(), args.end());
-  return command;
 }
 
 // The one file of `directory` whose name starts "checkpoint-" and ends ".dpt".
@@ -239,15 +235,6 @@ TEST(HostileEnvironment, OmpNumThreadsIsCheckedLikeTheThreadsFlag) {
 
 // ---- 5. A stop request before the first step -------------------------------------------------
 
-// Waits (up to 60 s) until `path` holds `text`.
-bool wait_for_text(const std::string& path, const std::string& text) {
-  for (int i = 0; i < 1200; ++i) {
-    if (contains(read_text(path), text)) return true;
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  }
-  return false;
-}
-
 // SIGTERM while rank 0 waited for its peer was ignored for the whole --timeout (300 s), then
 // exit 1; a connecting rank called it a failure. Both now end within a second, 128 + 15.
 TEST(HostileStops, SigtermAtTheRendezvousEndsBothKindsOfRankAtOnce) {
@@ -276,21 +263,8 @@ TEST(HostileStops, SigtermAtTheRendezvousEndsBothKindsOfRankAtOnce) {
 // A lost terminal (SIGHUP) or Ctrl-\ (SIGQUIT) killed a training with no line and no checkpoint.
 TEST(HostileStops, SighupAndSigquitAreStopRequests) {
   for (const int signal_number : {SIGHUP, SIGQUIT}) {
-    SCOPED_TRACE("signal " + std::to_string(signal_number));
-    TempDir dir;
-    const std::string checkpoints = dir.file("ck");
-    const auto child = testing::spawn_command(
-        binary_and(tiny_train({"--epochs", "1000", "--checkpoint-dir", checkpoints, "--log-every",
-                               "1", "--checkpoint-every", "1000"})),
-        {}, dir.file("run"));
-    ASSERT_TRUE(wait_for_text(child.err_path, " step ")) << read_text(child.err_path);
-    ASSERT_EQ(kill(child.pid, signal_number), 0);
-    const auto result = testing::wait_command(child, 60);
-    EXPECT_EQ(result.exit_code, 128 + signal_number) << describe(result);
-    EXPECT_TRUE(contains(result.err, "dptrain: stopped by signal " + std::to_string(signal_number) +
-                                         "; resume from " + checkpoints))
-        << describe(result);
-    EXPECT_EQ(checkpoint_file_names(checkpoints).size(), 1u) << describe(result);
+    testing::expect_signal_stops_and_saves(
+        signal_number, tiny_train({"--epochs", "1000", "--checkpoint-every", "1000"}));
   }
 }
 

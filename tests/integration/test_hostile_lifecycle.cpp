@@ -18,10 +18,12 @@
 #include "dptrain/train/checkpoint_directory.h"
 #include "support/cli_support.h"
 #include "support/test_support.h"
+#include "support/train_support.h"
 
 namespace dptrain {
 namespace {
 
+using testing::binary_and;
 using testing::CommandResult;
 using testing::contains;
 using testing::describe;
@@ -30,6 +32,7 @@ using testing::run_dptrain;
 using testing::split_lines;
 using testing::TempDir;
 using testing::tiny_data_dir;
+using testing::wait_for_text;
 
 constexpr int kRunTime = 1;
 constexpr int kUsage = 2;
@@ -42,21 +45,6 @@ std::vector<std::string> tiny_train(const std::vector<std::string>& more,
                                 "8"};
   args.insert(args.end(), more.begin(), more.end());
   return args;
-}
-
-std::vector<std::string> binary_and(const std::vector<std::string>& args) {
-  std::vector<std::string> command{testing::dptrain_binary()};
-  command.insert(command.end(), args.begin(), args.end());
-  return command;
-}
-
-// Waits (up to 60 s) until `path` holds `text`.
-bool wait_for_text(const std::string& path, const std::string& text) {
-  for (int i = 0; i < 3000; ++i) {
-    if (contains(read_text(path), text)) return true;
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
-  return false;
 }
 
 // The environment of rank `rank` of a two-process launch on this host.
@@ -149,21 +137,8 @@ TEST(HostileLifecycle, AResumeWithNothingLeftPrintsNoResultAndSaysWhy) {
 // training at once: no line, no checkpoint. Each is now a stop request, as SIGTERM is.
 TEST(HostileLifecycle, SchedulersOtherSignalsAreStopRequests) {
   for (const int signal_number : {SIGUSR1, SIGUSR2, SIGALRM, SIGVTALRM, SIGXCPU, SIGPWR}) {
-    SCOPED_TRACE("signal " + std::to_string(signal_number));
-    TempDir dir;
-    const std::string checkpoints = dir.file("ck");
-    const auto child = testing::spawn_command(
-        binary_and(tiny_train({"--epochs", "100000", "--checkpoint-dir", checkpoints,
-                               "--log-every", "1", "--checkpoint-every", "100000"})),
-        {}, dir.file("run"));
-    ASSERT_TRUE(wait_for_text(child.err_path, " step ")) << read_text(child.err_path);
-    ASSERT_EQ(kill(child.pid, signal_number), 0);
-    const auto result = testing::wait_command(child, 60);
-    EXPECT_EQ(result.exit_code, 128 + signal_number) << describe(result);
-    EXPECT_TRUE(contains(result.err, "dptrain: stopped by signal " + std::to_string(signal_number) +
-                                         "; resume from " + checkpoints))
-        << describe(result);
-    EXPECT_EQ(checkpoint_file_names(checkpoints).size(), 1u) << describe(result);
+    testing::expect_signal_stops_and_saves(
+        signal_number, tiny_train({"--epochs", "100000", "--checkpoint-every", "100000"}));
   }
 }
 

@@ -3,6 +3,9 @@
 
 #include <gtest/gtest.h>
 
+#include <chrono>
+#include <thread>
+
 namespace dptrain::testing {
 
 std::vector<std::string> split_lines(const std::string& text) {
@@ -24,11 +27,23 @@ bool contains(const std::string& text, const std::string& part) {
   return text.find(part) != std::string::npos;
 }
 
-CommandResult run_dptrain(const std::vector<std::string>& args,
-                          const std::map<std::string, std::string>& env, int timeout_seconds) {
+std::vector<std::string> binary_and(const std::vector<std::string>& args) {
   std::vector<std::string> command{dptrain_binary()};
   command.insert(command.end(), args.begin(), args.end());
-  return run_command(command, env, timeout_seconds);
+  return command;
+}
+
+bool wait_for_text(const std::string& path, const std::string& text) {
+  for (int i = 0; i < 3000; ++i) {
+    if (contains(read_text(path), text)) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  return false;
+}
+
+CommandResult run_dptrain(const std::vector<std::string>& args,
+                          const std::map<std::string, std::string>& env, int timeout_seconds) {
+  return run_command(binary_and(args), env, timeout_seconds);
 }
 
 std::string describe(const CommandResult& result) {

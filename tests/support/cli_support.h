@@ -15,6 +15,11 @@ namespace dptrain::testing {
 std::vector<std::string> split_lines(const std::string& text);
 bool contains(const std::string& text, const std::string& part);
 
+// The dptrain binary followed by `args`: a command for spawn_command or run_command.
+std::vector<std::string> binary_and(const std::vector<std::string>& args);
+// Waits (up to 60 s) until the file at `path` holds `text`; false if it never does.
+bool wait_for_text(const std::string& path, const std::string& text);
+
 // The dptrain binary with `args`, killed after `timeout_seconds`.
 CommandResult run_dptrain(const std::vector<std::string>& args,
                           const std::map<std::string, std::string>& env = {},

@@ -1,8 +1,13 @@
 // Test helpers that need the train layer; see train_support.h.
 #include "support/train_support.h"
 
+#include <gtest/gtest.h>
+#include <signal.h>
+
 #include "dptrain/train/checked_world.h"
 #include "dptrain/train/checkpoint.h"
+#include "dptrain/train/checkpoint_directory.h"
+#include "support/cli_support.h"
 
 namespace dptrain::testing {
 
@@ -47,6 +52,22 @@ std::vector<uint8_t> header_claiming(Checkpoint checkpoint, uint64_t data_bytes)
   for (int i = 0; i < 8; ++i) bytes[i] = static_cast<uint8_t>(header.size() >> (8 * i));
   bytes.insert(bytes.end(), header.begin(), header.end());
   return bytes;
+}
+
+void expect_signal_stops_and_saves(int signal_number, std::vector<std::string> train_args) {
+  SCOPED_TRACE("signal " + std::to_string(signal_number));
+  TempDir dir;
+  const std::string checkpoints = dir.file("ck");
+  train_args.insert(train_args.end(), {"--checkpoint-dir", checkpoints, "--log-every", "1"});
+  const auto child = spawn_command(binary_and(train_args), {}, dir.file("run"));
+  ASSERT_TRUE(wait_for_text(child.err_path, " step ")) << read_text(child.err_path);
+  ASSERT_EQ(kill(child.pid, signal_number), 0);
+  const auto result = wait_command(child, 60);
+  EXPECT_EQ(result.exit_code, 128 + signal_number) << describe(result);
+  EXPECT_TRUE(contains(result.err, "dptrain: stopped by signal " + std::to_string(signal_number) +
+                                       "; resume from " + checkpoints))
+      << describe(result);
+  EXPECT_EQ(checkpoint_file_names(checkpoints).size(), 1u) << describe(result);
 }
 
 }  // namespace dptrain::testing

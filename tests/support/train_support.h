@@ -33,4 +33,9 @@ void load_model_file(ResNet& model, const std::string& path);
 // `data_bytes` for a sparse file as long as its header says, which no reader should read.
 std::vector<uint8_t> header_claiming(Checkpoint checkpoint, uint64_t data_bytes);
 
+// Runs the binary on `train_args` plus a --checkpoint-dir of its own and --log-every 1, sends
+// `signal_number` once a step is logged, and expects a stop request's end: exit 128 + the
+// signal, the line "dptrain: stopped by signal N; resume from DIR", and one checkpoint saved.
+void expect_signal_stops_and_saves(int signal_number, std::vector<std::string> train_args);
+
 }  // namespace dptrain::testing
