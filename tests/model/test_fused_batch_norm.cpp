@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <cmath>
 #include <tuple>
 
 #include "dptrain/model/fused_batch_norm.h"
@@ -16,6 +17,14 @@ struct Result {
   torch::Tensor out, grad_x, grad_shortcut, grad_weight, grad_bias, running_mean, running_var;
 };
 
+// The affine parameters every run uses, (C).
+torch::Tensor test_weight(int64_t c, torch::ScalarType type) {
+  return torch::linspace(0.5, 1.5, c, torch::TensorOptions().dtype(type));
+}
+torch::Tensor test_bias(int64_t c, torch::ScalarType type) {
+  return torch::linspace(-0.2, 0.3, c, torch::TensorOptions().dtype(type));
+}
+
 // One forward and backward of relu(bn(x) + shortcut), fused or by LibTorch's kernels, from the
 // same inputs and a fixed upstream gradient.
 Result run(bool fused, const torch::Tensor& x0, const torch::Tensor& shortcut0,
@@ -23,9 +32,12 @@ Result run(bool fused, const torch::Tensor& x0, const torch::Tensor& shortcut0,
   const int64_t c = x0.size(1);
   auto x = x0.clone().requires_grad_();
   auto shortcut = shortcut0.defined() ? shortcut0.clone().requires_grad_() : torch::Tensor();
-  const auto options = torch::TensorOptions().dtype(x0.scalar_type());
-  auto weight = torch::linspace(0.5, 1.5, c, options).requires_grad_();
-  auto bias = torch::linspace(-0.2, 0.3, c, options).requires_grad_();
+  // bf16 activations keep float32 parameters and statistics, as under autocast.
+  const auto parameter_type =
+      x0.scalar_type() == torch::kBFloat16 ? torch::kFloat32 : x0.scalar_type();
+  const auto options = torch::TensorOptions().dtype(parameter_type);
+  auto weight = test_weight(c, parameter_type).requires_grad_();
+  auto bias = test_bias(c, parameter_type).requires_grad_();
   auto running_mean = torch::linspace(-1, 1, c, options);
   auto running_var = torch::linspace(0.5, 2, c, options);
   torch::Tensor out;
@@ -140,6 +152,70 @@ TEST_P(FusedBatchNorm, RepeatsBitForBit) {
   EXPECT_TRUE(torch::equal(first.grad_weight, second.grad_weight));
 }
 
+// bf16 values are widened to float exactly, computed on as the float32 path computes, and
+// rounded once when stored: the bf16 results are the float32 path's on the same (widened)
+// inputs, rounded to the nearest bf16 as LibTorch rounds, to the bit; the parameters' gradients
+// and the running statistics, kept in float32, are the float32 path's exactly. (The big shape has
+// about a dozen outputs that lie half-way between two bf16 values, and so checks ties too.)
+TEST_P(FusedBatchNorm, Bf16IsTheFloat32PathRoundedOnce) {
+  const auto x = input(torch::kBFloat16);
+  const auto s = shortcut(torch::kBFloat16);
+  const auto g = upstream(torch::kBFloat16);
+  const auto as32 = [](const torch::Tensor& t) { return t.defined() ? t.to(torch::kFloat32) : t; };
+  const auto half = run(true, x, s, g);
+  const auto single = run(true, as32(x), as32(s), as32(g));
+  ASSERT_EQ(half.out.scalar_type(), torch::kBFloat16);
+  ASSERT_EQ(half.grad_x.scalar_type(), torch::kBFloat16);
+  EXPECT_EQ(half.out.suggest_memory_format(), x.suggest_memory_format());
+  EXPECT_TRUE(torch::equal(half.out, single.out.to(torch::kBFloat16))) << "output";
+  EXPECT_TRUE(torch::equal(half.grad_x, single.grad_x.to(torch::kBFloat16))) << "x's gradient";
+  if (s.defined()) {
+    EXPECT_TRUE(torch::equal(half.grad_shortcut, single.grad_shortcut.to(torch::kBFloat16)))
+        << "shortcut's gradient";
+  }
+  EXPECT_TRUE(torch::equal(half.grad_weight, single.grad_weight)) << "gamma's gradient";
+  EXPECT_TRUE(torch::equal(half.grad_bias, single.grad_bias)) << "beta's gradient";
+  EXPECT_TRUE(torch::equal(half.running_mean, single.running_mean)) << "running mean";
+  EXPECT_TRUE(torch::equal(half.running_var, single.running_var)) << "running var";
+}
+
+// Against the float64 truth on the same bf16 inputs: each output and input gradient is one
+// rounding to bf16 away from it, so its relative error is at most bf16's unit roundoff u = 2^-8
+// (8 significant bits, round to nearest), plus float32's own error on the way; and the ReLU's
+// mask, where an output lies within rounding of zero, may move a gradient by its whole size,
+// which the relative L2 norm keeps small. The statistics and the parameters' gradients are sums
+// in float64 of exact values: float32's precision, not bf16's.
+TEST_P(FusedBatchNorm, Bf16IsWithinOneRoundingOfFloat64) {
+  const auto x = input(torch::kBFloat16);
+  const auto s = shortcut(torch::kBFloat16);
+  const auto g = upstream(torch::kBFloat16);
+  const auto as64 = [](const torch::Tensor& t) { return t.defined() ? t.to(torch::kFloat64) : t; };
+  const auto truth = run(false, as64(x), as64(s), as64(g));
+  const auto half = run(true, x, s, g);
+  const double u = std::ldexp(1.0, -8);
+  // Elementwise for the output: |out - truth| <= u |truth| + float32's error, a few units of
+  // 2^-24 of the terms (x - mean) * gamma / sigma, beta and the shortcut it adds up.
+  const auto x64 = as64(x);
+  const int64_t c = x.size(1);
+  const auto mean = x64.mean({0, 2, 3}, /*keepdim=*/true);
+  const auto sigma = (x64.var({0, 2, 3}, /*unbiased=*/false, /*keepdim=*/true) + 1e-5).sqrt();
+  auto terms = ((x64 - mean) * test_weight(c, torch::kFloat64).view({1, c, 1, 1}) / sigma).abs() +
+               test_bias(c, torch::kFloat64).abs().view({1, c, 1, 1});
+  if (s.defined()) terms = terms + as64(s).abs();
+  const auto out = half.out.to(torch::kFloat64);
+  const auto bound = u * truth.out.abs() + 8 * std::ldexp(1.0, -24) * terms;
+  EXPECT_TRUE(((out - truth.out).abs() <= bound).all().item<bool>())
+      << "largest error " << (out - truth.out).abs().max().item<double>();
+  EXPECT_LE(relative_l2(half.grad_x, truth.grad_x), u + 1e-4) << "x's gradient";
+  if (s.defined()) {
+    EXPECT_LE(relative_l2(half.grad_shortcut, truth.grad_shortcut), 1e-4) << "shortcut's";
+  }
+  EXPECT_LE(relative_l2(half.grad_weight, truth.grad_weight), 1e-4) << "gamma's gradient";
+  EXPECT_LE(relative_l2(half.grad_bias, truth.grad_bias), 1e-4) << "beta's gradient";
+  EXPECT_LE(relative_l2(half.running_mean, truth.running_mean), 1e-6) << "running mean";
+  EXPECT_LE(relative_l2(half.running_var, truth.running_var), 1e-6) << "running var";
+}
+
 INSTANTIATE_TEST_SUITE_P(Shapes, FusedBatchNorm,
                          ::testing::Combine(::testing::Values(std::vector<int64_t>{5, 3, 7, 9},
                                                               std::vector<int64_t>{64, 16, 28, 28},
@@ -154,7 +230,13 @@ TEST(FusedBatchNormInputs, RefusesWhatItDoesNotHandle) {
   const auto x = torch::randn({2, 4, 3, 3});
   EXPECT_TRUE(batch_norm_add_relu_applies(x, {}, weight));
   EXPECT_TRUE(batch_norm_add_relu_applies(x, torch::randn({2, 4, 3, 3}), weight));
-  EXPECT_FALSE(batch_norm_add_relu_applies(x.to(torch::kBFloat16), {}, weight));
+  EXPECT_TRUE(batch_norm_add_relu_applies(x.to(torch::kBFloat16), {}, weight))
+      << "bf16 activations, float32 parameters";
+  EXPECT_FALSE(batch_norm_add_relu_applies(x.to(torch::kBFloat16), {}, weight.to(torch::kBFloat16)))
+      << "bf16 parameters";
+  EXPECT_FALSE(batch_norm_add_relu_applies(x.to(torch::kBFloat16), x, weight))
+      << "a float32 shortcut to bf16 activations";
+  EXPECT_FALSE(batch_norm_add_relu_applies(x.to(torch::kHalf), {}, weight)) << "float16";
   EXPECT_FALSE(batch_norm_add_relu_applies(x.to(torch::kFloat64), {}, weight)) << "weight type";
   EXPECT_FALSE(batch_norm_add_relu_applies(x.select(3, 0), {}, weight)) << "3-D";
   EXPECT_FALSE(

@@ -3,11 +3,13 @@
 #include "dptrain/model/fused_batch_norm.h"
 
 #include <ATen/Parallel.h>
+#include <c10/util/BFloat16.h>
 #include <torch/autograd.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <vector>
 
 namespace dptrain {
@@ -36,6 +38,23 @@ namespace dptrain {
 // Work is split into a fixed number of parts per call, each part's sums are kept apart and
 // added in part order, so the bits do not depend on which thread ran what: replicas with the
 // same thread count stay bit-identical.
+//
+// Note [The fused path in bf16]
+// Under bf16 autocast the convolutions return bf16, and LibTorch's own BatchNorm (1.13) runs
+// them in float32: every block then cast each activation to float32 and back, about 80 reorders
+// a step at width 16, and at width 8 the bf16 step was slower than float32 (0.59x). Here bf16
+// x, shortcut and gradients are taken as they are: each value is widened to float32 (exactly:
+// bf16 is float32's upper half), everything is computed as the float32 path computes it (the
+// statistics and the parameters' gradients in float64 sums, the parameters and running
+// statistics in float32), and a result is rounded to bf16 once, when it is stored, to nearest
+// with ties to even as c10::BFloat16 rounds. So a bf16 result is the float32 path's result on the
+// same inputs rounded once, to the bit (FusedBatchNorm.Bf16IsTheFloat32PathRoundedOnce), and
+// the activations stay bf16 from one convolution to the next, residual sums included. The
+// loops read and write half the bytes of float32's; they are bound by memory, not arithmetic
+// (taking the channels in register-sized chunks, which keeps the sums out of memory, measured
+// no faster in bf16 and 7 to 18 % slower in float32). Measured against LibTorch 1.13's autocast
+// (bench/results/2026-12-05-cpu-bf16.md): width 16, 1.55x to 1.6x dptrain's float32 before
+// and after, the bf16 step 1.06x faster; width 8, 0.59x to 1.16x float32, 2.04x faster.
 namespace {
 
 // ---- Layout -------------------------------------------------------------------------------
@@ -147,6 +166,45 @@ constexpr int64_t kLanes = 8;
 #define DPTRAIN_ISA_CLONES
 #endif
 
+// ---- Storage and arithmetic ------------------------------------------------------------------
+// A loop reads and writes values of its storage type S and computes in Arithmetic<S>: float and
+// double in themselves, bf16 in float, widened on load and rounded once on store (Note [The
+// fused path in bf16]).
+template <typename S>
+struct ArithmeticOf {
+  using type = S;
+};
+template <>
+struct ArithmeticOf<c10::BFloat16> {
+  using type = float;
+};
+template <typename S>
+using Arithmetic = typename ArithmeticOf<S>::type;
+
+inline float widen(float v) { return v; }
+inline double widen(double v) { return v; }
+inline float widen(c10::BFloat16 v) {  // exact: bf16 is float's upper half
+  const uint32_t bits = static_cast<uint32_t>(v.x) << 16;
+  float f;
+  std::memcpy(&f, &bits, sizeof f);
+  return f;
+}
+
+template <typename S>
+inline S narrow(Arithmetic<S> v) {
+  return v;
+}
+// Round to nearest, ties to even, NaN to the quiet NaN 0x7FC0: the bits c10::BFloat16's own
+// conversion gives, written without its branch so that the loops vectorise.
+template <>
+inline c10::BFloat16 narrow<c10::BFloat16>(float v) {
+  uint32_t bits;
+  std::memcpy(&bits, &v, sizeof bits);
+  const uint32_t rounded = (bits + 0x7FFFu + ((bits >> 16) & 1u)) >> 16;
+  const bool nan = (bits & 0x7FFFFFFFu) > 0x7F800000u;
+  return c10::BFloat16(static_cast<uint16_t>(nan ? 0x7FC0u : rounded), c10::BFloat16::from_bits());
+}
+
 // The gradient through the ReLU: grad where its output is positive, else 0. Both values come in
 // as arguments, loaded whatever the sign, which is what lets the compiler vectorise the loops
 // (a load under a condition it will not turn into a select).
@@ -161,14 +219,14 @@ inline T relu(T v) {  // keeps a NaN, as LibTorch's relu does
 }
 
 // Channels-last: rows [begin, end) of C values. s1 += x - shift, s2 += (x - shift)^2.
-template <typename T>
-inline void shifted_sums_rows(const T* __restrict x, int64_t begin, int64_t end, int64_t C,
+template <typename S>
+inline void shifted_sums_rows(const S* __restrict x, int64_t begin, int64_t end, int64_t C,
                               const double* __restrict shift, double* __restrict s1,
                               double* __restrict s2) {
   for (int64_t row = begin; row < end; ++row) {
-    const T* __restrict values = x + row * C;
+    const S* __restrict values = x + row * C;
     for (int64_t c = 0; c < C; ++c) {
-      const double d = static_cast<double>(values[c]) - shift[c];
+      const double d = static_cast<double>(widen(values[c])) - shift[c];
       s1[c] += d;
       s2[c] += d * d;
     }
@@ -176,20 +234,20 @@ inline void shifted_sums_rows(const T* __restrict x, int64_t begin, int64_t end,
 }
 
 // Contiguous: one run of n values of a channel, into kLanes running sums and a tail.
-template <typename T>
-inline void shifted_sums_run(const T* __restrict values, int64_t n, double shift,
+template <typename S>
+inline void shifted_sums_run(const S* __restrict values, int64_t n, double shift,
                              double* __restrict lane1, double* __restrict lane2,
                              double* __restrict tail) {
   int64_t i = 0;
   for (; i + kLanes <= n; i += kLanes) {
     for (int64_t j = 0; j < kLanes; ++j) {
-      const double d = static_cast<double>(values[i + j]) - shift;
+      const double d = static_cast<double>(widen(values[i + j])) - shift;
       lane1[j] += d;
       lane2[j] += d * d;
     }
   }
   for (; i < n; ++i) {
-    const double d = static_cast<double>(values[i]) - shift;
+    const double d = static_cast<double>(widen(values[i])) - shift;
     tail[0] += d;
     tail[1] += d * d;
   }
@@ -197,140 +255,153 @@ inline void shifted_sums_run(const T* __restrict values, int64_t n, double shift
 
 // out = relu((x - hi - lo) * a + b (+ s)), element by element; the per-element coefficients
 // come from per-channel arrays (channels-last, `per_channel` true) or are one value each.
-template <typename T>
-inline void normalise_rows(const T* __restrict x, const T* __restrict s, int64_t begin, int64_t end,
+template <typename S, typename T = Arithmetic<S>>
+inline void normalise_rows(const S* __restrict x, const S* __restrict s, int64_t begin, int64_t end,
                            int64_t C, const T* __restrict hi, const T* __restrict lo,
-                           const T* __restrict a, const T* __restrict b, T* __restrict out) {
+                           const T* __restrict a, const T* __restrict b, S* __restrict out) {
   for (int64_t row = begin; row < end; ++row) {
     const int64_t at = row * C;
     if (s != nullptr) {
       for (int64_t c = 0; c < C; ++c) {
-        out[at + c] = relu((x[at + c] - hi[c] - lo[c]) * a[c] + b[c] + s[at + c]);
+        out[at + c] =
+            narrow<S>(relu((widen(x[at + c]) - hi[c] - lo[c]) * a[c] + b[c] + widen(s[at + c])));
       }
     } else {
-      for (int64_t c = 0; c < C; ++c) out[at + c] = relu((x[at + c] - hi[c] - lo[c]) * a[c] + b[c]);
+      for (int64_t c = 0; c < C; ++c) {
+        out[at + c] = narrow<S>(relu((widen(x[at + c]) - hi[c] - lo[c]) * a[c] + b[c]));
+      }
     }
   }
 }
 
-template <typename T>
-inline void normalise_run(const T* __restrict x, const T* __restrict s, int64_t n, T hi, T lo, T a,
-                          T b, T* __restrict out) {
+template <typename S, typename T = Arithmetic<S>>
+inline void normalise_run(const S* __restrict x, const S* __restrict s, int64_t n, T hi, T lo, T a,
+                          T b, S* __restrict out) {
   if (s != nullptr) {
-    for (int64_t i = 0; i < n; ++i) out[i] = relu((x[i] - hi - lo) * a + b + s[i]);
+    for (int64_t i = 0; i < n; ++i) {
+      out[i] = narrow<S>(relu((widen(x[i]) - hi - lo) * a + b + widen(s[i])));
+    }
   } else {
-    for (int64_t i = 0; i < n; ++i) out[i] = relu((x[i] - hi - lo) * a + b);
+    for (int64_t i = 0; i < n; ++i) out[i] = narrow<S>(relu((widen(x[i]) - hi - lo) * a + b));
   }
 }
 
 // Channels-last: s1 += g, s2 += g * (x - mean), g the gradient through the ReLU.
-template <typename T>
-inline void gradient_sums_rows(const T* __restrict grad, const T* __restrict out,
-                               const T* __restrict x, int64_t begin, int64_t end, int64_t C,
+template <typename S, typename T = Arithmetic<S>>
+inline void gradient_sums_rows(const S* __restrict grad, const S* __restrict out,
+                               const S* __restrict x, int64_t begin, int64_t end, int64_t C,
                                const T* __restrict hi, const T* __restrict lo,
                                double* __restrict s1, double* __restrict s2) {
   for (int64_t row = begin; row < end; ++row) {
     const int64_t at = row * C;
     for (int64_t c = 0; c < C; ++c) {
-      const T g = through_relu(grad[at + c], out[at + c]);
+      const T g = through_relu(widen(grad[at + c]), widen(out[at + c]));
       s1[c] += static_cast<double>(g);
-      s2[c] += static_cast<double>(g * (x[at + c] - hi[c] - lo[c]));
+      s2[c] += static_cast<double>(g * (widen(x[at + c]) - hi[c] - lo[c]));
     }
   }
 }
 
-template <typename T>
-inline void gradient_sums_run(const T* __restrict grad, const T* __restrict out,
-                              const T* __restrict x, int64_t n, T hi, T lo,
+template <typename S, typename T = Arithmetic<S>>
+inline void gradient_sums_run(const S* __restrict grad, const S* __restrict out,
+                              const S* __restrict x, int64_t n, T hi, T lo,
                               double* __restrict lane1, double* __restrict lane2,
                               double* __restrict tail) {
   int64_t i = 0;
   for (; i + kLanes <= n; i += kLanes) {
     for (int64_t j = 0; j < kLanes; ++j) {
-      const T g = through_relu(grad[i + j], out[i + j]);
+      const T g = through_relu(widen(grad[i + j]), widen(out[i + j]));
       lane1[j] += static_cast<double>(g);
-      lane2[j] += static_cast<double>(g * (x[i + j] - hi - lo));
+      lane2[j] += static_cast<double>(g * (widen(x[i + j]) - hi - lo));
     }
   }
   for (; i < n; ++i) {
-    const T g = through_relu(grad[i], out[i]);
+    const T g = through_relu(widen(grad[i]), widen(out[i]));
     tail[0] += static_cast<double>(g);
-    tail[1] += static_cast<double>(g * (x[i] - hi - lo));
+    tail[1] += static_cast<double>(g * (widen(x[i]) - hi - lo));
   }
 }
 
 // dx = g * a + (x - mean) * b + d, and ds = g where ds is not null.
-template <typename T>
-inline void input_gradients_rows(const T* __restrict grad, const T* __restrict out,
-                                 const T* __restrict x, int64_t begin, int64_t end, int64_t C,
+template <typename S, typename T = Arithmetic<S>>
+inline void input_gradients_rows(const S* __restrict grad, const S* __restrict out,
+                                 const S* __restrict x, int64_t begin, int64_t end, int64_t C,
                                  const T* __restrict hi, const T* __restrict lo,
                                  const T* __restrict a, const T* __restrict b,
-                                 const T* __restrict d, T* __restrict dx, T* __restrict ds) {
+                                 const T* __restrict d, S* __restrict dx, S* __restrict ds) {
   for (int64_t row = begin; row < end; ++row) {
     const int64_t at = row * C;
     for (int64_t c = 0; c < C; ++c) {
-      const T g = through_relu(grad[at + c], out[at + c]);
-      dx[at + c] = g * a[c] + (x[at + c] - hi[c] - lo[c]) * b[c] + d[c];
+      const T g = through_relu(widen(grad[at + c]), widen(out[at + c]));
+      dx[at + c] = narrow<S>(g * a[c] + (widen(x[at + c]) - hi[c] - lo[c]) * b[c] + d[c]);
     }
     if (ds != nullptr) {
-      for (int64_t c = 0; c < C; ++c) ds[at + c] = through_relu(grad[at + c], out[at + c]);
+      for (int64_t c = 0; c < C; ++c) {
+        ds[at + c] = narrow<S>(through_relu(widen(grad[at + c]), widen(out[at + c])));
+      }
     }
   }
 }
 
-template <typename T>
-inline void input_gradients_run(const T* __restrict grad, const T* __restrict out,
-                                const T* __restrict x, int64_t n, T hi, T lo, T a, T b, T d,
-                                T* __restrict dx, T* __restrict ds) {
+template <typename S, typename T = Arithmetic<S>>
+inline void input_gradients_run(const S* __restrict grad, const S* __restrict out,
+                                const S* __restrict x, int64_t n, T hi, T lo, T a, T b, T d,
+                                S* __restrict dx, S* __restrict ds) {
   for (int64_t i = 0; i < n; ++i) {
-    const T g = through_relu(grad[i], out[i]);
-    dx[i] = g * a + (x[i] - hi - lo) * b + d;
+    const T g = through_relu(widen(grad[i]), widen(out[i]));
+    dx[i] = narrow<S>(g * a + (widen(x[i]) - hi - lo) * b + d);
   }
   if (ds != nullptr) {
-    for (int64_t i = 0; i < n; ++i) ds[i] = through_relu(grad[i], out[i]);
+    for (int64_t i = 0; i < n; ++i) ds[i] = narrow<S>(through_relu(widen(grad[i]), widen(out[i])));
   }
 }
 
-// The float entry points, one per ISA (a call with floats takes these over the templates above);
-// double, used by the tests' references, calls the templates as compiled.
-DPTRAIN_ISA_CLONES void shifted_sums_rows(const float* x, int64_t begin, int64_t end, int64_t C,
-                                          const double* shift, double* s1, double* s2) {
-  shifted_sums_rows<float>(x, begin, end, C, shift, s1, s2);
-}
-DPTRAIN_ISA_CLONES void shifted_sums_run(const float* values, int64_t n, double shift,
-                                         double* lane1, double* lane2, double* tail) {
-  shifted_sums_run<float>(values, n, shift, lane1, lane2, tail);
-}
-DPTRAIN_ISA_CLONES void normalise_rows(const float* x, const float* s, int64_t begin, int64_t end,
-                                       int64_t C, const float* hi, const float* lo, const float* a,
-                                       const float* b, float* out) {
-  normalise_rows<float>(x, s, begin, end, C, hi, lo, a, b, out);
-}
-DPTRAIN_ISA_CLONES void normalise_run(const float* x, const float* s, int64_t n, float hi, float lo,
-                                      float a, float b, float* out) {
-  normalise_run<float>(x, s, n, hi, lo, a, b, out);
-}
-DPTRAIN_ISA_CLONES void gradient_sums_rows(const float* grad, const float* out, const float* x,
-                                           int64_t begin, int64_t end, int64_t C, const float* hi,
-                                           const float* lo, double* s1, double* s2) {
-  gradient_sums_rows<float>(grad, out, x, begin, end, C, hi, lo, s1, s2);
-}
-DPTRAIN_ISA_CLONES void gradient_sums_run(const float* grad, const float* out, const float* x,
-                                          int64_t n, float hi, float lo, double* lane1,
-                                          double* lane2, double* tail) {
-  gradient_sums_run<float>(grad, out, x, n, hi, lo, lane1, lane2, tail);
-}
-DPTRAIN_ISA_CLONES void input_gradients_rows(const float* grad, const float* out, const float* x,
-                                             int64_t begin, int64_t end, int64_t C, const float* hi,
-                                             const float* lo, const float* a, const float* b,
-                                             const float* d, float* dx, float* ds) {
-  input_gradients_rows<float>(grad, out, x, begin, end, C, hi, lo, a, b, d, dx, ds);
-}
-DPTRAIN_ISA_CLONES void input_gradients_run(const float* grad, const float* out, const float* x,
-                                            int64_t n, float hi, float lo, float a, float b,
-                                            float d, float* dx, float* ds) {
-  input_gradients_run<float>(grad, out, x, n, hi, lo, a, b, d, dx, ds);
-}
+// The float and bf16 entry points, one per ISA (a call with floats or bf16 values takes these
+// over the templates above); double, used by the tests' references, calls the templates as
+// compiled.
+#define DPTRAIN_LOOP_ENTRY_POINTS(S)                                                              \
+  DPTRAIN_ISA_CLONES void shifted_sums_rows(const S* x, int64_t begin, int64_t end, int64_t C,    \
+                                            const double* shift, double* s1, double* s2) {        \
+    shifted_sums_rows<S>(x, begin, end, C, shift, s1, s2);                                        \
+  }                                                                                               \
+  DPTRAIN_ISA_CLONES void shifted_sums_run(const S* values, int64_t n, double shift,              \
+                                           double* lane1, double* lane2, double* tail) {          \
+    shifted_sums_run<S>(values, n, shift, lane1, lane2, tail);                                    \
+  }                                                                                               \
+  DPTRAIN_ISA_CLONES void normalise_rows(const S* x, const S* s, int64_t begin, int64_t end,      \
+                                         int64_t C, const float* hi, const float* lo,             \
+                                         const float* a, const float* b, S* out) {                \
+    normalise_rows<S>(x, s, begin, end, C, hi, lo, a, b, out);                                    \
+  }                                                                                               \
+  DPTRAIN_ISA_CLONES void normalise_run(const S* x, const S* s, int64_t n, float hi, float lo,    \
+                                        float a, float b, S* out) {                               \
+    normalise_run<S>(x, s, n, hi, lo, a, b, out);                                                 \
+  }                                                                                               \
+  DPTRAIN_ISA_CLONES void gradient_sums_rows(                                                     \
+      const S* grad, const S* out, const S* x, int64_t begin, int64_t end, int64_t C,             \
+      const float* hi, const float* lo, double* s1, double* s2) {                                 \
+    gradient_sums_rows<S>(grad, out, x, begin, end, C, hi, lo, s1, s2);                           \
+  }                                                                                               \
+  DPTRAIN_ISA_CLONES void gradient_sums_run(const S* grad, const S* out, const S* x, int64_t n,   \
+                                            float hi, float lo, double* lane1, double* lane2,     \
+                                            double* tail) {                                       \
+    gradient_sums_run<S>(grad, out, x, n, hi, lo, lane1, lane2, tail);                            \
+  }                                                                                               \
+  DPTRAIN_ISA_CLONES void input_gradients_rows(const S* grad, const S* out, const S* x,           \
+                                               int64_t begin, int64_t end, int64_t C,             \
+                                               const float* hi, const float* lo, const float* a,  \
+                                               const float* b, const float* d, S* dx, S* ds) {    \
+    input_gradients_rows<S>(grad, out, x, begin, end, C, hi, lo, a, b, d, dx, ds);                \
+  }                                                                                               \
+  DPTRAIN_ISA_CLONES void input_gradients_run(const S* grad, const S* out, const S* x, int64_t n, \
+                                              float hi, float lo, float a, float b, float d,      \
+                                              S* dx, S* ds) {                                     \
+    input_gradients_run<S>(grad, out, x, n, hi, lo, a, b, d, dx, ds);                             \
+  }
+
+DPTRAIN_LOOP_ENTRY_POINTS(float)
+DPTRAIN_LOOP_ENTRY_POINTS(c10::BFloat16)
+#undef DPTRAIN_LOOP_ENTRY_POINTS
 
 // ---- Statistics ---------------------------------------------------------------------------
 
@@ -400,10 +471,10 @@ void for_each_value(const Layout& layout, const Rows& rows, const Run& run) {
 }
 
 // out = relu((x - mean) * scale + beta (+ shortcut)) per channel.
-template <typename T>
-void normalise_add_relu(const T* x, const T* shortcut, const Layout& layout,
+template <typename S, typename T = Arithmetic<S>>
+void normalise_add_relu(const S* x, const S* shortcut, const Layout& layout,
                         const SplitMean<T>& mean, const std::vector<T>& scale,
-                        const std::vector<T>& beta, T* out) {
+                        const std::vector<T>& beta, S* out) {
   for_each_value(
       layout,
       [&](int64_t begin, int64_t end) {
@@ -420,8 +491,8 @@ void normalise_add_relu(const T* x, const T* shortcut, const Layout& layout,
 
 // Per channel: sum of g and of g * (x - mean), where g is the gradient through the ReLU (zero
 // where the output is not positive).
-template <typename T>
-ChannelSums masked_gradient_sums(const T* grad, const T* out, const T* x, const Layout& layout,
+template <typename S, typename T = Arithmetic<S>>
+ChannelSums masked_gradient_sums(const S* grad, const S* out, const S* x, const Layout& layout,
                                  const SplitMean<T>& mean) {
   return channel_sums(
       layout,
@@ -437,10 +508,10 @@ ChannelSums masked_gradient_sums(const T* grad, const T* out, const T* x, const 
 
 // dx = g * a + (x - mean) * b + d per channel, with g masked as above; the masked g itself is
 // the shortcut's gradient, written when grad_shortcut is not null.
-template <typename T>
-void input_gradients(const T* grad, const T* out, const T* x, const Layout& layout,
+template <typename S, typename T = Arithmetic<S>>
+void input_gradients(const S* grad, const S* out, const S* x, const Layout& layout,
                      const SplitMean<T>& mean, const std::vector<T>& a, const std::vector<T>& b,
-                     const std::vector<T>& d, T* grad_x, T* grad_shortcut) {
+                     const std::vector<T>& d, S* grad_x, S* grad_shortcut) {
   for_each_value(
       layout,
       [&](int64_t begin, int64_t end) {
@@ -482,10 +553,12 @@ class BatchNormAddRelu : public torch::autograd::Function<BatchNormAddRelu> {
     const Layout layout = layout_of(x);
     auto out = torch::empty_like(x, x.options().memory_format(memory_format_of(layout)));
     BatchStatistics stats;
-    AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "batch_norm_add_relu", [&] {
-      stats = forward_kernel<scalar_t>(x, has_shortcut ? shortcut.data_ptr<scalar_t>() : nullptr,
+    AT_DISPATCH_FLOATING_TYPES_AND(
+        at::ScalarType::BFloat16, x.scalar_type(), "batch_norm_add_relu", [&] {
+          stats =
+              forward_kernel<scalar_t>(x, has_shortcut ? shortcut.data_ptr<scalar_t>() : nullptr,
                                        weight, bias, layout, eps, out);
-    });
+        });
     {
       torch::NoGradGuard no_grad;
       const auto count = static_cast<double>(layout.per_channel());
@@ -505,15 +578,16 @@ class BatchNormAddRelu : public torch::autograd::Function<BatchNormAddRelu> {
     const auto& out = saved[1];
     const auto& weight = saved[2];
     const Layout layout = layout_of(x);
-    const auto grad = grad_outputs[0].contiguous(memory_format_of(layout));
+    const auto grad = grad_outputs[0].to(x.scalar_type()).contiguous(memory_format_of(layout));
     const bool has_shortcut = ctx->saved_data["has_shortcut"].toBool();
     auto grad_x = torch::empty_like(out);
     auto grad_shortcut = has_shortcut ? torch::empty_like(out) : torch::Tensor();
     torch::Tensor grad_weight, grad_bias;
-    AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "batch_norm_add_relu_backward", [&] {
-      std::tie(grad_weight, grad_bias) = backward_kernel<scalar_t>(
-          grad, out, x, weight, saved[3], saved[4], layout, grad_x, grad_shortcut);
-    });
+    AT_DISPATCH_FLOATING_TYPES_AND(
+        at::ScalarType::BFloat16, x.scalar_type(), "batch_norm_add_relu_backward", [&] {
+          std::tie(grad_weight, grad_bias) = backward_kernel<scalar_t>(
+              grad, out, x, weight, saved[3], saved[4], layout, grad_x, grad_shortcut);
+        });
     return {grad_x,
             grad_shortcut,
             torch::Tensor(),
@@ -526,15 +600,15 @@ class BatchNormAddRelu : public torch::autograd::Function<BatchNormAddRelu> {
   }
 
  private:
-  template <typename T>
-  static BatchStatistics forward_kernel(const torch::Tensor& x, const T* shortcut,
+  template <typename S, typename T = Arithmetic<S>>
+  static BatchStatistics forward_kernel(const torch::Tensor& x, const S* shortcut,
                                         const torch::Tensor& weight, const torch::Tensor& bias,
                                         const Layout& layout, double eps, torch::Tensor& out) {
     const int64_t C = layout.channels;
-    const T* input = x.data_ptr<T>();
+    const S* input = x.data_ptr<S>();
     // The shift: each channel's first value, so the shifted sums stay near the spread.
     std::vector<double> shift(C);
-    for (int64_t c = 0; c < C; ++c) shift[c] = static_cast<double>(input[c * layout.inner]);
+    for (int64_t c = 0; c < C; ++c) shift[c] = static_cast<double>(widen(input[c * layout.inner]));
     auto sums = shifted_sums(input, layout, shift.data());
     const auto count = static_cast<double>(layout.per_channel());
     const auto gamma = as_vector<double>(weight);
@@ -556,18 +630,18 @@ class BatchNormAddRelu : public torch::autograd::Function<BatchNormAddRelu> {
       beta_t[c] = static_cast<T>(beta[c]);
     }
     normalise_add_relu(input, shortcut, layout, SplitMean<T>(mean, C), scale, beta_t,
-                       out.data_ptr<T>());
+                       out.data_ptr<S>());
     return stats;
   }
 
-  template <typename T>
+  template <typename S, typename T = Arithmetic<S>>
   static std::pair<torch::Tensor, torch::Tensor> backward_kernel(
       const torch::Tensor& grad, const torch::Tensor& out, const torch::Tensor& x,
       const torch::Tensor& weight, const torch::Tensor& mean, const torch::Tensor& inverse_std,
       const Layout& layout, torch::Tensor& grad_x, torch::Tensor& grad_shortcut) {
     const int64_t C = layout.channels;
     const SplitMean<T> centre(mean.data_ptr<double>(), C);
-    const auto sums = masked_gradient_sums(grad.data_ptr<T>(), out.data_ptr<T>(), x.data_ptr<T>(),
+    const auto sums = masked_gradient_sums(grad.data_ptr<S>(), out.data_ptr<S>(), x.data_ptr<S>(),
                                            layout, centre);
     const auto gamma = as_vector<double>(weight);
     const auto s = as_vector<double>(inverse_std);
@@ -586,9 +660,9 @@ class BatchNormAddRelu : public torch::autograd::Function<BatchNormAddRelu> {
       dgamma[c] = sums.second[c] * s[c];
       dbeta[c] = sums.first[c];
     }
-    input_gradients(grad.data_ptr<T>(), out.data_ptr<T>(), x.data_ptr<T>(), layout, centre, a, b, d,
-                    grad_x.data_ptr<T>(),
-                    grad_shortcut.defined() ? grad_shortcut.data_ptr<T>() : nullptr);
+    input_gradients(grad.data_ptr<S>(), out.data_ptr<S>(), x.data_ptr<S>(), layout, centre, a, b, d,
+                    grad_x.data_ptr<S>(),
+                    grad_shortcut.defined() ? grad_shortcut.data_ptr<S>() : nullptr);
     return {grad_weight, grad_bias};
   }
 };
@@ -599,9 +673,11 @@ bool batch_norm_add_relu_applies(const torch::Tensor& x, const torch::Tensor& sh
                                  const torch::Tensor& weight) {
   if (!x.defined() || x.dim() != 4 || !x.device().is_cpu()) return false;
   const auto type = x.scalar_type();
-  if (type != torch::kFloat32 && type != torch::kFloat64) return false;
+  if (type != torch::kFloat32 && type != torch::kFloat64 && type != torch::kBFloat16) return false;
   if (!x.is_contiguous() && !x.is_contiguous(at::MemoryFormat::ChannelsLast)) return false;
-  if (weight.scalar_type() != type || weight.numel() != x.size(1)) return false;
+  // bf16 activations keep float32 parameters, as autocast leaves them.
+  const auto parameter_type = type == torch::kBFloat16 ? torch::kFloat32 : type;
+  if (weight.scalar_type() != parameter_type || weight.numel() != x.size(1)) return false;
   if (x.size(0) * x.size(2) * x.size(3) < 2) return false;  // LibTorch's own refusal says why
   if (shortcut.defined()) {
     if (shortcut.sizes() != x.sizes() || shortcut.scalar_type() != type ||

@@ -7,9 +7,10 @@
 
 namespace dptrain {
 
-// Whether batch_norm_add_relu takes these inputs: float32 or float64 on the CPU, 4-D, dense in
-// the contiguous or the channels-last layout, weight and bias of x's type, a shortcut (when
-// defined) of x's shape and type, and more than one value per channel.
+// Whether batch_norm_add_relu takes these inputs: float32, float64 or bf16 on the CPU, 4-D,
+// dense in the contiguous or the channels-last layout, weight and bias of x's type (float32 for
+// bf16 x, as autocast leaves the parameters), a shortcut (when defined) of x's shape and type,
+// and more than one value per channel.
 bool batch_norm_add_relu_applies(const torch::Tensor& x, const torch::Tensor& shortcut,
                                  const torch::Tensor& weight);
 
