@@ -3,19 +3,20 @@
 // time. The AVX2 kernels are the positive control: the upstream bug (docs/channels-last.md) must
 // stop at the guard page. The AVX-512 kernels, which dptrain runs channels-last by default where
 // the CPU has them, must train the book's model at every width from 1 to 16 (and 64) at these
-// batches without a fault. (The strided 1x1 convolution's overrun at odd batches is not theirs to
-// meet: dptrain no longer runs that kernel, Note [The strided 1x1 convolution on the CPU].)
-// Each case runs in a child process (a death test): the allocator is process-wide, and oneDNN
-// reads its ISA cap once.
+// batches without a fault, in float32 and, at batch 96, in bf16. (The strided 1x1 convolution's
+// overrun at odd batches is not theirs to meet: dptrain no longer runs that kernel, Note [The
+// strided 1x1 convolution on the CPU].) Each case runs in a child process (a death test): the
+// allocator is process-wide, and oneDNN reads its ISA cap once.
 #include <gtest/gtest.h>
 #include <stdlib.h>
 #include <torch/torch.h>
 
 #include <cstdlib>
 
+#include "dptrain/core/cpu_allocator.h"
+#include "dptrain/model/autocast.h"
 #include "dptrain/model/memory_format.h"
 #include "dptrain/model/model.h"
-#include "dptrain/core/cpu_allocator.h"
 
 namespace dptrain {
 namespace {
@@ -34,8 +35,9 @@ void shortcut_convolution_steps(at::MemoryFormat layout = at::MemoryFormat::Chan
   }
 }
 
-// Two training steps of the book's model at `width`, channels-last, on a batch of `batch`.
-void model_steps(int64_t width, int64_t batch) {
+// Two training steps of the book's model at `width`, channels-last, on a batch of `batch`, the
+// forward pass under `amp`.
+void model_steps(int64_t width, int64_t batch, Amp amp = Amp::kOff) {
   torch::manual_seed(0);
   ResNet model(ResNetOptions{10, 1, width});
   init_reference_weights(*model, 0);
@@ -44,7 +46,12 @@ void model_steps(int64_t width, int64_t batch) {
   const auto y = torch::randint(10, {batch}, torch::kLong);
   for (int step = 0; step < 2; ++step) {
     model->zero_grad();
-    torch::nn::functional::cross_entropy(model->forward(x), y).backward();
+    torch::Tensor logits;
+    {
+      const AutocastGuard autocast(torch::kCPU, amp);
+      logits = model->forward(x);
+    }
+    torch::nn::functional::cross_entropy(logits.to(torch::kFloat32), y).backward();
   }
 }
 
@@ -97,6 +104,9 @@ TEST(GuardedKernelsDeathTest, Avx512ChannelsLastTrainsEveryWidthInBounds) {
             model_steps(width, 96);  // the last batch of an epoch of 60,000 at 256
           }
           model_steps(64, 16);
+          // bf16: oneDNN's bf16 kernels and the fused BatchNorm's bf16 loops (Note [The fused
+          // path in bf16]) at every channel count the widths give, remainders of 16 and 8 too.
+          for (int64_t width = 1; width <= 16; ++width) model_steps(width, 96, Amp::kBFloat16);
           std::exit(0);
         },
         ::testing::ExitedWithCode(0), "")
