@@ -1,8 +1,10 @@
 // Times relu(batch_norm(x) + shortcut), forward and backward, fused (fused_batch_norm.h) against
 // LibTorch's separate kernels, at the shapes of the book's ResNet-18 at a given width and batch.
-// Prints the median of several repeats per shape, in milliseconds, and the ratio.
+// Prints the median of several repeats per shape, in milliseconds, and the ratio. With bf16, x,
+// the shortcut and the gradients are bf16 (the parameters float32) and LibTorch's kernels run
+// under bf16 autocast, as dptrain's step ran them before the fused path took bf16.
 //   build/bench/fused_batch_norm_bench [width=16] [batch=256] [threads=2] [repeats=15]
-//                                      [allocator=caching|system]
+//                                      [allocator=system|guarded] [precision=fp32|bf16]
 #include <ATen/Parallel.h>
 #include <torch/torch.h>
 
@@ -13,8 +15,9 @@
 #include <string>
 #include <vector>
 
-#include "dptrain/model/fused_batch_norm.h"
 #include "dptrain/core/cpu_allocator.h"
+#include "dptrain/model/autocast.h"
+#include "dptrain/model/fused_batch_norm.h"
 
 namespace {
 
@@ -29,6 +32,9 @@ double time_ms(bool fused, const torch::Tensor& x0, bool with_shortcut) {
   const auto upstream = torch::randn_like(x0);
   const auto start = std::chrono::steady_clock::now();
   torch::Tensor y;
+  const dptrain::AutocastGuard autocast(torch::kCPU, x0.scalar_type() == torch::kBFloat16
+                                                         ? dptrain::Amp::kBFloat16
+                                                         : dptrain::Amp::kOff);
   if (fused) {
     y = dptrain::batch_norm_add_relu(x, shortcut, weight, bias, running_mean, running_var, 0.1,
                                      1e-5);
@@ -55,19 +61,27 @@ int main(int argc, char** argv) {
   const int threads = argc > 3 ? std::atoi(argv[3]) : 2;
   const int repeats = argc > 4 ? std::atoi(argv[4]) : 15;
   at::set_num_threads(threads);
-  // dptrain's own allocator, as in training: without it every new tensor faults its pages in.
-  const std::string allocator = argc > 5 ? argv[5] : "caching";
+  // "system" is the process's malloc: tcmalloc-minimal, linked as into dptrain (Note [CPU
+  // memory: tcmalloc, not a cache of our own]); until 2026-12-05 the default named the caching
+  // allocator that tcmalloc replaced, and the bench stopped at once.
+  const std::string allocator = argc > 5 ? argv[5] : "system";
   dptrain::install_cpu_allocator(dptrain::parse_cpu_allocator(allocator));
-  std::printf("width %lld, batch %lld, %d threads, median of %d, %s allocator\n",
+  const std::string precision = argc > 6 ? argv[6] : "fp32";
+  if (precision != "fp32" && precision != "bf16") {
+    std::fprintf(stderr, "error: precision must be fp32 or bf16, not %s\n", precision.c_str());
+    return 2;
+  }
+  const auto type = precision == "bf16" ? torch::kBFloat16 : torch::kFloat32;
+  std::printf("width %lld, batch %lld, %d threads, median of %d, %s allocator, %s\n",
               static_cast<long long>(width), static_cast<long long>(batch), threads, repeats,
-              allocator.c_str());
+              allocator.c_str(), precision.c_str());
   std::printf("%-26s %-8s %10s %10s %7s\n", "shape", "layout", "libtorch", "fused", "ratio");
   for (const bool channels_last : {true, false}) {
     double total_lib = 0, total_fused = 0;
     for (const auto& [c, hw] : std::vector<std::pair<int64_t, int64_t>>{
              {width, 28}, {2 * width, 14}, {4 * width, 7}, {8 * width, 4}}) {
       for (const bool with_shortcut : {false, true}) {
-        auto x = torch::randn({batch, c, hw, hw});
+        auto x = torch::randn({batch, c, hw, hw}).to(type);
         if (channels_last) x = x.contiguous(at::MemoryFormat::ChannelsLast);
         std::vector<double> lib, fused;
         for (int r = 0; r < repeats + 2; ++r) {  // two warm-up rounds
