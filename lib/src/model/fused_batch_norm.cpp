@@ -40,21 +40,25 @@ namespace dptrain {
 // same thread count stay bit-identical.
 //
 // Note [The fused path in bf16]
-// Under bf16 autocast the convolutions return bf16, and LibTorch's own BatchNorm (1.13) runs
-// them in float32: every block then cast each activation to float32 and back, about 80 reorders
-// a step at width 16, and at width 8 the bf16 step was slower than float32 (0.59x). Here bf16
-// x, shortcut and gradients are taken as they are: each value is widened to float32 (exactly:
-// bf16 is float32's upper half), everything is computed as the float32 path computes it (the
-// statistics and the parameters' gradients in float64 sums, the parameters and running
-// statistics in float32), and a result is rounded to bf16 once, when it is stored, to nearest
-// with ties to even as c10::BFloat16 rounds. So a bf16 result is the float32 path's result on the
-// same inputs rounded once, to the bit (FusedBatchNorm.Bf16IsTheFloat32PathRoundedOnce), and
-// the activations stay bf16 from one convolution to the next, residual sums included. The
-// loops read and write half the bytes of float32's; they are bound by memory, not arithmetic
-// (taking the channels in register-sized chunks, which keeps the sums out of memory, measured
-// no faster in bf16 and 7 to 18 % slower in float32). Measured against LibTorch 1.13's autocast
-// (bench/results/2026-12-05-cpu-bf16.md): width 16, 1.55x to 1.6x dptrain's float32 before
-// and after, the bf16 step 1.06x faster; width 8, 0.59x to 1.16x float32, 2.04x faster.
+// Under bf16 autocast the convolutions return bf16, which the fused path did not take: LibTorch's
+// own bf16 BatchNorm ran, then the sum and the ReLU apart, three passes each way, and LibTorch
+// 1.13's bf16 BatchNorm is slow in channels-last at few channels (at width 8 the bf16 step was
+// slower than float32's). Here bf16 x, shortcut and gradients are taken as they are: each value is
+// widened to float32 (exactly: bf16 is float32's upper half), everything is computed as the float32
+// path computes it (the statistics and the parameters' gradients in float64 sums, the parameters
+// and running statistics in float32), and a result is rounded to bf16 once, when it is stored, to
+// nearest with ties to even as c10::BFloat16 rounds. So a bf16 result is the float32 path's result
+// on the same inputs rounded once, to the bit (FusedBatchNorm.Bf16IsTheFloat32PathRoundedOnce), and
+// the activations stay bf16 from one convolution to the next, residual sums included.
+// Measured (bench/results/2026-12-05-cpu-bf16-fused-path.md, an Intel Xeon with AMX, 2 threads,
+// batch 256): against LibTorch 1.13's own bf16 BatchNorm, sum and ReLU under autocast, which ran
+// before, the book's eight channels-last shapes take 17.0 against 18.5 ms at width 16 and 11
+// against 40 ms at width 8 (bench/cpp/fused_batch_norm_bench), and the whole bf16 step went from
+// 1.58x to 1.69x dptrain's float32 at width 16 and from 0.59x to 1.20x at width 8. The bf16 loops
+// move half the bytes of float32's yet take longer (17.0 against 13.3 ms at width 16): the
+// widening and the rounding cost more than the bytes save. Tried and left out, neither faster:
+// the channels in register-sized chunks down the rows (float32 7 to 18 % slower), and rows of
+// fewer than 16 channels taken several at a time as one row.
 namespace {
 
 // ---- Layout -------------------------------------------------------------------------------
