@@ -16,22 +16,16 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from run_bench import dptrain_command, dptrain_rate, run_measured  # noqa: E402
+from run_bench import (dptrain_command, dptrain_rate, onednn_exec_lines,  # noqa: E402
+                       run_measured)
 
 
 def primitive_ms(command):
     """(kind, pass) -> total milliseconds of the primitives `command` executed."""
-    env = dict(os.environ, ONEDNN_VERBOSE="1", DNNL_VERBOSE="1")
-    stdout, _, _ = run_measured(command, env=env)
     totals = {}
-    for line in stdout.splitlines():
-        fields = line.split(",")
-        if not line.startswith(("onednn_verbose,", "dnnl_verbose,")) or "exec" not in fields:
-            continue
-        at = fields.index("exec")
-        kind = fields[at + 2]
-        stage = next((f for f in fields[at + 3:] if f.startswith(("forward", "backward"))), "")
-        key = f"{kind} {stage}".strip()
+    for fields in onednn_exec_lines(command):
+        stage = next((f for f in fields[3:] if f.startswith(("forward", "backward"))), "")
+        key = f"{fields[2]} {stage}".strip()
         totals[key] = totals.get(key, 0.0) + float(fields[-1])
     return totals
 

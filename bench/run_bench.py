@@ -174,22 +174,26 @@ def peer_contestant(name, python, version, flags):
 
 # ---- Which oneDNN kernels a step runs ----------------------------------------------------------
 
-def onednn_executions(command):
-    """(kind, implementation) -> count of the oneDNN primitives `command` executed, from
-    ONEDNN_VERBOSE=1's "exec" lines (oneDNN 2.x: onednn_verbose,exec,cpu,KIND,IMPL,...; 3.x
-    adds fields before "exec", so the fields are found from it)."""
+def onednn_exec_lines(command):
+    """Runs `command` with ONEDNN_VERBOSE=1 and returns the fields of each "exec" line it
+    printed, from "exec" on: exec,cpu,KIND,IMPL,... (oneDNN 2.x starts the line there; 3.x adds
+    fields before "exec", so the fields are found from it). The last field is the milliseconds."""
     env = dict(os.environ, ONEDNN_VERBOSE="1", DNNL_VERBOSE="1")
     stdout, _, _ = run_measured(command, env=env)
-    counts = {}
+    lines = []
     for line in stdout.splitlines():
-        if not line.startswith(("onednn_verbose,", "dnnl_verbose,")):
-            continue
         fields = line.split(",")
-        if "exec" not in fields:
-            continue
-        at = fields.index("exec")
-        if len(fields) > at + 3:
-            key = f"{fields[at + 2]} {fields[at + 3]}"
+        if line.startswith(("onednn_verbose,", "dnnl_verbose,")) and "exec" in fields:
+            lines.append(fields[fields.index("exec"):])
+    return lines
+
+
+def onednn_executions(command):
+    """(kind, implementation) -> count of the oneDNN primitives `command` executed."""
+    counts = {}
+    for fields in onednn_exec_lines(command):
+        if len(fields) > 3:
+            key = f"{fields[2]} {fields[3]}"
             counts[key] = counts.get(key, 0) + 1
     return counts
 

@@ -30,11 +30,11 @@ double time_ms(bool fused, const torch::Tensor& x0, bool with_shortcut) {
   auto running_mean = torch::zeros({c});
   auto running_var = torch::ones({c});
   const auto upstream = torch::randn_like(x0);
-  const auto start = std::chrono::steady_clock::now();
-  torch::Tensor y;
   const dptrain::AutocastGuard autocast(torch::kCPU, x0.scalar_type() == torch::kBFloat16
                                                          ? dptrain::Amp::kBFloat16
                                                          : dptrain::Amp::kOff);
+  const auto start = std::chrono::steady_clock::now();
+  torch::Tensor y;
   if (fused) {
     y = dptrain::batch_norm_add_relu(x, shortcut, weight, bias, running_mean, running_var, 0.1,
                                      1e-5);

@@ -163,10 +163,10 @@ double relative_l2(const torch::Tensor& got, const torch::Tensor& want) {
 }
 
 // The forward pass, bounded by bf16's unit roundoff u = 2^-8 where oneDNN's bf16 kernels run
-// (AVX-512): each of the L = 18 layers on the
-// longest path (17 convolutions and the linear layer) rounds its input and its weights to bf16
-// (2u of each product) and its output (u); BatchNorm divides each layer's scale out, so a
-// layer passes on its input's relative error without a gain, and to first order the errors add:
+// (AVX-512): each of the L = 18 layers on the longest path (17 convolutions and the linear layer)
+// rounds its input and its weights to bf16 (2u of each product) and its output (u); BatchNorm
+// divides each layer's scale out, so a layer passes on its input's relative error without a
+// gain, and to first order the errors add:
 // the logits within 3 L u of float64's in relative L2. The loss is within 2 max|dz| (its gradient
 // softmax - onehot has an L1 norm of at most 2 per image), and the last layer's weight gradient,
 // the features times softmax - onehot, within twice the logits' bound.

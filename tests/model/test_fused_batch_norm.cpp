@@ -55,6 +55,14 @@ Result run(bool fused, const torch::Tensor& x0, const torch::Tensor& shortcut0,
           running_var};
 }
 
+// run() on x, shortcut and upstream gradient converted to `type` first (an undefined shortcut
+// stays undefined).
+Result run_as(torch::ScalarType type, bool fused, const torch::Tensor& x0,
+              const torch::Tensor& shortcut0, const torch::Tensor& upstream) {
+  const auto converted = [type](const torch::Tensor& t) { return t.defined() ? t.to(type) : t; };
+  return run(fused, converted(x0), converted(shortcut0), converted(upstream));
+}
+
 double relative_error(const torch::Tensor& got, const torch::Tensor& want) {
   const double scale = std::max(want.abs().max().item<double>(), 1e-30);
   return (got.to(torch::kFloat64) - want.to(torch::kFloat64)).abs().max().item<double>() / scale;
@@ -125,8 +133,7 @@ TEST_P(FusedBatchNorm, Float32IsAsCloseToFloat64AsLibTorchs) {
   const auto x = input(torch::kFloat32);
   const auto s = shortcut(torch::kFloat32);
   const auto g = upstream(torch::kFloat32);
-  const auto as64 = [](const torch::Tensor& t) { return t.defined() ? t.to(torch::kFloat64) : t; };
-  const auto truth = run(false, as64(x), as64(s), as64(g));
+  const auto truth = run_as(torch::kFloat64, false, x, s, g);
   const auto libtorch = run(false, x, s, g);
   const auto fused = run(true, x, s, g);
   const auto check = [&](torch::Tensor Result::*field, const char* what) {
@@ -161,9 +168,8 @@ TEST_P(FusedBatchNorm, Bf16IsTheFloat32PathRoundedOnce) {
   const auto x = input(torch::kBFloat16);
   const auto s = shortcut(torch::kBFloat16);
   const auto g = upstream(torch::kBFloat16);
-  const auto as32 = [](const torch::Tensor& t) { return t.defined() ? t.to(torch::kFloat32) : t; };
   const auto half = run(true, x, s, g);
-  const auto single = run(true, as32(x), as32(s), as32(g));
+  const auto single = run_as(torch::kFloat32, true, x, s, g);
   ASSERT_EQ(half.out.scalar_type(), torch::kBFloat16);
   ASSERT_EQ(half.grad_x.scalar_type(), torch::kBFloat16);
   EXPECT_EQ(half.out.suggest_memory_format(), x.suggest_memory_format());
@@ -189,19 +195,18 @@ TEST_P(FusedBatchNorm, Bf16IsWithinOneRoundingOfFloat64) {
   const auto x = input(torch::kBFloat16);
   const auto s = shortcut(torch::kBFloat16);
   const auto g = upstream(torch::kBFloat16);
-  const auto as64 = [](const torch::Tensor& t) { return t.defined() ? t.to(torch::kFloat64) : t; };
-  const auto truth = run(false, as64(x), as64(s), as64(g));
+  const auto truth = run_as(torch::kFloat64, false, x, s, g);
   const auto half = run(true, x, s, g);
   const double u = std::ldexp(1.0, -8);
   // Elementwise for the output: |out - truth| <= u |truth| + float32's error, a few units of
   // 2^-24 of the terms (x - mean) * gamma / sigma, beta and the shortcut it adds up.
-  const auto x64 = as64(x);
+  const auto x64 = x.to(torch::kFloat64);
   const int64_t c = x.size(1);
   const auto mean = x64.mean({0, 2, 3}, /*keepdim=*/true);
   const auto sigma = (x64.var({0, 2, 3}, /*unbiased=*/false, /*keepdim=*/true) + 1e-5).sqrt();
   auto terms = ((x64 - mean) * test_weight(c, torch::kFloat64).view({1, c, 1, 1}) / sigma).abs() +
                test_bias(c, torch::kFloat64).abs().view({1, c, 1, 1});
-  if (s.defined()) terms = terms + as64(s).abs();
+  if (s.defined()) terms = terms + s.to(torch::kFloat64).abs();
   const auto out = half.out.to(torch::kFloat64);
   const auto bound = u * truth.out.abs() + 8 * std::ldexp(1.0, -24) * terms;
   EXPECT_TRUE(((out - truth.out).abs() <= bound).all().item<bool>())

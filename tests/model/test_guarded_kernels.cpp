@@ -105,7 +105,7 @@ TEST(GuardedKernelsDeathTest, Avx512ChannelsLastTrainsEveryWidthInBounds) {
           }
           model_steps(64, 16);
           // bf16: oneDNN's bf16 kernels and the fused BatchNorm's bf16 loops (Note [The fused
-          // path in bf16]) at every channel count the widths give, remainders of 16 and 8 too.
+          // path in bf16]) at every channel count the widths give.
           for (int64_t width = 1; width <= 16; ++width) model_steps(width, 96, Amp::kBFloat16);
           std::exit(0);
         },
