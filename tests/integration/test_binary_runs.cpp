@@ -16,6 +16,7 @@
 #include <functional>
 #include <iterator>
 #include <map>
+#include <memory>
 #include <regex>
 #include <sstream>
 #include <string>
@@ -974,29 +975,60 @@ TEST(CliStack, LongArgumentsUnderAOneMebibyteStackAreOrdinaryErrors) {
 
 // A data directory the user may not enter was reported as missing files, with advice to install
 // a package. Run as an unprivileged user (nobody, when the tests run as root as in CI, where
-// permissions do not bite), it names the directory and the cause.
+// permissions do not bite), it names the directory and the cause. Nobody runs a copy of the
+// binary that it may reach: the build tree may lie in a folder only root may enter (/root, a
+// `mktemp -d` folder), and where the clone lies is no reason to skip.
 TEST(CliDataPermissions, DirectoryTheUserCannotEnterIsNamed) {
   TempDir data;  // made with mode 0700: as root's, nobody may not enter it
   write_fake_data(data, 16, 8);
   testing::ChildSetup setup;
+  std::string binary = testing::dptrain_binary();
+  std::unique_ptr<testing::ProgramCopyForAnyUser> copy;
   if (::geteuid() == 0) {
     setup.run_as_uid = 65534;
     setup.run_as_gid = 65534;
+    copy = std::make_unique<testing::ProgramCopyForAnyUser>(binary);
+    binary = copy->path();
   } else {
     ASSERT_EQ(::chmod(data.path().c_str(), 0), 0);
   }
-  const auto result =
-      testing::run_command({testing::dptrain_binary(), "train", "--data-dir", data.path(),
-                            "--devices", "cpu", "--width", "1", "--epochs", "1", "--threads", "1"},
-                           {}, 120, setup);
+  const auto result = testing::run_command({binary, "train", "--data-dir", data.path(), "--devices",
+                                            "cpu", "--width", "1", "--epochs", "1", "--threads", "1"},
+                                           {}, 120, setup);
   ::chmod(data.path().c_str(), 0700);
-  if (result.exit_code == testing::kChildSetupFailed || result.exit_code == 127) {
+  // Only root's switch to another user can fail here (a user namespace without uid 65534), and
+  // that skip is not expected anywhere: tests/check_skips.py then fails the run naming it.
+  if (result.exit_code == testing::kChildSetupFailed) {
     GTEST_SKIP() << "cannot run dptrain as an unprivileged user here: " << result.err;
   }
   expect_one_error_line(result, kRunTime,
                         "--data-dir " + data.path() + ": cannot enter directory " + data.path() +
                             ": Permission denied");
   EXPECT_FALSE(contains(result.err, "install")) << describe(result);
+}
+
+// The copy nobody runs above is reachable wherever the clone lies: a directory every user may
+// enter, outside a folder that only its owner may enter, and removed afterwards.
+TEST(CliDataPermissions, TheProgramCopyForAnotherUserIsReachableFromAPrivateFolder) {
+  TempDir private_folder;  // mode 0700, as mkdtemp makes it
+  ASSERT_EQ(::chmod(private_folder.path().c_str(), 0700), 0);
+  const std::string inner = private_folder.file("build");
+  testing::make_directories(inner);
+  const std::string program = inner + "/program";
+  testing::write_bytes(program, {'#', '!', '/', 'b', 'i', 'n', '/', 's', 'h', '\n'});
+  ASSERT_FALSE(testing::searchable_by_others(inner));
+  std::string copied_directory;
+  {
+    testing::ProgramCopyForAnyUser copy(program);
+    copied_directory = copy.directory();
+    EXPECT_TRUE(testing::searchable_by_others(copy.directory())) << copy.directory();
+    EXPECT_EQ(copy.path(), copy.directory() + "/program");
+    EXPECT_EQ(testing::read_text(copy.path()), "#!/bin/sh\n");
+    struct stat info {};
+    ASSERT_EQ(::stat(copy.path().c_str(), &info), 0);
+    EXPECT_EQ(info.st_mode & 07777, 0755u);
+  }
+  EXPECT_FALSE(testing::path_exists(copied_directory));
 }
 
 // An unresolvable MASTER_ADDR waited out the whole --timeout (300 s) behind LibTorch's log

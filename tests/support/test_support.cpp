@@ -95,6 +95,49 @@ void write_bytes(const std::string& path, const std::vector<uint8_t>& bytes) {
   if (!out) throw std::runtime_error("cannot write " + path);
 }
 
+bool searchable_by_others(const std::string& path) {
+  if (path.empty() || path[0] != '/') return false;
+  for (size_t end = path.find('/', 1);; end = path.find('/', end + 1)) {
+    const std::string prefix = end == std::string::npos ? path : path.substr(0, end);
+    struct stat info {};
+    if (::stat(prefix.empty() ? "/" : prefix.c_str(), &info) != 0 || !S_ISDIR(info.st_mode) ||
+        (info.st_mode & S_IXOTH) == 0) {
+      return false;
+    }
+    if (end == std::string::npos) return true;
+  }
+}
+
+ProgramCopyForAnyUser::ProgramCopyForAnyUser(const std::string& program) {
+  std::vector<std::string> bases;
+  if (const char* tmpdir = std::getenv("TMPDIR"); tmpdir != nullptr && *tmpdir == '/') {
+    bases.emplace_back(tmpdir);
+  }
+  for (const char* base : {"/tmp", "/var/tmp", "/dev/shm"}) bases.emplace_back(base);
+  for (const auto& base : bases) {
+    if (!searchable_by_others(base)) continue;
+    std::string pattern = base + "/dptrain-any-user-XXXXXX";
+    if (mkdtemp(pattern.data()) == nullptr) continue;
+    directory_ = pattern;
+    break;
+  }
+  if (directory_.empty()) {
+    throw std::runtime_error("no directory every user may enter among $TMPDIR, /tmp, /var/tmp, "
+                             "/dev/shm: cannot give another user a copy of " + program);
+  }
+  path_ = directory_ + "/" + program.substr(program.rfind('/') + 1);
+  std::ifstream in(program, std::ios::binary);
+  std::ofstream out(path_, std::ios::binary);
+  out << in.rdbuf();
+  out.close();
+  if (!in || !out || ::chmod(path_.c_str(), 0755) != 0 || ::chmod(directory_.c_str(), 0755) != 0) {
+    remove_tree(directory_);
+    throw std::runtime_error("cannot copy " + program + " into " + directory_);
+  }
+}
+
+ProgramCopyForAnyUser::~ProgramCopyForAnyUser() { remove_tree(directory_); }
+
 std::vector<uint8_t> gzip_bytes(const std::vector<uint8_t>& bytes) {
   z_stream stream{};
   // 16 + MAX_WBITS asks deflate for a gzip wrapper.

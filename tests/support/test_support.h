@@ -32,6 +32,30 @@ class TempDir {
 
 void write_bytes(const std::string& path, const std::vector<uint8_t>& bytes);
 
+// A copy of the program at `program`, mode 0755, in a fresh directory that every user may enter
+// (under the first of $TMPDIR, /tmp, /var/tmp and /dev/shm whose every ancestor is searchable by
+// others), removed on destruction. A test that runs the binary as another user runs this copy:
+// the build tree may lie where only its owner may enter (a clone under /root, a `mktemp -d`
+// folder), which says nothing about the program. Throws std::runtime_error where no such
+// directory exists or the copy fails: the test then fails, it does not skip.
+class ProgramCopyForAnyUser {
+ public:
+  explicit ProgramCopyForAnyUser(const std::string& program);
+  ~ProgramCopyForAnyUser();
+  ProgramCopyForAnyUser(const ProgramCopyForAnyUser&) = delete;
+  ProgramCopyForAnyUser& operator=(const ProgramCopyForAnyUser&) = delete;
+  const std::string& path() const { return path_; }
+  const std::string& directory() const { return directory_; }
+
+ private:
+  std::string directory_;
+  std::string path_;
+};
+
+// Whether a user who is neither the owner nor in the group of any component may reach `path`:
+// every directory from / down to it (itself included) has the others' execute bit.
+bool searchable_by_others(const std::string& path);
+
 // Small file-system helpers on POSIX calls (Note [No std::filesystem] in lib/src/core/files.cpp).
 bool path_exists(const std::string& path);
 bool is_regular_file(const std::string& path);
