@@ -1375,7 +1375,7 @@ TEST(CheckpointFormat, EfficiencyFiguresNoRunCanProduceAreRefused) {
   const double nan = std::numeric_limits<double>::quiet_NaN();
   const double inf = std::numeric_limits<double>::infinity();
   refused("-5 TFLOP/s", [](EpochStats& s) { s.tflops = -5; },
-          "TFLOP/s is -5 (nan, or from 0 to 200000: 100000 for each of 2 devices)");
+          "TFLOP/s is -5 (nan, or from 0 to 200000: 100000 a device, in a world of 2)");
   refused("1e300 TFLOP/s", [](EpochStats& s) { s.tflops = 1e300; }, "TFLOP/s is 1e+300");
   refused("an infinite TFLOP/s", [&](EpochStats& s) { s.tflops = inf; }, "TFLOP/s is inf");
   refused("TFLOP/s past 10^5 a device", [](EpochStats& s) { s.tflops = 200001; },

@@ -243,8 +243,8 @@ void check_history(const Checkpoint& c, const ContentsCheck& check, const EpochS
     const double max_tflops = kMaxPeakTflops * static_cast<double>(c.config.world_size);
     check.figure(at + "TFLOP/s", s.tflops, 0, max_tflops,
                  "nan, or from 0 to " + value_text(max_tflops) + ": " +
-                     value_text(kMaxPeakTflops) + " for each of " +
-                     std::to_string(c.config.world_size) + " devices");
+                     value_text(kMaxPeakTflops) + " a device, in a world of " +
+                     std::to_string(c.config.world_size));
     check.figure(at + "MFU", s.mfu, 0, 1, "nan, or a fraction from 0 to 1");
     if (!std::isnan(s.mfu) && std::isnan(s.tflops)) {
       check.impossible(at + "MFU", s.mfu, "of nan TFLOP/s: nan");
