@@ -375,8 +375,8 @@ def check_contents(c, fail):
     """Note [A checkpoint's contents are checked, not only its digest] in checkpoint.cpp: a
     crafted file can carry a fitting digest, so every field must be one a run can have, checked
     in the C++ reader's order and words."""
-    def impossible(field, value, why):
-        fail(f"corrupt: impossible contents: {field} is {value_text(value)} ({why})")
+    def impossible(field, value, why, text=value_text):
+        fail(f"corrupt: impossible contents: {field} is {text(value)} ({why})")
 
     def at_least_zero(field, value):
         if not (math.isfinite(value) and value >= 0):
@@ -391,13 +391,13 @@ def check_contents(c, fail):
             impossible(field, value, why)
 
     config, done, step = c["config"], c["epochs_done"], c["step_in_epoch"]
-    for key, field, low, high in CONFIG_RANGES:
+    for key, field, low, high in CONFIG_RANGES:  # an integer setting, named in full
         if not low <= config[key] <= high:
-            impossible(field, config[key], f"dptrain writes {low} to {high}")
+            impossible(field, config[key], f"dptrain writes {low} to {high}", str)
     if not (math.isfinite(config["lr"]) and config["lr"] > 0):
         impossible("the learning rate", config["lr"], "a finite number > 0")
     if not 0 <= done <= MAX_EPOCHS:
-        impossible("the epochs done", done, f"dptrain writes 0 to {MAX_EPOCHS}")
+        impossible("the epochs done", done, f"dptrain writes 0 to {MAX_EPOCHS}", str)
     steps = -(-config["train_size"] // config["batch_size"])  # the last batch may be short
     shape = (f"an epoch of {config['train_size']} images in batches of {config['batch_size']} "
              f"has {steps} steps")

@@ -220,10 +220,8 @@ TEST(HostileCheckpoint, AWidthNoRunHasIsACorruptFileNamedWithTheField) {
     Checkpoint bad = good;
     bad.config.width = width;
     write_checkpoint_atomically(bad, path);
-    const std::string corrupt =
-        path + ": corrupt: impossible contents: width is " +
-        (width < 0 ? std::string("-4") : std::string("9.22337e+18")) +
-        " (dptrain writes 1 to 4096)";
+    const std::string corrupt = path + ": corrupt: impossible contents: width is " +
+                                std::to_string(width) + " (dptrain writes 1 to 4096)";
     const auto evaluated =
         run_dptrain({"eval", "--checkpoint", path, "--data-dir", tiny_data_dir()});
     expect_one_error_line(evaluated, kRunTime, "checkpoint " + corrupt);

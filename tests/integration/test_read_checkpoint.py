@@ -685,7 +685,7 @@ class Issue51(ScriptTest):
             return edit
         self.expect_rows([(str(w), valid(width(w)), "corrupt: impossible contents: width is "
                            f"{shown} (dptrain writes 1 to 4096)")
-                          for w, shown in ((0, "0"), (-4, "-4"), (2**63 - 1, "9.22337e+18"))])
+                          for w, shown in ((0, "0"), (-4, "-4"), (2**63 - 1, "9223372036854775807"))])
 
 
 class ValidFile(ScriptTest):

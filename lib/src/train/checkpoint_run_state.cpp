@@ -81,13 +81,18 @@ class ContentsCheck {
   explicit ContentsCheck(const std::string& label) : label_(label) {}
   [[noreturn]] void impossible(const std::string& field, double value,
                                const std::string& why) const {
-    throw DataError(label_ + ": corrupt: impossible contents: " + field + " is " +
-                    value_text(value) + " (" + why + ")");
+    impossible_text(field, value_text(value), why);
   }
+  [[noreturn]] void impossible_text(const std::string& field, const std::string& value,
+                                    const std::string& why) const {
+    throw DataError(label_ + ": corrupt: impossible contents: " + field + " is " + value + " (" +
+                    why + ")");
+  }
+  // An integer setting, named in full (a width of 2^63 - 1 as 9223372036854775807).
   void in_range(const char* field, int64_t value, int64_t low, int64_t high) const {
     if (value < low || value > high) {
-      impossible(field, static_cast<double>(value),
-                 "dptrain writes " + std::to_string(low) + " to " + std::to_string(high));
+      impossible_text(field, std::to_string(value),
+                      "dptrain writes " + std::to_string(low) + " to " + std::to_string(high));
     }
   }
   void finite_at_least_zero(const std::string& field, double value) const {
