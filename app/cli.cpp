@@ -13,6 +13,7 @@
 #include <optional>
 
 #include "dptrain/core/errors.h"
+#include "dptrain/train/device_peak.h"
 
 namespace dptrain {
 namespace {
@@ -454,7 +455,8 @@ std::string parse_choice_flag(const std::string& flag, const std::string& text,
 
 namespace {
 
-// --peak-tflops: a positive, finite number of TFLOP/s (any size: it only divides).
+// --peak-tflops: a positive, finite number of TFLOP/s that some device can have (Note [A
+// plausible device's peak] in device_peak.h).
 double parse_peak_tflops(const std::string& text) {
   char* end = nullptr;
   const double value = std::strtod(text.c_str(), &end);
@@ -462,6 +464,11 @@ double parse_peak_tflops(const std::string& text) {
       end != text.c_str() + text.size() || !std::isfinite(value) || value <= 0) {
     throw UsageError("--peak-tflops: " + quote_argument(text) +
                      " is not a finite number above 0 (one device's peak in TFLOP/s)");
+  }
+  if (value < kMinPeakTflops || value > kMaxPeakTflops) {
+    throw UsageError("--peak-tflops: " + quote_argument(text) +
+                     " is no device's peak; expected 1e-06 (1 MFLOP/s, below any CPU core) to "
+                     "100000 (100 PFLOP/s, far above any GPU today) TFLOP/s");
   }
   return value;
 }

@@ -36,6 +36,10 @@ MAX_HEADER = 16 << 20  # lib/include/dptrain/core/safetensors.h: kMaxSafetensors
 MAX_RANK, MAX_EPOCHS, MAX_COUNT = 8, 1000000, 2**31 - 1
 # No run is older than about 31 years, nor trains 10^12 images a second (checkpoint_run_state.cpp).
 MAX_SECONDS, MAX_IMAGES_PER_SECOND = 1e9, 1e12
+# No device does 10^5 TFLOP/s (device_peak.h: kMaxPeakTflops), nor holds 2^50 bytes (a PiB).
+MAX_PEAK_TFLOPS, MAX_BYTES = 1e5, 2**50
+# A JSON number's spelling (RFC 8259): how "dptrain.test_acc" may give the run state's accuracy.
+JSON_NUMBER = r"-?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][+-]?[0-9]+)?"
 # A floating dtype's exponent bits, all set in an infinity or a NaN: (element bytes, mask).
 EXPONENT = {"F32": (4, 0x7F800000), "F64": (8, 0x7FF0000000000000), "BF16": (2, 0x7F80),
             "F16": (2, 0x7C00)}
@@ -371,8 +375,8 @@ def check_contents(c, fail):
     """Note [A checkpoint's contents are checked, not only its digest] in checkpoint.cpp: a
     crafted file can carry a fitting digest, so every field must be one a run can have, checked
     in the C++ reader's order and words."""
-    def impossible(field, value, why):
-        fail(f"corrupt: impossible contents: {field} is {value_text(value)} ({why})")
+    def impossible(field, value, why, text=value_text):
+        fail(f"corrupt: impossible contents: {field} is {text(value)} ({why})")
 
     def at_least_zero(field, value):
         if not (math.isfinite(value) and value >= 0):
@@ -382,14 +386,18 @@ def check_contents(c, fail):
         if not (math.isnan(value) or value >= 0):
             impossible(field, value, "a loss: >= 0, inf or nan")
 
+    def figure(field, value, high, why):  # NaN where the writer has no figure, else 0 to high
+        if not (math.isnan(value) or 0 <= value <= high):
+            impossible(field, value, why)
+
     config, done, step = c["config"], c["epochs_done"], c["step_in_epoch"]
-    for key, field, low, high in CONFIG_RANGES:
+    for key, field, low, high in CONFIG_RANGES:  # an integer setting, named in full
         if not low <= config[key] <= high:
-            impossible(field, config[key], f"dptrain writes {low} to {high}")
+            impossible(field, config[key], f"dptrain writes {low} to {high}", str)
     if not (math.isfinite(config["lr"]) and config["lr"] > 0):
         impossible("the learning rate", config["lr"], "a finite number > 0")
     if not 0 <= done <= MAX_EPOCHS:
-        impossible("the epochs done", done, f"dptrain writes 0 to {MAX_EPOCHS}")
+        impossible("the epochs done", done, f"dptrain writes 0 to {MAX_EPOCHS}", str)
     steps = -(-config["train_size"] // config["batch_size"])  # the last batch may be short
     shape = (f"an epoch of {config['train_size']} images in batches of {config['batch_size']} "
              f"has {steps} steps")
@@ -429,21 +437,62 @@ def check_contents(c, fail):
         at = f"epoch {index + 1} of the history: "
         if s["epoch"] != index + 1:
             impossible(at + "its number", s["epoch"], "the epochs are numbered 1, 2, ...")
+        if not s["epoch"] <= s["epochs"] <= MAX_EPOCHS:
+            impossible(at + "the run's epochs", s["epochs"],
+                       f"from its number, {s['epoch']}, to {MAX_EPOCHS}")
         loss(at + "train loss", s["train_loss"])
         loss(at + "test loss", s["test_loss"])
-        for key in ("seconds", "images_per_second", "steps"):
-            at_least_zero(at + key.replace("_", " "), s[key])
+        for key in ("seconds", "steps"):
+            at_least_zero(at + key, s[key])
         if s["seconds"] > MAX_SECONDS:
             impossible(at + "seconds", s["seconds"], f"at most {value_text(MAX_SECONDS)}, some 31 "
                        "years")
-        if s["images_per_second"] > MAX_IMAGES_PER_SECOND:
-            impossible(at + "images per second", s["images_per_second"],
-                       f"at most {value_text(MAX_IMAGES_PER_SECOND)}")
+        figure(at + "images per second", s["images_per_second"], MAX_IMAGES_PER_SECOND,
+               f"nan, or from 0 to {value_text(MAX_IMAGES_PER_SECOND)}")
         if s["steps"] > steps:
             impossible(at + "steps", s["steps"], shape)
-        for key in ("train_acc", "test_acc"):
-            if not 0 <= s[key] <= 1:
-                impossible(at + key.replace("_acc", " accuracy"), s[key], "an accuracy from 0 to 1")
+        figure(at + "train accuracy", s["train_acc"], 1, "nan, or an accuracy from 0 to 1")
+        if not 0 <= s["test_acc"] <= 1:
+            impossible(at + "test accuracy", s["test_acc"], "an accuracy from 0 to 1")
+        figure(at + "GPU milliseconds per step", s["gpu_ms_per_step"], MAX_SECONDS * 1000,
+               f"nan, or from 0 to {value_text(MAX_SECONDS * 1000)}")
+        devices = config["world_size"]
+        figure(at + "TFLOP/s", s["tflops"], MAX_PEAK_TFLOPS * devices,
+               f"nan, or from 0 to {value_text(MAX_PEAK_TFLOPS * devices)}: "
+               f"{value_text(MAX_PEAK_TFLOPS)} a device, in a world of {devices}")
+        figure(at + "MFU", s["mfu"], 1, "nan, or a fraction from 0 to 1")
+        if not math.isnan(s["mfu"]) and math.isnan(s["tflops"]):
+            impossible(at + "MFU", s["mfu"], "of nan TFLOP/s: nan")
+        for key in ("peak_host_bytes", "peak_device_bytes"):
+            value = s[key]  # a whole number: trunc is reached only below 2^50
+            if not (math.isnan(value) or 0 <= value <= MAX_BYTES and value == math.trunc(value)):
+                impossible(at + key.replace("_", " "), value,
+                           "nan, or a whole number of bytes from 0 to 2^50")
+
+
+def check_repeated_metadata(metadata, c, fail):
+    """Note [Metadata that repeats the run state agrees with it] in checkpoint.cpp: a key that
+    repeats the run state, where present, says what it says; the accuracy as any JSON number of
+    exactly its value, and only after a finished epoch."""
+    config, history = c["config"], c["history"]
+    expected = {"dptrain.width": str(config["width"]),
+                "dptrain.num_classes": str(config["num_classes"]),
+                "dptrain.in_channels": str(config["in_channels"]),
+                "dptrain.epochs_done": str(c["epochs_done"]),
+                "dptrain.train_digest": config["train_digest"]}
+    if history:
+        expected["dptrain.test_acc"] = json.dumps(history[-1]["test_acc"])
+    for key in ("dptrain.width", "dptrain.num_classes", "dptrain.in_channels",
+                "dptrain.epochs_done", "dptrain.train_digest", "dptrain.test_acc"):
+        text, want = metadata.get(key), expected.get(key)
+        if text is None or text == want:
+            continue
+        if (key == "dptrain.test_acc" and want is not None and re.fullmatch(JSON_NUMBER, text)
+                and float(text) == history[-1]["test_acc"]):
+            continue
+        gives = f'"{shown(want.encode())}"' if want is not None else "none (no epoch is finished)"
+        fail(f'corrupt: metadata {key} is "{shown(text.encode()[:80])}" where the run state gives '
+             f"{gives}")
 
 
 def check_tensors(entries, data, fail):
@@ -494,6 +543,7 @@ def parse(c, fail, check_weights=True):
         fail('corrupt: dptrain.kind is neither "checkpoint" nor "model"')
     result = run_state(metadata, fail)
     check_contents(result, fail)
+    check_repeated_metadata(metadata, result, fail)
     if check_weights:
         check_tensors(entries, data, fail)
     result.update(format_version=FORMAT_VERSION, kind=metadata["dptrain.kind"], metadata=metadata,

@@ -265,6 +265,19 @@ TEST(CliParse, PeakTflopsIsAPositiveFiniteNumber) {
                        "--peak-tflops: '" + std::string(bad) + "' is not a finite number above 0");
   }
   expect_parse_error({"eval", "--model", "m.pt", "--peak-tflops", "1"}, "peak-tflops");
+  // Issue 51: 1e-308 gave an MFU of 3e306. A peak is some device's (Note [A plausible device's
+  // peak]): 1e-6 (1 MFLOP/s) to 1e5 (100 PFLOP/s) TFLOP/s, both edges included.
+  EXPECT_EQ(parse({"train", "--peak-tflops", "1e-6"}).train.options.peak_tflops,
+            std::optional<double>(1e-6));
+  EXPECT_EQ(parse({"train", "--peak-tflops", "100000"}).train.options.peak_tflops,
+            std::optional<double>(1e5));
+  for (const char* bad : {"1e-308", "4.9e-324", "9.9e-7", "100000.01", "1e300"}) {
+    SCOPED_TRACE(bad);
+    expect_parse_error({"train", "--peak-tflops", bad},
+                       "--peak-tflops: '" + std::string(bad) + "' is no device's peak; expected "
+                       "1e-06 (1 MFLOP/s, below any CPU core) to 100000 (100 PFLOP/s, far above "
+                       "any GPU today) TFLOP/s");
+  }
 }
 
 TEST(CliParse, EvalAndDownloadCommands) {

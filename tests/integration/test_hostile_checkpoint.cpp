@@ -1,14 +1,17 @@
-// The third round of hostile use (issue 44) against the checkpoint and data readers, through the
-// dptrain binary: a file whose header claims a model the run does not build, weights and figures
-// no run can have, memory that runs out while data is read, and names found in a checkpoint
-// directory that hold escape sequences. Not here: the readers' unit tests (test_checkpoint.cpp).
+// The third and fourth rounds of hostile use (issues 44 and 51) against the checkpoint and data
+// readers, through the dptrain binary: a file whose header claims a model the run does not build
+// or a width no run has, weights and figures no run can have, a peak no device has, memory that
+// runs out while data is read, and names found in a checkpoint directory that hold escape
+// sequences. Not here: the readers' unit tests (test_checkpoint.cpp).
 #include <gtest/gtest.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <limits>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -162,6 +165,113 @@ TEST(HostileCheckpoint, NamesFoundInTheCheckpointDirectoryAreEscaped) {
     expect_one_error_line(result, kUsage, "checkpoint-\\x1b]0;owned\\x07\\x1b[2J.safetensors");
     EXPECT_FALSE(contains(result.err, "\x1b")) << describe(result);
   }
+}
+
+// Issue 51: a history claiming -5 TFLOP/s, an MFU of 1e300 or a peak of -1 bytes was resumed,
+// and its figures republished in the new run's --metrics. The file is refused, naming the field.
+TEST(HostileCheckpoint, FiguresNoRunProducesAreRefusedNotRepublished) {
+  TempDir dir;
+  const std::string checkpoints = dir.file("ck");
+  const std::string path = trained_checkpoint(checkpoints);
+  const Checkpoint good = read_checkpoint(path);
+  struct Case {
+    const char* what;
+    std::function<void(EpochStats&)> edit;
+    const char* phrase;
+  };
+  const Case cases[] = {
+      {"-5 TFLOP/s", [](EpochStats& s) { s.tflops = -5; }, "TFLOP/s is -5"},
+      {"an MFU of 1e300", [](EpochStats& s) { s.mfu = 1e300; }, "MFU is 1e+300"},
+      {"a peak of -1 bytes", [](EpochStats& s) { s.peak_host_bytes = -1; },
+       "peak host bytes is -1"},
+      {"a peak of 1e300 bytes", [](EpochStats& s) { s.peak_host_bytes = 1e300; },
+       "peak host bytes is 1e+300"},
+  };
+  const std::string metrics = dir.file("metrics.csv");
+  for (const auto& c : cases) {
+    SCOPED_TRACE(c.what);
+    Checkpoint bad = good;
+    c.edit(bad.history[0]);
+    write_checkpoint_atomically(bad, path);
+    const auto resumed = run_dptrain(
+        tiny_train("2", {"--checkpoint-dir", checkpoints, "--resume", "--metrics", metrics}));
+    expect_one_error_line(resumed, kUsage,
+                          "checkpoint " + path + ": corrupt: impossible contents: epoch 1 of " +
+                              "the history: " + c.phrase);
+    EXPECT_FALSE(testing::path_exists(metrics)) << describe(resumed);
+    const auto evaluated =
+        run_dptrain({"eval", "--checkpoint", path, "--data-dir", tiny_data_dir()});
+    expect_one_error_line(evaluated, kRunTime,
+                          "checkpoint " + path + ": corrupt: impossible contents: epoch 1 of " +
+                              "the history: " + c.phrase);
+  }
+}
+
+// Issue 51: width -4 said "ResNet options must be positive", naming no file; 2^63 - 1 said the
+// machine "cannot hold a width-9223372036854775807 model ... about 350.05 GiB". Either is a
+// corrupt file, named with the field, whatever reads it.
+TEST(HostileCheckpoint, AWidthNoRunHasIsACorruptFileNamedWithTheField) {
+  TempDir dir;
+  const std::string checkpoints = dir.file("ck");
+  const std::string path = trained_checkpoint(checkpoints);
+  const Checkpoint good = read_checkpoint(path);
+  for (const int64_t width : {int64_t{-4}, std::numeric_limits<int64_t>::max()}) {
+    SCOPED_TRACE(width);
+    Checkpoint bad = good;
+    bad.config.width = width;
+    write_checkpoint_atomically(bad, path);
+    const std::string corrupt = path + ": corrupt: impossible contents: width is " +
+                                std::to_string(width) + " (dptrain writes 1 to 4096)";
+    const auto evaluated =
+        run_dptrain({"eval", "--checkpoint", path, "--data-dir", tiny_data_dir()});
+    expect_one_error_line(evaluated, kRunTime, "checkpoint " + corrupt);
+    EXPECT_FALSE(contains(evaluated.err, "ResNet options")) << describe(evaluated);
+    EXPECT_FALSE(contains(evaluated.err, "this machine")) << describe(evaluated);
+    const auto model = run_dptrain({"eval", "--model", path, "--data-dir", tiny_data_dir()});
+    expect_one_error_line(model, kRunTime, "--model " + corrupt);
+    const auto resumed =
+        run_dptrain(tiny_train("2", {"--checkpoint-dir", checkpoints, "--resume"}));
+    expect_one_error_line(resumed, kUsage, "checkpoint " + corrupt);
+  }
+}
+
+// Issue 51: --peak-tflops 1e-308 gave an MFU of 3e306. A peak is a device's (1e-6 to 1e5
+// TFLOP/s), and a run that outpaces the peak it was given gets no MFU rather than one above 1.
+TEST(HostileCheckpoint, APeakNoDeviceHasIsRefusedAndNoMfuExceedsOne) {
+  TempDir dir;
+  for (const char* peak : {"1e-308", "1e-7", "100001", "1e300"}) {
+    SCOPED_TRACE(peak);
+    const auto result = run_dptrain(tiny_train("1", {"--peak-tflops", peak}));
+    expect_one_error_line(result, kUsage,
+                          std::string("--peak-tflops: '") + peak + "' is no device's peak");
+  }
+  // The floor, 1 MFLOP/s, is far below what even this width-1 run does on one thread.
+  const std::string metrics = dir.file("metrics.csv");
+  const auto slow = run_dptrain(tiny_train("1", {"--peak-tflops", "1e-6", "--metrics", metrics}));
+  ASSERT_EQ(slow.exit_code, 0) << describe(slow);
+  EXPECT_FALSE(contains(slow.out, "MFU")) << describe(slow);
+  const auto rows = testing::split_lines(testing::read_text(metrics));
+  ASSERT_EQ(rows.size(), 2u);
+  const auto fields = [](const std::string& line) {
+    std::vector<std::string> out;
+    std::stringstream stream(line);
+    for (std::string field; std::getline(stream, field, ',');) out.push_back(field);
+    return out;
+  };
+  const auto header = fields(rows[0]);
+  const auto row = fields(rows[1]);
+  ASSERT_EQ(header.size(), row.size());
+  for (size_t i = 0; i < header.size(); ++i) {
+    if (header[i] == "mfu") {
+      EXPECT_EQ(row[i], "") << rows[1];
+    } else if (header[i] == "tflops") {
+      EXPECT_GT(std::stod(row[i]), 1e-6) << rows[1];
+    }
+  }
+  // A peak the run stays below gives its fraction.
+  const auto fast = run_dptrain(tiny_train("1", {"--peak-tflops", "100000"}));
+  ASSERT_EQ(fast.exit_code, 0) << describe(fast);
+  EXPECT_TRUE(contains(fast.out, "(MFU ")) << describe(fast);
 }
 
 }  // namespace

@@ -14,6 +14,7 @@ The files are written by tests/support/dptrain_safetensors.py from the format's 
 import hashlib
 import importlib.util
 import json
+import math
 import os
 import resource
 import shutil
@@ -402,12 +403,12 @@ def impossible_rows():
          "epoch 1 of the history: test loss is -inf (a loss: >= 0, inf or nan)"),
         ("seconds -1", field("history", 0, "seconds", value=-1.0),
          "epoch 1 of the history: seconds is -1 (a finite number >= 0)"),
-        ("images per second nan", field("history", 0, "images_per_second", value=nan),
-         "epoch 1 of the history: images per second is nan (a finite number >= 0)"),
+        ("images per second -inf", field("history", 0, "images_per_second", value=-inf),
+         "epoch 1 of the history: images per second is -inf (nan, or from 0 to 1000000000000)"),
         ("steps -1", field("history", 1, "steps", value=-1),
          "epoch 2 of the history: steps is -1 (a finite number >= 0)"),
         ("accuracy 1.5", field("history", 0, "train_acc", value=1.5),
-         "epoch 1 of the history: train accuracy is 1.5 (an accuracy from 0 to 1)"),
+         "epoch 1 of the history: train accuracy is 1.5 (nan, or an accuracy from 0 to 1)"),
         ("accuracy nan", field("history", 1, "test_acc", value=nan),
          "epoch 2 of the history: test accuracy is nan (an accuracy from 0 to 1)"),
     ]
@@ -530,7 +531,8 @@ class Issue44(ScriptTest):
             ("an epoch of 1e300 s", lambda s: s["history"][0].update(seconds=1e300),
              "epoch 1 of the history: seconds is 1e+300 (at most 1000000000, some 31 years)"),
             ("1e300 images a second", lambda s: s["history"][1].update(images_per_second=1e300),
-             "epoch 2 of the history: images per second is 1e+300 (at most 1000000000000)"),
+             "epoch 2 of the history: images per second is 1e+300 (nan, or from 0 to "
+             "1000000000000)"),
             ("9 steps of 8", lambda s: s["history"][0].update(steps=9), "epoch 1 of the "
              "history: steps is 9 (an epoch of 256 images in batches of 32 has 8 steps)"),
             ("an emptied digest", lambda s: s["config"].update(train_digest=""),
@@ -580,6 +582,110 @@ class Issue44(ScriptTest):
                               timeout=TIMEOUT_S)
         self.assertEqual(done.stderr.decode(), "error: interrupted; nothing was written\n")
         self.assertEqual(done.returncode, 130)
+
+
+class Issue51(ScriptTest):
+    """The fourth hostile round: figures no run produces, metadata that contradicts the run
+    state, widths no run has (each as dptrain refuses it, tests/train/test_checkpoint.cpp)."""
+
+    def test_efficiency_figures_no_run_produces_are_refused(self):
+        def stats(index, **kw):
+            return lambda s: s["history"][index].update(**kw)
+        nan, inf = float("nan"), float("inf")
+        at = "corrupt: impossible contents: epoch 1 of the history: "
+        self.expect_rows([(label, valid(edit), at + why) for label, edit, why in [
+            ("-5 TFLOP/s", stats(0, tflops=-5.0),
+             "TFLOP/s is -5 (nan, or from 0 to 200000: 100000 a device, in a world of 2)"),
+            ("1e300 TFLOP/s", stats(0, tflops=1e300), "TFLOP/s is 1e+300 (nan, or from 0 to "
+             "200000: 100000 a device, in a world of 2)"),
+            ("an MFU of 1e300", stats(0, mfu=1e300),
+             "MFU is 1e+300 (nan, or a fraction from 0 to 1)"),
+            ("an MFU just above 1", stats(0, mfu=math.nextafter(1.0, 2.0)),
+             "MFU is 1 (nan, or a fraction from 0 to 1)"),
+            ("an MFU of no TFLOP/s", stats(0, tflops=nan, mfu=0.5),
+             "MFU is 0.5 (of nan TFLOP/s: nan)"),
+            ("a peak of -1 bytes", stats(0, peak_host_bytes=-1.0),
+             "peak host bytes is -1 (nan, or a whole number of bytes from 0 to 2^50)"),
+            ("a peak of 1e300 bytes", stats(0, peak_host_bytes=1e300),
+             "peak host bytes is 1e+300 (nan, or a whole number of bytes from 0 to 2^50)"),
+            ("an infinite peak", stats(0, peak_device_bytes=inf),
+             "peak device bytes is inf (nan, or a whole number of bytes from 0 to 2^50)"),
+            ("half a byte", stats(0, peak_device_bytes=0.5),
+             "peak device bytes is 0.5 (nan, or a whole number of bytes from 0 to 2^50)"),
+            ("-1 GPU ms", stats(0, gpu_ms_per_step=-1.0),
+             "GPU milliseconds per step is -1 (nan, or from 0 to 1000000000000)"),
+            ("an infinite accuracy", stats(0, train_acc=inf),
+             "train accuracy is inf (nan, or an accuracy from 0 to 1)"),
+            ("a run of 0 epochs", stats(0, epochs=0),
+             "the run's epochs is 0 (from its number, 1, to 1000000)"),
+            ("a run of 10^6 + 1 epochs", stats(0, epochs=1000001),
+             "the run's epochs is 1000001 (from its number, 1, to 1000000)"),
+        ]])
+
+    def test_what_the_writer_leaves_nan_and_the_edges_are_read(self):
+        nan = float("nan")
+
+        def edit(s):
+            s["history"][0].update(train_loss=nan, train_acc=nan, images_per_second=nan,
+                                   gpu_ms_per_step=0.0, tflops=200000.0, mfu=1.0,
+                                   peak_host_bytes=float(2**50), peak_device_bytes=0.0, epochs=1)
+        path = self.write("edges.safetensors", valid(edit))
+        code, out, err = self.run_script(path, "--json")
+        self.assertEqual((code, err), (0, ""))
+        first = json.loads(out)["history"][0]
+        self.assertEqual([first[k] for k in ("train_loss", "train_acc", "images_per_second",
+                                             "tflops", "mfu", "peak_host_bytes", "epochs")],
+                         ["nan", "nan", "nan", 200000.0, 1.0, float(2**50), 1])
+
+    def test_metadata_that_contradicts_the_run_state_is_refused(self):
+        def meta(key, value):
+            return lambda m: m.__setitem__(key, value)
+        self.expect_rows([(label, valid(edit_metadata=edit), f"corrupt: metadata {why}")
+                          for label, edit, why in [
+            ("width 64", meta("dptrain.width", "64"),
+             'dptrain.width is "64" where the run state gives "4"'),
+            ("width 04", meta("dptrain.width", "04"),
+             'dptrain.width is "04" where the run state gives "4"'),
+            ("classes", meta("dptrain.num_classes", "1000"),
+             'dptrain.num_classes is "1000" where the run state gives "10"'),
+            ("channels", meta("dptrain.in_channels", "3"),
+             'dptrain.in_channels is "3" where the run state gives "1"'),
+            ("epochs done", meta("dptrain.epochs_done", "90"),
+             'dptrain.epochs_done is "90" where the run state gives "2"'),
+            ("digest", meta("dptrain.train_digest", "\x1b[2J" + "d" * 60),
+             'dptrain.train_digest is "\\x1b[2J' + "d" * 60 + '" where the run state gives "5f0c'
+             + "d" * 60 + '"'),
+            ("test accuracy 0.9999", meta("dptrain.test_acc", "0.9999"),
+             'dptrain.test_acc is "0.9999" where the run state gives "0.5"'),
+            ("test accuracy with a space", meta("dptrain.test_acc", " 0.5"),
+             'dptrain.test_acc is " 0.5" where the run state gives "0.5"'),
+            ("test accuracy in Python's spelling", meta("dptrain.test_acc", "0_5"),
+             'dptrain.test_acc is "0_5" where the run state gives "0.5"'),
+        ]])
+        # The same accuracy in another JSON spelling, or a key left out, says nothing false.
+        for label, edit in [("5e-1", meta("dptrain.test_acc", "5e-1")),
+                            ("0.50", meta("dptrain.test_acc", "0.50")),
+                            ("no width", lambda m: m.pop("dptrain.width"))]:
+            with self.subTest(label):
+                code, _, err = self.run_script(self.write("same.safetensors",
+                                                          valid(edit_metadata=edit)))
+                self.assertEqual((code, err), (0, ""))
+
+        # No finished epoch: no last test accuracy.
+        def fresh(s):
+            s.update(epochs_done=0, global_step=3, history=[])
+        self.expect_rows([("no epoch", valid(fresh, meta("dptrain.test_acc", "0.9")),
+                           'corrupt: metadata dptrain.test_acc is "0.9" where the run state '
+                           "gives none (no epoch is finished)")])
+
+    def test_a_width_no_run_has_is_corrupt(self):
+        def width(w):
+            def edit(s):
+                s["config"]["width"] = w
+            return edit
+        self.expect_rows([(str(w), valid(width(w)), "corrupt: impossible contents: width is "
+                           f"{shown} (dptrain writes 1 to 4096)")
+                          for w, shown in ((0, "0"), (-4, "-4"), (2**63 - 1, "9223372036854775807"))])
 
 
 class ValidFile(ScriptTest):

@@ -822,6 +822,7 @@ Checkpoint checkpoint_at(int64_t epochs_done, int64_t step) {
   for (int64_t epoch = 1; epoch <= epochs_done; ++epoch) {
     c.history.push_back(stats_for_epoch(1));
     c.history.back().epoch = epoch;
+    c.history.back().epochs = std::max<int64_t>(epochs_done, 7);  // a run of that many at least
   }
   return c;
 }
@@ -1356,6 +1357,209 @@ TEST(CheckpointFormat, WeightsNoRunCanHaveAreRefusedNamingTheTensor) {
   auto fine = small_checkpoint();
   fine.tensors.emplace_back("1.running_mean", torch::tensor({-1.0f}));
   EXPECT_EQ(parse_checkpoint(serialize_checkpoint(fine), "fine").tensors.size(), 3u);
+}
+
+// ---- Issue 51: figures no run produces, metadata that contradicts the run state -----------
+
+// A history claiming -5 TFLOP/s, an MFU of 1e300 or a peak of -1 bytes was resumed and its
+// figures republished in the new run's metrics. Every figure has the range a run gives it.
+TEST(CheckpointFormat, EfficiencyFiguresNoRunCanProduceAreRefused) {
+  const auto refused = [](const char* what, const std::function<void(EpochStats&)>& edit,
+                          const std::string& phrase) {
+    SCOPED_TRACE(what);
+    auto c = small_checkpoint();  // world size 2: at most 2 x 10^5 TFLOP/s
+    edit(c.history[0]);
+    expect_data_error([&] { parse_checkpoint(serialize_checkpoint(c), "edited"); },
+                      {"edited: corrupt: impossible contents: epoch 1 of the history: " + phrase});
+  };
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  const double inf = std::numeric_limits<double>::infinity();
+  refused("-5 TFLOP/s", [](EpochStats& s) { s.tflops = -5; },
+          "TFLOP/s is -5 (nan, or from 0 to 200000: 100000 a device, in a world of 2)");
+  refused("1e300 TFLOP/s", [](EpochStats& s) { s.tflops = 1e300; }, "TFLOP/s is 1e+300");
+  refused("an infinite TFLOP/s", [&](EpochStats& s) { s.tflops = inf; }, "TFLOP/s is inf");
+  refused("TFLOP/s past 10^5 a device", [](EpochStats& s) { s.tflops = 200001; },
+          "TFLOP/s is 200001");
+  refused("an MFU of 1e300", [](EpochStats& s) {
+    s.tflops = 1;
+    s.mfu = 1e300;
+  }, "MFU is 1e+300 (nan, or a fraction from 0 to 1)");
+  refused("an MFU just above 1", [](EpochStats& s) {
+    s.tflops = 1;
+    s.mfu = std::nextafter(1.0, 2.0);
+  }, "MFU is 1 (nan, or a fraction from 0 to 1)");
+  refused("a negative MFU", [](EpochStats& s) {
+    s.tflops = 1;
+    s.mfu = -0.25;
+  }, "MFU is -0.25");
+  refused("an MFU of no TFLOP/s", [](EpochStats& s) { s.mfu = 0.5; },
+          "MFU is 0.5 (of nan TFLOP/s: nan)");
+  refused("a peak of -1 host bytes", [](EpochStats& s) { s.peak_host_bytes = -1; },
+          "peak host bytes is -1 (nan, or a whole number of bytes from 0 to 2^50)");
+  refused("a peak of 1e300 host bytes", [](EpochStats& s) { s.peak_host_bytes = 1e300; },
+          "peak host bytes is 1e+300");
+  refused("half a byte", [](EpochStats& s) { s.peak_device_bytes = 1024.5; },
+          "peak device bytes is 1024.5");
+  refused("a pebibyte and one byte", [](EpochStats& s) { s.peak_device_bytes = 1125899906842625.0; },
+          "peak device bytes is 1125899906842625");
+  refused("-1 GPU ms a step", [](EpochStats& s) { s.gpu_ms_per_step = -1; },
+          "GPU milliseconds per step is -1 (nan, or from 0 to 1000000000000)");
+  refused("-inf GPU ms a step", [&](EpochStats& s) { s.gpu_ms_per_step = -inf; },
+          "GPU milliseconds per step is -inf");
+  refused("an infinite accuracy", [&](EpochStats& s) { s.train_acc = inf; },
+          "train accuracy is inf (nan, or an accuracy from 0 to 1)");
+  refused("a NaN test accuracy", [&](EpochStats& s) { s.test_acc = nan; },
+          "test accuracy is nan (an accuracy from 0 to 1)");
+  refused("-1 images a second", [](EpochStats& s) { s.images_per_second = -1; },
+          "images per second is -1 (nan, or from 0 to 1000000000000)");
+  refused("an infinite speed", [&](EpochStats& s) { s.images_per_second = inf; },
+          "images per second is inf");
+  // The epoch inside its run, in both formats (version 2 keeps the run's epochs too).
+  for (const uint32_t version : {kCheckpointFormatVersion, 2u}) {
+    SCOPED_TRACE("version " + std::to_string(version));
+    for (const int64_t epochs : {int64_t{0}, int64_t{-3}, int64_t{1000001}}) {
+      auto c = small_checkpoint();
+      c.format_version = version;
+      c.history[0].epochs = epochs;
+      expect_data_error([&] { parse_checkpoint(serialize_checkpoint(c), "edited"); },
+                        {"edited: corrupt: impossible contents: epoch 1 of the history: the run's "
+                         "epochs is " + std::to_string(epochs) + " (from its number, 1, to "
+                         "1000000)"});
+    }
+  }
+}
+
+// What the writer leaves NaN ("no figure": the CPU's GPU time, an MFU without a peak, an epoch
+// whose every step was skipped) reads back as NaN; the figures' edges read back exactly.
+TEST(CheckpointFormat, FiguresTheWriterLeavesNanAndTheRangesEdgesAreRead) {
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  for (const uint32_t version : {kCheckpointFormatVersion, 2u}) {
+    SCOPED_TRACE("version " + std::to_string(version));
+    auto none = small_checkpoint();
+    none.format_version = version;
+    auto& s = none.history[0];
+    s.train_loss = s.train_acc = s.images_per_second = nan;
+    const auto back = parse_checkpoint(serialize_checkpoint(none), "none").history[0];
+    EXPECT_TRUE(std::isnan(back.train_loss) && std::isnan(back.train_acc) &&
+                std::isnan(back.images_per_second));
+  }
+  auto edges = small_checkpoint();
+  auto& s = edges.history[0];
+  s.epochs = 1;  // its own number
+  s.tflops = 200000;  // 10^5 for each of the 2 devices
+  s.mfu = 1;
+  s.peak_host_bytes = 1125899906842624.0;  // 2^50
+  s.peak_device_bytes = 0;
+  s.gpu_ms_per_step = 0;
+  const auto back = parse_checkpoint(serialize_checkpoint(edges), "edges").history[0];
+  EXPECT_EQ(back.epochs, 1);
+  EXPECT_EQ(back.tflops, 200000);
+  EXPECT_EQ(back.mfu, 1);
+  EXPECT_EQ(back.peak_host_bytes, 1125899906842624.0);
+  EXPECT_EQ(back.peak_device_bytes, 0);
+  EXPECT_EQ(back.gpu_ms_per_step, 0);
+  // The defaults (NaN for every efficiency figure) read back as NaN.
+  const auto plain = parse_checkpoint(serialize_checkpoint(small_checkpoint()), "p").history[0];
+  for (const double figure : {plain.gpu_ms_per_step, plain.tflops, plain.mfu,
+                              plain.peak_host_bytes, plain.peak_device_bytes}) {
+    EXPECT_TRUE(std::isnan(figure)) << figure;
+  }
+}
+
+// "dptrain.width" 64 over a width-4 run state, or "dptrain.test_acc" 0.9999, was accepted, and
+// PyPI safetensors' metadata view showed the false figures. Metadata that repeats the run state
+// must agree with it (Note [Metadata that repeats the run state agrees with it]).
+TEST(CheckpointFormat, MetadataThatContradictsTheRunStateIsRefused) {
+  const auto bytes = serialize_checkpoint(small_checkpoint());
+  const std::string header = header_of(bytes);
+  const auto edited = [&](const std::string& from, const std::string& to) {
+    return redigested(with_header(bytes, replaced(header, from, to)));
+  };
+  const auto refused = [&](const std::string& from, const std::string& to,
+                           const std::string& phrase) {
+    SCOPED_TRACE(to);
+    expect_data_error([&] { parse_checkpoint(edited(from, to), "meta.safetensors"); },
+                      {"meta.safetensors: corrupt: metadata " + phrase});
+  };
+  refused("\"dptrain.width\":\"4\"", "\"dptrain.width\":\"64\"",
+          "dptrain.width is \"64\" where the run state gives \"4\"");
+  refused("\"dptrain.width\":\"4\"", "\"dptrain.width\":\"04\"",
+          "dptrain.width is \"04\" where the run state gives \"4\"");
+  refused("\"dptrain.num_classes\":\"10\"", "\"dptrain.num_classes\":\"1000\"",
+          "dptrain.num_classes is \"1000\" where the run state gives \"10\"");
+  refused("\"dptrain.in_channels\":\"1\"", "\"dptrain.in_channels\":\"3\"",
+          "dptrain.in_channels is \"3\"");
+  refused("\"dptrain.epochs_done\":\"1\"", "\"dptrain.epochs_done\":\"90\"",
+          "dptrain.epochs_done is \"90\" where the run state gives \"1\"");
+  refused("\"dptrain.train_digest\":\"dd", "\"dptrain.train_digest\":\"\\u001b[2Jd",
+          "dptrain.train_digest is \"\\x1b[2J");
+  refused("\"dptrain.test_acc\":\"0.5000000000000001\"", "\"dptrain.test_acc\":\"0.9999\"",
+          "dptrain.test_acc is \"0.9999\" where the run state gives \"0.5000000000000001\"");
+  refused("\"dptrain.test_acc\":\"0.5000000000000001\"", "\"dptrain.test_acc\":\"0.5\"",
+          "dptrain.test_acc is \"0.5\"");
+  refused("\"dptrain.test_acc\":\"0.5000000000000001\"",
+          "\"dptrain.test_acc\":\" 0.5000000000000001\"", "dptrain.test_acc is \" 0.5");
+  // The same accuracy in another JSON spelling says nothing false; a key left out neither.
+  for (const std::string same : {"5.000000000000001e-1", "0.50000000000000010"}) {
+    EXPECT_NO_THROW(parse_checkpoint(
+        edited("\"dptrain.test_acc\":\"0.5000000000000001\"",
+               "\"dptrain.test_acc\":\"" + same + "\""), "same"))
+        << same;
+  }
+  EXPECT_NO_THROW(parse_checkpoint(edited("\"dptrain.width\":\"4\",", ""), "no width"));
+  // No finished epoch, no last test accuracy.
+  auto fresh = small_checkpoint();
+  fresh.epochs_done = 0;
+  fresh.global_step = 3;
+  fresh.history.clear();
+  const auto fresh_bytes = serialize_checkpoint(fresh);
+  EXPECT_EQ(header_of(fresh_bytes).find("dptrain.test_acc"), std::string::npos);
+  expect_data_error(
+      [&] {
+        parse_checkpoint(redigested(with_header(
+                             fresh_bytes, replaced(header_of(fresh_bytes), "\"dptrain.width\"",
+                                                   "\"dptrain.test_acc\":\"0.9\",\"dptrain.width\""))),
+                         "fresh");
+      },
+      {"fresh: corrupt: metadata dptrain.test_acc is \"0.9\" where the run state gives none (no "
+       "epoch is finished)"});
+}
+
+// A width of -4 built a model first and said "ResNet options must be positive", naming no file;
+// 2^63 - 1 blamed the machine ("cannot hold a width-9223372036854775807 model"). The width a
+// file claims is checked first, and a corrupt file is called corrupt, for every reader.
+TEST(CheckpointBound, AWidthNoRunHasIsCorruptBeforeAnyModelOrBoundIsMade) {
+  TempDir dir;
+  AcceptedModel small_machine = accepted_in_memory(/*model_tensors=*/true);
+  small_machine.max_width = 64;
+  small_machine.available_bytes = int64_t{1} << 30;
+  const AcceptedModel readers[] = {accepted_in_memory(/*model_tensors=*/true), small_machine,
+                                   accepted_in_memory(/*model_tensors=*/false)};
+  for (const int64_t width : {int64_t{-4}, int64_t{0}, int64_t{4097}, INT64_MAX, INT64_MIN}) {
+    SCOPED_TRACE("width " + std::to_string(width));
+    const std::string phrase = ": corrupt: impossible contents: width is " +
+                               std::to_string(width) + " (dptrain writes 1 to 4096)";
+    Checkpoint c = model_checkpoint(1);
+    c.config.width = width;
+    const std::string path = dir.file("w.safetensors");
+    write_bytes(path, serialize_checkpoint(c));
+    for (const auto& accepted : readers) {
+      expect_data_error([&] { read_checkpoint(path, "checkpoint", accepted); },
+                        {"checkpoint " + path + phrase});
+      expect_data_error([&] { read_model_weights(path, "--model", accepted); },
+                        {"--model " + path + phrase});
+    }
+    // A run's own width, from the flag or not: the file is corrupt, not another model's.
+    expect_data_error([&] { read_checkpoint(path, "checkpoint", accepted_run_model(1)); },
+                      {"checkpoint " + path + phrase});
+    expect_data_error(
+        [&] { read_model_weights(path, "--model", accepted_run_model(1, true)); },
+        {"--model " + path + phrase});
+    const std::string old = dir.file("w.dpt");
+    write_bytes(old, serialize_checkpoint(legacy(c)));
+    expect_data_error([&] { read_checkpoint(old, "checkpoint", small_machine); },
+                      {"checkpoint " + old + phrase});
+  }
 }
 
 // Names found in a checkpoint directory reached the terminal raw, escape sequences and all.

@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <memory>
 
 #include "dptrain/train/device_peak.h"
@@ -62,6 +63,30 @@ TEST(DevicePeak, TheCpuHasNoneUnlessTheFlagGivesIt) {
   EXPECT_TRUE(std::isnan(device_peak_tflops(options, torch::kCPU)));
   options.peak_tflops = 2.5;
   EXPECT_EQ(device_peak_tflops(options, torch::kCPU), 2.5);
+}
+
+// Issue 51: --peak-tflops 1e-308 gave an MFU of 3e306. An MFU is a fraction of the devices'
+// summed peak; a run that outpaces the peak it was given has none (Note [A plausible device's
+// peak]).
+TEST(DevicePeak, AnMfuIsAFractionFromZeroToOneOrNone) {
+  EXPECT_EQ(model_flops_utilization(0.5, 1.0, 2), 0.25);
+  EXPECT_EQ(model_flops_utilization(2.0, 1.0, 2), 1.0);
+  EXPECT_EQ(model_flops_utilization(0.0, 1.0, 1), 0.0);
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  EXPECT_TRUE(std::isnan(model_flops_utilization(2.0000001, 1.0, 2)));
+  EXPECT_TRUE(std::isnan(model_flops_utilization(1e-3, kMinPeakTflops, 1)));
+  EXPECT_TRUE(std::isnan(model_flops_utilization(nan, 1.0, 1)));
+  EXPECT_TRUE(std::isnan(model_flops_utilization(1.0, nan, 1)));
+  EXPECT_EQ(kMinPeakTflops, 1e-6);
+  EXPECT_EQ(kMaxPeakTflops, 1e5);
+  // Every GPU in the table lies between the bounds, at every precision.
+  for (const char* name : {"NVIDIA H200", "NVIDIA L4", "NVIDIA A30"}) {
+    for (const auto precision :
+         {PeakPrecision::kBFloat16, PeakPrecision::kTf32, PeakPrecision::kFloat32}) {
+      const double peak = *table_peak_tflops(name, precision);
+      EXPECT_TRUE(peak >= kMinPeakTflops && peak <= kMaxPeakTflops) << name << " " << peak;
+    }
+  }
 }
 
 TEST(DevicePeak, TheFlagWinsOverTheTableOnAGpu) {

@@ -41,6 +41,21 @@ TEST(MemoryBudget, RefusesWhatDoesNotFitNamingBothFlags) {
   EXPECT_THROW(check_host_memory(16, 1000, 2, one + 1), UsageError);
 }
 
+// Issue 51: the estimate saturated at 2^63 - 1 bytes, and the message then named 8589934592.0
+// GiB whatever the sizes. The figure is the estimate's own, however large.
+TEST(MemoryBudget, TheNeededFigureIsTheEstimateNeverASaturatedOne) {
+  try {
+    check_host_memory(int64_t{1} << 20, int64_t{1} << 40, 1, 24 * kGiB);
+    ADD_FAILURE() << "no UsageError";
+  } catch (const UsageError& e) {
+    // 2 x 25 x 784 values an example per unit of width, 4 bytes each, at width 2^20 and 2^40
+    // examples: 1.81e23 bytes (1.68e14 GiB) of activations, far past 2^63 bytes (8.6e9 GiB).
+    const std::string message = e.what();
+    EXPECT_NE(message.find("need about 1683627627064"), std::string::npos) << message;
+    EXPECT_EQ(message.find("8589934592.0"), std::string::npos) << message;
+  }
+}
+
 TEST(MemoryBudget, NeededAndLeftAreNeverPrintedAlike) {
   // Just over what is left: at one digit both read "0.3 GiB"; the message uses the digits it
   // takes to tell them apart, and the figure it names as needed is the larger.

@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <limits>
@@ -136,6 +137,62 @@ SafetensorsMetadata metadata_of(const Checkpoint& c) {
   m["dptrain.train_digest"] = c.config.train_digest;
   if (!c.history.empty()) m["dptrain.test_acc"] = figure_text(c.history.back().test_acc);
   return m;
+}
+
+// Note [Metadata that repeats the run state agrees with it]
+// Of metadata_of's keys, six repeat the run state for viewers that never parse it (the width,
+// classes, input channels, epochs done, training set's digest, last test accuracy). The digest
+// covers them, but a file made to fit its digest could say "dptrain.width" 64 over a width-4 run
+// state, or "dptrain.test_acc" 0.9999, and PyPI safetensors' metadata view showed the false
+// figure while dptrain read the run state. Each such key, where present, must say what the run
+// state says: the integers and the digest in metadata_of's very text ("064" is refused), the
+// accuracy as a JSON number of exactly the run state's value (the writer's shortest-form text is
+// nlohmann's, which is not every reader's; scripts/read_checkpoint.py applies the same rule), and
+// "dptrain.test_acc" only after a finished epoch. The others ("dptrain.version",
+// "dptrain.libtorch", "format") say who wrote the file, which nothing read can confirm or deny.
+bool is_json_number(const std::string& text) {
+  size_t i = 0;
+  const auto digits = [&] {
+    const size_t start = i;
+    while (i < text.size() && text[i] >= '0' && text[i] <= '9') ++i;
+    return i > start;
+  };
+  if (i < text.size() && text[i] == '-') ++i;
+  if (i < text.size() && text[i] == '0') {
+    ++i;
+  } else if (!digits()) {
+    return false;
+  }
+  if (i < text.size() && text[i] == '.' && (++i, !digits())) return false;
+  if (i < text.size() && (text[i] == 'e' || text[i] == 'E')) {
+    ++i;
+    if (i < text.size() && (text[i] == '+' || text[i] == '-')) ++i;
+    if (!digits()) return false;
+  }
+  return i == text.size();
+}
+
+void check_repeated_metadata(const SafetensorsMetadata& metadata, const Checkpoint& c,
+                             const std::string& label) {
+  const SafetensorsMetadata expected = metadata_of(c);
+  for (const char* key : {"dptrain.width", "dptrain.num_classes", "dptrain.in_channels",
+                          "dptrain.epochs_done", "dptrain.train_digest", "dptrain.test_acc"}) {
+    const auto found = metadata.find(key);
+    if (found == metadata.end()) continue;
+    const auto want = expected.find(key);
+    if (want != expected.end()) {
+      const std::string& text = found->second;
+      if (text == want->second) continue;
+      if (key == std::string("dptrain.test_acc") && is_json_number(text) &&
+          std::strtod(text.c_str(), nullptr) == c.history.back().test_acc) {
+        continue;
+      }
+    }
+    throw DataError(label + ": corrupt: metadata " + key + " is \"" +
+                    printable(found->second.substr(0, 80)) + "\" where the run state gives " +
+                    (want == expected.end() ? std::string("none (no epoch is finished)")
+                                            : "\"" + printable(want->second) + "\""));
+  }
 }
 
 // A file that is neither DPTRNCKP nor plausibly safetensors (too short, a header length past the
@@ -268,6 +325,7 @@ Checkpoint checkpoint_from(const SafetensorsHeader& header, const uint8_t* data,
   c.format_version = kCheckpointFormatVersion;
   c.kind = kind->second == "model" ? CheckpointKind::kModel : CheckpointKind::kCheckpoint;
   check_checkpoint_contents(c, label);
+  check_repeated_metadata(header.metadata, c, label);
   c.tensors = safetensors_tensors(header, data);
   check_checkpoint_tensors(c.tensors, label);
   return c;
@@ -401,6 +459,7 @@ AcceptedModel accepted_run_model(int64_t width, bool width_from_flag) {
 }
 
 int64_t accepted_width(int64_t claimed, const AcceptedModel& accepted, const std::string& label) {
+  check_claimed_width(claimed, label);  // a corrupt file is called so, not a machine too small
   const std::string w = std::to_string(claimed);
   if (accepted.width > 0 && claimed != accepted.width) {
     if (accepted.width_from_flag) {
@@ -412,7 +471,7 @@ int64_t accepted_width(int64_t claimed, const AcceptedModel& accepted, const std
                     std::to_string(accepted.width) + "); not read");
   }
   if (claimed <= accepted.max_width) return claimed;
-  if (accepted.available_bytes > 0) {
+  if (accepted.available_bytes > 0) {  // claimed <= kMaxWidth: the bound below is its own
     const auto gib = [](double bytes) {
       char text[32];
       std::snprintf(text, sizeof text, "%.2f GiB", bytes / (1 << 30));
@@ -425,8 +484,8 @@ int64_t accepted_width(int64_t claimed, const AcceptedModel& accepted, const std
         (accepted.address_space_limit ? " under ulimit -v" : "") + " (at most width " +
         std::to_string(accepted.max_width) + "); not read");
   }
-  throw DataError(label + ": claims a model of width " + w + ", wider than any dptrain builds (" +
-                  std::to_string(kMaxWidth) + "); not read");
+  throw DataError(label + ": claims a model of width " + w + ", wider than this run reads (" +
+                  std::to_string(accepted.max_width) + "); not read");
 }
 
 AcceptedModel accepted_in_memory(bool model_tensors) {

@@ -12,6 +12,7 @@
 
 #include "dptrain/core/errors.h"
 #include "dptrain/core/files.h"
+#include "dptrain/train/device_peak.h"
 
 namespace dptrain {
 namespace {
@@ -27,6 +28,9 @@ constexpr int64_t kMaxEpochs = 1000000;
 // these would garble the epoch line and the final line (fixed buffers of 256 and 128 bytes).
 constexpr double kMaxSeconds = 1e9;
 constexpr double kMaxImagesPerSecond = 1e12;
+// No host nor device holds a pebibyte (the largest hosts sold today hold some 32 TiB, the largest
+// GPUs 288 GB); below 2^53 a double holds every whole byte count exactly.
+constexpr double kMaxBytes = 1125899906842624.0;  // 2^50
 
 // "is 1000000, ..." for the impossible-contents messages.
 std::string value_text(double value) {
@@ -57,6 +61,18 @@ std::string value_text(double value) {
 // emptied one would pass for version 1, which has none, and skip the comparison). The weights
 // themselves are finite, and a BatchNorm running variance >= 0 (check_checkpoint_tensors): a
 // resume from anything else fails only later, with advice about --lr that does not apply.
+// The efficiency figures get their ranges too (a history claiming -5 TFLOP/s, an MFU of 1e300 or
+// a peak of -1 bytes was resumed and republished in the new run's metrics): each is NaN where the
+// writer writes "no figure" (the GPU's milliseconds, the TFLOP/s of an epoch of no seconds, an
+// MFU without a known peak, the memory peaks where none is read), else an MFU is a fraction from
+// 0 to 1 (the writer gives no MFU above 1, Note [A plausible device's peak] in device_peak.h,
+// and a double read back is the double written, so no slack is needed), a TFLOP/s figure at most
+// kMaxPeakTflops a device, a byte count a whole number below a pebibyte. An epoch in which every
+// step was skipped has no training loss, accuracy or speed: NaN there is a run's too. Every epoch
+// lies inside its own run (1 <= epoch <= epochs <= 10^6; a resumed run may have changed --epochs,
+// so the entries need not agree on it). The width is checked before anything else uses it
+// (check_claimed_width): the size bound and the model built for the tensors' shapes read it
+// before the rest of the contents.
 namespace {
 
 // The contents checks' one wording: every refusal names the file, the field, its value and why.
@@ -65,13 +81,18 @@ class ContentsCheck {
   explicit ContentsCheck(const std::string& label) : label_(label) {}
   [[noreturn]] void impossible(const std::string& field, double value,
                                const std::string& why) const {
-    throw DataError(label_ + ": corrupt: impossible contents: " + field + " is " +
-                    value_text(value) + " (" + why + ")");
+    impossible_text(field, value_text(value), why);
   }
+  [[noreturn]] void impossible_text(const std::string& field, const std::string& value,
+                                    const std::string& why) const {
+    throw DataError(label_ + ": corrupt: impossible contents: " + field + " is " + value + " (" +
+                    why + ")");
+  }
+  // An integer setting, named in full (a width of 2^63 - 1 as 9223372036854775807).
   void in_range(const char* field, int64_t value, int64_t low, int64_t high) const {
     if (value < low || value > high) {
-      impossible(field, static_cast<double>(value),
-                 "dptrain writes " + std::to_string(low) + " to " + std::to_string(high));
+      impossible_text(field, std::to_string(value),
+                      "dptrain writes " + std::to_string(low) + " to " + std::to_string(high));
     }
   }
   void finite_at_least_zero(const std::string& field, double value) const {
@@ -83,6 +104,16 @@ class ContentsCheck {
   void seconds(const std::string& field, double value) const {
     if (value > kMaxSeconds) {
       impossible(field, value, "at most " + value_text(kMaxSeconds) + ", some 31 years");
+    }
+  }
+  // A figure the writer leaves NaN where it has none, else from `low` to `high`.
+  void figure(const std::string& field, double value, double low, double high,
+              const std::string& why) const {
+    if (!std::isnan(value) && !(value >= low && value <= high)) impossible(field, value, why);
+  }
+  void bytes(const std::string& field, double value) const {
+    if (!std::isnan(value) && !(value >= 0 && value <= kMaxBytes && value == std::trunc(value))) {
+      impossible(field, value, "nan, or a whole number of bytes from 0 to 2^50");
     }
   }
 
@@ -106,7 +137,7 @@ EpochShape epoch_shape(const CheckpointConfig& config) {
 // The run's settings, each in the range the flags allow (checked before anything divides by them).
 void check_config(const Checkpoint& c, const ContentsCheck& check) {
   const auto& config = c.config;
-  check.in_range("width", config.width, 1, kMaxWidth);
+  check.in_range("width", config.width, 1, kMaxWidth);  // as check_claimed_width
   check.in_range("the class count", config.num_classes, 1, kMaxClassesOrChannels);
   check.in_range("the input channel count", config.in_channels, 1, kMaxClassesOrChannels);
   check.in_range("the batch size", config.batch_size, 1, kMaxCount);
@@ -191,31 +222,48 @@ void check_history(const Checkpoint& c, const ContentsCheck& check, const EpochS
       check.impossible(at + "its number", static_cast<double>(s.epoch),
                        "the epochs are numbered 1, 2, ...");
     }
+    if (s.epochs < s.epoch || s.epochs > kMaxEpochs) {
+      check.impossible(at + "the run's epochs", static_cast<double>(s.epochs),
+                       "from its number, " + std::to_string(s.epoch) + ", to " +
+                           value_text(kMaxEpochs));
+    }
     check.loss(at + "train loss", s.train_loss);
     check.loss(at + "test loss", s.test_loss);
     for (const auto& [field, value] :
          {std::pair<const char*, double>{"seconds", s.seconds},
-          {"images per second", s.images_per_second}, {"steps", static_cast<double>(s.steps)}}) {
+          {"steps", static_cast<double>(s.steps)}}) {
       check.finite_at_least_zero(at + field, value);
     }
     check.seconds(at + "seconds", s.seconds);
-    if (s.images_per_second > kMaxImagesPerSecond) {
-      check.impossible(at + "images per second", s.images_per_second,
-                       "at most " + value_text(kMaxImagesPerSecond));
-    }
+    check.figure(at + "images per second", s.images_per_second, 0, kMaxImagesPerSecond,
+                 "nan, or from 0 to " + value_text(kMaxImagesPerSecond));
     if (s.steps > epoch.steps)
       check.impossible(at + "steps", static_cast<double>(s.steps), epoch.text);
-    for (const auto& [field, value] :
-         {std::pair<const char*, double>{"train accuracy", s.train_acc},
-          {"test accuracy", s.test_acc}}) {
-      if (!(value >= 0 && value <= 1)) {
-        check.impossible(at + field, value, "an accuracy from 0 to 1");
-      }
+    check.figure(at + "train accuracy", s.train_acc, 0, 1, "nan, or an accuracy from 0 to 1");
+    if (!(s.test_acc >= 0 && s.test_acc <= 1)) {
+      check.impossible(at + "test accuracy", s.test_acc, "an accuracy from 0 to 1");
     }
+    check.figure(at + "GPU milliseconds per step", s.gpu_ms_per_step, 0, kMaxSeconds * 1000,
+                 "nan, or from 0 to " + value_text(kMaxSeconds * 1000));
+    const double max_tflops = kMaxPeakTflops * static_cast<double>(c.config.world_size);
+    check.figure(at + "TFLOP/s", s.tflops, 0, max_tflops,
+                 "nan, or from 0 to " + value_text(max_tflops) + ": " +
+                     value_text(kMaxPeakTflops) + " a device, in a world of " +
+                     std::to_string(c.config.world_size));
+    check.figure(at + "MFU", s.mfu, 0, 1, "nan, or a fraction from 0 to 1");
+    if (!std::isnan(s.mfu) && std::isnan(s.tflops)) {
+      check.impossible(at + "MFU", s.mfu, "of nan TFLOP/s: nan");
+    }
+    check.bytes(at + "peak host bytes", s.peak_host_bytes);
+    check.bytes(at + "peak device bytes", s.peak_device_bytes);
   }
 }
 
 }  // namespace
+
+void check_claimed_width(int64_t width, const std::string& label) {
+  ContentsCheck(label).in_range("width", width, 1, kMaxWidth);
+}
 
 void check_checkpoint_contents(const Checkpoint& c, const std::string& label) {
   const ContentsCheck check(label);
@@ -431,7 +479,9 @@ Checkpoint parse_run_state(const std::string& text, const std::string& label) {
 int64_t run_state_width(const std::string& text, const std::string& label) {
   const Json state = parse_json(text, label);
   const RunStateReader r(label);
-  return r.integer(r.object(state, "config", ""), "width", "config");
+  const int64_t width = r.integer(r.object(state, "config", ""), "width", "config");
+  check_claimed_width(width, label);
+  return width;
 }
 
 std::string figure_text(double value) {

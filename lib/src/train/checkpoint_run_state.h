@@ -44,8 +44,14 @@ std::string run_state_text(const Checkpoint& checkpoint);
 // does not know are left alone. The contents are not checked here (check_checkpoint_contents).
 Checkpoint parse_run_state(const std::string& text, const std::string& label);
 
-// The width the run state claims (for a size bound before the rest is read); DataError as above.
+// The width the run state claims (for a size bound before the rest is read); DataError as above,
+// or as check_claimed_width's.
 int64_t run_state_width(const std::string& text, const std::string& label);
+
+// A width a file claims, from 1 to kMaxWidth, checked before the size bound or a model of it is
+// built: else a DataError "<label>: corrupt: impossible contents: width is -4 (dptrain writes 1
+// to 4096)", the words of check_checkpoint_contents.
+void check_claimed_width(int64_t width, const std::string& label);
 
 // A figure as the run state writes it: "0.125", or "nan", "inf", "-inf".
 std::string figure_text(double value);

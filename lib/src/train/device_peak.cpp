@@ -97,6 +97,11 @@ std::optional<double> table_peak_tflops(const std::string& gpu_name, PeakPrecisi
   return std::nullopt;
 }
 
+double model_flops_utilization(double tflops, double peak_tflops, int64_t world_size) {
+  const double mfu = tflops / (peak_tflops * static_cast<double>(world_size));
+  return mfu >= 0 && mfu <= 1 ? mfu : kNaN;
+}
+
 double device_peak_tflops(const TrainOptions& options, const torch::Device& device) {
   if (options.peak_tflops) return *options.peak_tflops;
 #if defined(DPTRAIN_WITH_CUDA)

@@ -43,14 +43,20 @@ std::pair<std::string, std::string> distinct_gibibytes(double needed, double lef
           std::to_string(static_cast<int64_t>(left)) + " bytes"};
 }
 
-}  // namespace
-
-int64_t estimate_training_bytes(int64_t width, int64_t shard_batch) {
+// The estimate in a double, which holds it for any width and batch an int64_t can name (at most
+// some 10^45 bytes): the figure a message shows is the estimate, never a saturated one.
+double training_bytes(int64_t width, int64_t shard_batch) {
   const double w = static_cast<double>(width);
   const double weights = kParametersPerWidthSquared * w * w * kFloatBytes * kWeightCopies;
   const double activations =
       kActivationValuesPerExamplePerWidth * w * static_cast<double>(shard_batch) * kFloatBytes;
-  const double total = weights + activations;
+  return weights + activations;
+}
+
+}  // namespace
+
+int64_t estimate_training_bytes(int64_t width, int64_t shard_batch) {
+  const double total = training_bytes(width, shard_batch);
   return total > 9.0e18 ? INT64_MAX : static_cast<int64_t>(total);
 }
 
@@ -92,13 +98,11 @@ std::optional<int64_t> address_space_room() {
 
 void check_host_memory(int64_t width, int64_t shard_batch, int replicas_on_host,
                        const AvailableMemory& available, const std::string& sizes) {
-  const double needed =
-      static_cast<double>(estimate_training_bytes(width, shard_batch)) * replicas_on_host;
+  const double needed = training_bytes(width, shard_batch) * replicas_on_host;
   if (needed <= static_cast<double>(available.bytes)) return;
   // A model too wide for the machine at one example per replica cannot be helped by the batch.
   const bool width_alone =
-      static_cast<double>(estimate_training_bytes(width, 1)) * replicas_on_host >
-      static_cast<double>(available.bytes);
+      training_bytes(width, 1) * replicas_on_host > static_cast<double>(available.bytes);
   const std::string advice =
       width_alone ? "even one example per replica does not fit: this machine cannot hold a width-" +
                         std::to_string(width) + " model"

@@ -733,7 +733,8 @@ EpochStats RankTraining::finish_epoch(double seconds) {
   const auto per_image = kTrainingPassesPerImage * forward;
   const double flops = static_cast<double>(per_image) * static_cast<double>(at_.images);
   stats.tflops = seconds > 0 ? flops / seconds / 1e12 : std::numeric_limits<double>::quiet_NaN();
-  stats.mfu = stats.tflops / (device_peak_tflops(options_, plan_.device) * plan_.world_size);
+  stats.mfu = model_flops_utilization(stats.tflops, device_peak_tflops(options_, plan_.device),
+                                      plan_.world_size);
   stats.peak_host_bytes = peak_host_bytes();
   stats.peak_device_bytes = peak_device_bytes(plan_.device);
   return stats;

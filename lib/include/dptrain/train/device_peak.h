@@ -7,6 +7,7 @@
 
 #include <torch/types.h>
 
+#include <cstdint>
 #include <optional>
 #include <string>
 
@@ -31,6 +32,25 @@ PeakPrecision peak_precision(Amp amp, bool convolutions_tf32);
 // `precision`, from NVIDIA's datasheets; nullopt for a GPU not in the table (a consumer card,
 // a GPU older than Ampere, a name that differs in a character).
 std::optional<double> table_peak_tflops(const std::string& gpu_name, PeakPrecision precision);
+
+// Note [A plausible device's peak]
+// A peak is a device's, so --peak-tflops takes one a device can have: from kMinPeakTflops, 10^-6
+// TFLOP/s (1 MFLOP/s, the order of an 80387 coprocessor of 1987; every CPU LibTorch runs on,
+// x86-64 with SSE2 or AArch64 with NEON, does a GFLOP/s a core and more), to kMaxPeakTflops,
+// 10^5 TFLOP/s (100 PFLOP/s; the fastest GPUs listed today, NVIDIA's Blackwell, do about 2,500
+// TFLOP/s dense in bf16 and at most some 15,000 dense at any precision, FP4). 1e-308 gave an MFU
+// of 3e306. A run's TFLOP/s stays below kMaxPeakTflops a device too, which bounds what a
+// checkpoint may claim (check_checkpoint_contents). An MFU is at most 1: a run whose counted
+// FLOPs a second exceed the peak (a --peak-tflops below the device's real one) measured against
+// no real peak, and gets no MFU (NaN, as where no peak is known) rather than a figure above 1.
+// The run never stops for it: the figure is a report, the training is the run's purpose.
+constexpr double kMinPeakTflops = 1e-6;
+constexpr double kMaxPeakTflops = 1e5;
+
+// The MFU of an epoch that reached `tflops` on `world_size` devices of `peak_tflops` each: its
+// fraction of their summed peak, from 0 to 1; NaN where either figure is NaN or the fraction is
+// above 1 (Note [A plausible device's peak]).
+double model_flops_utilization(double tflops, double peak_tflops, int64_t world_size);
 
 // The peak of one rank's device for this run, in TFLOP/s: options.peak_tflops when given
 // (--peak-tflops); else on CUDA the table's figure for the device at the run's precision (read
