@@ -193,9 +193,12 @@ void check_history(const Checkpoint& c, const ContentsCheck& check, const EpochS
     }
     check.loss(at + "train loss", s.train_loss);
     check.loss(at + "test loss", s.test_loss);
+    // An epoch in which no step trained has no train accuracy or pace: NaN (Note [An epoch
+    // without a trained step] in rank.cpp).
     for (const auto& [field, value] :
          {std::pair<const char*, double>{"seconds", s.seconds},
-          {"images per second", s.images_per_second}, {"steps", static_cast<double>(s.steps)}}) {
+          {"images per second", std::isnan(s.images_per_second) ? 0.0 : s.images_per_second},
+          {"steps", static_cast<double>(s.steps)}}) {
       check.finite_at_least_zero(at + field, value);
     }
     check.seconds(at + "seconds", s.seconds);
@@ -206,7 +209,8 @@ void check_history(const Checkpoint& c, const ContentsCheck& check, const EpochS
     if (s.steps > epoch.steps)
       check.impossible(at + "steps", static_cast<double>(s.steps), epoch.text);
     for (const auto& [field, value] :
-         {std::pair<const char*, double>{"train accuracy", s.train_acc},
+         {std::pair<const char*, double>{"train accuracy",
+                                         std::isnan(s.train_acc) ? 0.0 : s.train_acc},
           {"test accuracy", s.test_acc}}) {
       if (!(value >= 0 && value <= 1)) {
         check.impossible(at + field, value, "an accuracy from 0 to 1");
