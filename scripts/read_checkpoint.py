@@ -431,9 +431,10 @@ def check_contents(c, fail):
             impossible(at + "its number", s["epoch"], "the epochs are numbered 1, 2, ...")
         loss(at + "train loss", s["train_loss"])
         loss(at + "test loss", s["test_loss"])
+        # An epoch in which no step trained has no train loss, accuracy or pace: all NaN.
+        untrained = math.isnan(s["train_loss"])
         for key in ("seconds", "images_per_second", "steps"):
-            # An epoch in which no step trained has no pace (nor train accuracy): NaN.
-            if not (key == "images_per_second" and math.isnan(s[key])):
+            if not (key == "images_per_second" and untrained and math.isnan(s[key])):
                 at_least_zero(at + key.replace("_", " "), s[key])
         if s["seconds"] > MAX_SECONDS:
             impossible(at + "seconds", s["seconds"], f"at most {value_text(MAX_SECONDS)}, some 31 "
@@ -444,7 +445,8 @@ def check_contents(c, fail):
         if s["steps"] > steps:
             impossible(at + "steps", s["steps"], shape)
         for key in ("train_acc", "test_acc"):
-            if not 0 <= s[key] <= 1 and not (key == "train_acc" and math.isnan(s[key])):
+            if not 0 <= s[key] <= 1 and not (key == "train_acc" and untrained
+                                                and math.isnan(s[key])):
                 impossible(at + key.replace("_acc", " accuracy"), s[key], "an accuracy from 0 to 1")
 
 

@@ -193,11 +193,13 @@ void check_history(const Checkpoint& c, const ContentsCheck& check, const EpochS
     }
     check.loss(at + "train loss", s.train_loss);
     check.loss(at + "test loss", s.test_loss);
-    // An epoch in which no step trained has no train accuracy or pace: NaN (Note [An epoch
-    // without a trained step] in rank.cpp).
+    // An epoch in which no step trained has no train loss, accuracy or pace: all three NaN
+    // (Note [An epoch without a trained step] in rank.cpp); a trained epoch's loss is finite.
+    const bool untrained = std::isnan(s.train_loss);
     for (const auto& [field, value] :
          {std::pair<const char*, double>{"seconds", s.seconds},
-          {"images per second", std::isnan(s.images_per_second) ? 0.0 : s.images_per_second},
+          {"images per second",
+           untrained && std::isnan(s.images_per_second) ? 0.0 : s.images_per_second},
           {"steps", static_cast<double>(s.steps)}}) {
       check.finite_at_least_zero(at + field, value);
     }
@@ -210,7 +212,7 @@ void check_history(const Checkpoint& c, const ContentsCheck& check, const EpochS
       check.impossible(at + "steps", static_cast<double>(s.steps), epoch.text);
     for (const auto& [field, value] :
          {std::pair<const char*, double>{"train accuracy",
-                                         std::isnan(s.train_acc) ? 0.0 : s.train_acc},
+                                         untrained && std::isnan(s.train_acc) ? 0.0 : s.train_acc},
           {"test accuracy", s.test_acc}}) {
       if (!(value >= 0 && value <= 1)) {
         check.impossible(at + field, value, "an accuracy from 0 to 1");
