@@ -649,7 +649,7 @@ TEST_P(Resume, NonFiniteSkipAnEpochWithoutATrainedStepHasNoTrainingFigures) {
   EXPECT_NE(message.find("--save-model " + *options.save_model + " was not written"),
             std::string::npos)
       << message;
-  EXPECT_FALSE(testing::path_exists(*options.save_model));
+  EXPECT_FALSE(path_exists(*options.save_model));
   ASSERT_EQ(reported.size(), 2u);
   for (const auto& s : reported) {
     EXPECT_TRUE(std::isnan(s.train_loss)) << s.epoch;
