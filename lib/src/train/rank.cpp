@@ -745,7 +745,8 @@ EpochStats RankTraining::finish_epoch(double seconds, int64_t skipped_steps) {
   // 0 examples, and 0/0 is no loss, accuracy or pace: a 0.0000 loss would read as a perfect
   // fit. The figures are then NaN, which every writer already knows as "no figure": "-" in the
   // epoch line, null in JSON Lines and an empty CSV field, no TensorBoard point, "nan" in a
-  // checkpoint's run state (whose reader accepts NaN for these three) and a gap in the plot.
+  // checkpoint's run state (whose checks accept NaN for the accuracy and the pace only beside
+  // a NaN loss, which a trained epoch never has) and a gap in the plot.
   // The test loss and accuracy stay: the weights are evaluated all the same.
   const bool trained = train.count > 0;
   const double none = std::numeric_limits<double>::quiet_NaN();
