@@ -147,9 +147,10 @@ void add_output_flags(cxxopts::Options& options, bool training) {
         ("plot", "draw test accuracy, train loss and train accuracy per epoch into FILE.svg "
                  "(a failed write: as for --metrics)",
          cxxopts::value<std::string>(), "FILE")
-        ("tensorboard", "write TensorBoard event files into DIR (made if missing; view with "
-                        "tensorboard --logdir DIR): each epoch's figures, the running training "
-                        "loss, the settings",
+        ("tensorboard", "write TensorBoard event files into a folder per run in DIR, "
+                        "DIR/run-N (DIR made if missing; a resume continues its run's folder; "
+                        "view with tensorboard --logdir DIR): each epoch's figures, the running "
+                        "training loss, the settings",
          cxxopts::value<std::string>(), "DIR")
         ("tensorboard-every", "steps between the points of the running training loss in "
                               "--tensorboard (default 25, as often as a GPU run's host checks)",

@@ -154,7 +154,11 @@ OutputLocks check_train_outputs(const dptrain::TrainCommand& command, bool write
   if (command.options.save_model) outputs.push_back({"--save-model", *command.options.save_model});
   if (command.metrics) outputs.push_back({"--metrics", *command.metrics});
   if (command.plot) outputs.push_back({"--plot", *command.plot});
-  if (command.tensorboard) outputs.push_back({"--tensorboard", *command.tensorboard});
+  if (command.tensorboard) {
+    outputs.push_back({"--tensorboard", *command.tensorboard});
+    outputs.push_back({"--tensorboard's lock file",
+                       dptrain::OutputLock::directory_lock_path(*command.tensorboard)});
+  }
   dptrain::check_distinct_files(outputs, data_files(command.data_dir));
   if (command.options.checkpoint_dir) {
     dptrain::check_outputs_apart_from_checkpoints(*command.options.checkpoint_dir, outputs);
@@ -171,8 +175,12 @@ OutputLocks check_train_outputs(const dptrain::TrainCommand& command, bool write
   }
   OutputLocks locks;
   for (const auto& output : outputs) {
-    if (output.role == "--tensorboard") continue;  // a new event file per run, never shared
-    locks.push_back(std::make_unique<dptrain::OutputLock>(output.path, output.role));
+    if (output.role == "--tensorboard's lock file") continue;  // the directory's, taken with it
+    // The TensorBoard directory is locked as a whole: its runs are numbered folders in it
+    // (Note [One folder per run] in report/tensorboard.cpp).
+    const auto kind = output.role == "--tensorboard" ? dptrain::OutputKind::kDirectory
+                                                     : dptrain::OutputKind::kFile;
+    locks.push_back(std::make_unique<dptrain::OutputLock>(output.path, output.role, kind));
   }
   return locks;
 }
@@ -373,7 +381,8 @@ int run_train(dptrain::TrainCommand command, CheckedStdout& out) {
   });
   if (command.tensorboard) {
     records.log_tensorboard(*command.tensorboard,
-                            dptrain::num_batches(data.train.size(), options.batch_size));
+                            dptrain::num_batches(data.train.size(), options.batch_size),
+                            options.checkpoint_dir);
   }
   dptrain::TrainCallbacks callbacks;
   bool started = false;
@@ -388,7 +397,8 @@ int run_train(dptrain::TrainCommand command, CheckedStdout& out) {
                            ? *resumed_from + " (global step " + std::to_string(start_step) + ")"
                            : "the beginning";
     records.start(devices, done, start_step,
-                  event_file_settings(options, data, data_dir, devices, start));
+                  event_file_settings(options, data, data_dir, devices, start),
+                  resumed_from.has_value());
   };
   callbacks.on_notice = [&](const std::string& text) {
     progress.clear();

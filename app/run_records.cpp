@@ -17,9 +17,11 @@ RunRecords::RunRecords(std::optional<std::string> metrics, std::optional<std::st
       batch_size_(batch_size),
       epochs_(epochs) {}
 
-void RunRecords::log_tensorboard(const std::string& dir, int64_t steps_per_epoch) {
+void RunRecords::log_tensorboard(const std::string& dir, int64_t steps_per_epoch,
+                                 const std::optional<std::string>& checkpoint_dir) {
   tensorboard_dir_ = dir;
   steps_per_epoch_ = steps_per_epoch;
+  checkpoint_dir_ = checkpoint_dir;
 }
 
 // Note [A failed record costs only itself]
@@ -58,7 +60,7 @@ void RunRecords::on_lost(
 
 void RunRecords::start(const std::vector<std::string>& devices,
                        const std::vector<EpochStats>& done, int64_t start_step,
-                       const std::vector<RunSetting>& settings) {
+                       const std::vector<RunSetting>& settings, bool resumed) {
   devices_ = devices;
   for (const auto& stats : done) append_record(stats);
   if (metrics_path_) {
@@ -70,7 +72,8 @@ void RunRecords::start(const std::vector<std::string>& devices,
   if (!done.empty()) redraw_plot();
   if (tensorboard_dir_) {
     guarded("--tensorboard", [&] {
-      tensorboard_ = std::make_unique<TensorBoardLog>(*tensorboard_dir_, steps_per_epoch_);
+      tensorboard_ = std::make_unique<TensorBoardLog>(
+          tensorboard_run_folder(*tensorboard_dir_, checkpoint_dir_, resumed), steps_per_epoch_);
       tensorboard_->start(start_step, settings_markdown(settings));
     });
   }

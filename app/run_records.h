@@ -1,8 +1,9 @@
 // The files a training run leaves beside its output: the metrics file (--metrics) and the plot
 // (--plot), both written by global rank 0, anew from the epochs a resumed run starts with (in
 // one write, one drawing) and then after every epoch, so that each holds every epoch once; and
-// the TensorBoard event file (--tensorboard), a new one per run, which holds this run's epochs
-// and running loss only (a resumed run's earlier ones are in the stopped run's file).
+// the TensorBoard event file (--tensorboard), a new one per run in the run's folder, which holds
+// this run's epochs and running loss only (a resumed run's earlier ones are in the stopped run's
+// file, beside it).
 // They are auxiliary: a write that fails drops that output for the rest of the run and says so
 // once (Note [A failed record costs only itself] in run_records.cpp); nothing here throws.
 // Not here: their formats (metrics.h, plot.h, tensorboard.h), checkpoints (train/checkpoint.h).
@@ -27,14 +28,18 @@ class RunRecords {
   RunRecords(std::optional<std::string> metrics, std::optional<std::string> plot, double lr,
              int64_t batch_size, int64_t epochs);
 
-  // --tensorboard: from start() on, also an event file in `dir` (prepared), whose epochs are
+  // --tensorboard: from start() on, also an event file in the run's folder in `dir` (prepared
+  // and locked; tensorboard_run_folder, with the run's `checkpoint_dir`), whose epochs are
   // placed at their last step of `steps_per_epoch` each.
-  void log_tensorboard(const std::string& dir, int64_t steps_per_epoch);
+  void log_tensorboard(const std::string& dir, int64_t steps_per_epoch,
+                       const std::optional<std::string>& checkpoint_dir);
   // Once the world is up: every rank's device, and the epochs a resumed run already has. Opens
   // (truncates) the metrics file and writes those epochs. With --tensorboard, opens the event
-  // file and writes `settings`, marking the run's start after global step `start_step`.
+  // file (in the run's folder: a new one, or the resumed run's when `resumed`) and writes
+  // `settings`, marking the run's start after global step `start_step`.
   void start(const std::vector<std::string>& devices, const std::vector<EpochStats>& done,
-             int64_t start_step = 0, const std::vector<RunSetting>& settings = {});
+             int64_t start_step = 0, const std::vector<RunSetting>& settings = {},
+             bool resumed = false);
   // After each epoch: appends it to the metrics file and the event file and redraws the plot.
   void add(const EpochStats& stats);
   // Every --tensorboard-every steps: the running loss, into the event file.
@@ -61,6 +66,7 @@ class RunRecords {
   std::vector<std::string> devices_;
   std::unique_ptr<MetricsWriter> metrics_;
   std::optional<std::string> tensorboard_dir_;
+  std::optional<std::string> checkpoint_dir_;
   int64_t steps_per_epoch_ = 0;
   std::unique_ptr<TensorBoardLog> tensorboard_;
   std::vector<EpochRecord> records_;

@@ -442,6 +442,8 @@ def check_contents(c, fail):
                        f"from its number, {s['epoch']}, to {MAX_EPOCHS}")
         loss(at + "train loss", s["train_loss"])
         loss(at + "test loss", s["test_loss"])
+        # An epoch in which no step trained has no train loss, accuracy or pace: all NaN.
+        untrained = math.isnan(s["train_loss"])
         for key in ("seconds", "steps"):
             at_least_zero(at + key, s[key])
         if s["seconds"] > MAX_SECONDS:
@@ -452,6 +454,12 @@ def check_contents(c, fail):
         if s["steps"] > steps:
             impossible(at + "steps", s["steps"], shape)
         figure(at + "train accuracy", s["train_acc"], 1, "nan, or an accuracy from 0 to 1")
+        if not untrained:
+            for key, name in (("train_acc", "train accuracy"),
+                              ("images_per_second", "images per second")):
+                if math.isnan(s[key]):
+                    impossible(at + name, s[key], "a number where the epoch trained (its train "
+                               f"loss is {value_text(s['train_loss'])})")
         if not 0 <= s["test_acc"] <= 1:
             impossible(at + "test accuracy", s["test_acc"], "an accuracy from 0 to 1")
         figure(at + "GPU milliseconds per step", s["gpu_ms_per_step"], MAX_SECONDS * 1000,

@@ -134,6 +134,28 @@ TEST(OutputLock, ASecondWriterIsRefusedNamingTheHolder) {
   OutputLock again(output, "--metrics");  // free once the holder is done
 }
 
+// A directory output (--tensorboard DIR) is locked inside itself: every spelling of it (a
+// trailing slash, a symbolic link, "..") meets the one lock, and the refusal names the holder.
+TEST(OutputLock, ADirectoryIsLockedInsideItselfUnderEverySpelling) {
+  TempDir dir;
+  const std::string tb = dir.file("tb");
+  ASSERT_EQ(::mkdir(tb.c_str(), 0755), 0);
+  ASSERT_EQ(::symlink(tb.c_str(), dir.file("link").c_str()), 0);
+  EXPECT_EQ(OutputLock::directory_lock_path(tb), tb + "/.dptrain-writer.lock");
+  {
+    OutputLock first(tb, "--tensorboard", OutputKind::kDirectory);
+    EXPECT_EQ(list_directory(tb), std::vector<std::string>{".dptrain-writer.lock"});
+    for (const std::string& other : {tb + "/", dir.file("link"), tb + "/../tb"}) {
+      expect_throws<UsageError>(
+          [&] { OutputLock second(other, "--tensorboard", OutputKind::kDirectory); },
+          {"--tensorboard " + other + " is being written by another dptrain run",
+           "(pid " + std::to_string(::getpid()) + " on ", "give this run a directory of its own"});
+    }
+  }
+  EXPECT_EQ(list_directory(tb), std::vector<std::string>{});
+  OutputLock again(tb + "/", "--tensorboard", OutputKind::kDirectory);
+}
+
 // A lock file left by a crash (a file, no flock) is taken over.
 TEST(OutputLock, AStaleLockFileIsTakenOver) {
   TempDir dir;

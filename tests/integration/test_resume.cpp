@@ -609,6 +609,68 @@ TEST_P(Resume, NonFiniteSkipFinishesWithFiniteIdenticalReplicas) {
   expect_same_tensors(read_checkpoint(*one_step.last_checkpoint), final_checkpoint);
 }
 
+// Note [An epoch without a trained step] and Note [A run that trained nothing] in rank.cpp.
+// Epoch 1 at lr 1e30 trains its first step and skips the rest: its figures are those of that
+// one step, as a run of that step alone reports them. Resumed for epochs 2 and 3, every step is
+// skipped: those epochs have no training figures (NaN), their test figures all the same, their
+// checkpoints are written and read back with the NaN history, and the run, which trained
+// nothing, ends in an error without writing --save-model.
+TEST_P(Resume, NonFiniteSkipAnEpochWithoutATrainedStepHasNoTrainingFigures) {
+  auto options = resume_options(replicas(), dir_.path());
+  options.epochs = 1;
+  options.lr = kDivergingLr;
+  options.on_nonfinite = NonFinite::kSkip;
+  const auto first = train(synthetic_data(), options, cpu_world(replicas()));
+  ASSERT_EQ(first.epochs.size(), 1u);
+  EXPECT_EQ(first.epochs[0].skipped_steps, kStepsPerEpoch - 1);
+  TempDir one_step_dir;
+  auto one_step_options = options;
+  one_step_options.max_steps = 1;
+  one_step_options.checkpoint_dir = one_step_dir.path();
+  const auto one_step = train(synthetic_data(), one_step_options, cpu_world(replicas()));
+  ASSERT_EQ(one_step.epochs.size(), 1u);
+  EXPECT_EQ(first.epochs[0].train_loss, one_step.epochs[0].train_loss);  // over trained steps
+  EXPECT_EQ(first.epochs[0].train_acc, one_step.epochs[0].train_acc);
+  EXPECT_GT(first.epochs[0].images_per_second, 0);
+
+  options.epochs = 3;
+  options.resume = true;
+  TempDir model_dir;
+  options.save_model = model_dir.file("m.safetensors");
+  std::vector<EpochStats> reported;
+  const auto message = nonfinite_error([&] {
+    train(synthetic_data(), options, cpu_world(replicas()),
+          [&](const EpochStats& s) { reported.push_back(s); });
+  });
+  EXPECT_NE(message.find("no step of this run trained: all " +
+                         std::to_string(2 * kStepsPerEpoch) + " of its steps"),
+            std::string::npos)
+      << message;
+  EXPECT_NE(message.find("--save-model " + *options.save_model + " was not written"),
+            std::string::npos)
+      << message;
+  EXPECT_FALSE(path_exists(*options.save_model));
+  ASSERT_EQ(reported.size(), 2u);
+  for (const auto& s : reported) {
+    EXPECT_TRUE(std::isnan(s.train_loss)) << s.epoch;
+    EXPECT_TRUE(std::isnan(s.train_acc)) << s.epoch;
+    EXPECT_TRUE(std::isnan(s.images_per_second)) << s.epoch;
+    EXPECT_EQ(s.skipped_steps, kStepsPerEpoch) << s.epoch;
+    EXPECT_EQ(s.steps, kStepsPerEpoch) << s.epoch;
+    EXPECT_GE(s.test_acc, 0) << s.epoch;
+    EXPECT_GT(s.seconds, 0) << s.epoch;
+  }
+  const auto last = read_checkpoint(dir_.file(checkpoint_file_name(3, 0)));
+  ASSERT_EQ(last.history.size(), 3u);
+  EXPECT_EQ(last.history[0].train_loss, first.epochs[0].train_loss);
+  for (size_t i = 1; i < 3; ++i) {
+    EXPECT_TRUE(std::isnan(last.history[i].train_loss)) << i;
+    EXPECT_TRUE(std::isnan(last.history[i].train_acc)) << i;
+    EXPECT_TRUE(std::isnan(last.history[i].images_per_second)) << i;
+    EXPECT_EQ(last.history[i].test_acc, reported[i - 1].test_acc) << i;
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(, Resume, ::testing::Values(1, 2), replicas_name);
 
 }  // namespace

@@ -2,6 +2,8 @@
 // lines, and no control characters in anything meant for logs.
 #include <gtest/gtest.h>
 
+#include <cmath>
+
 #include "dptrain/report/report.h"
 
 namespace dptrain {
@@ -74,6 +76,27 @@ TEST(Report, EpochLineIsExactWithEachEfficiencyFigureWhereKnown) {
   stats.mfu = 0.3158;
   stats.peak_device_bytes = 12.1 * kGiB;
   EXPECT_EQ(format_epoch_line(stats), book + ", 312 TFLOP/s (MFU 32%), GPU peak 12.1 GiB");
+}
+
+// Note [An epoch without a trained step] in train/rank.cpp: skipped steps are counted after the
+// training figures they leave out, and an epoch with none trained has no figures but "-" (never
+// 0.0000, which reads as a perfect fit); its test figures and efficiency stay.
+TEST(Report, EpochLineSaysWhichStepsWereSkippedAndHasNoFigureWhereNoneTrained) {
+  auto stats = epoch_three();
+  stats.steps = 8;
+  stats.skipped_steps = 3;
+  EXPECT_EQ(format_epoch_line(stats),
+            "epoch 3/10: train loss 0.3012, train acc 0.8891 (3 of 8 steps skipped, non-finite), "
+            "test acc 0.8765, 13.2 s, 4545 img/s");
+  stats.skipped_steps = 8;
+  stats.train_loss = std::nan("");
+  stats.train_acc = std::nan("");
+  stats.images_per_second = std::nan("");
+  stats.tflops = 0.0274;
+  stats.peak_host_bytes = 310.0 * 1024 * 1024;
+  EXPECT_EQ(format_epoch_line(stats),
+            "epoch 3/10: train loss -, train acc - (no step trained: all 8 steps skipped, "
+            "non-finite), test acc 0.8765, 13.2 s, - img/s, 0.0274 TFLOP/s, peak RSS 310 MiB");
 }
 
 TEST(Report, EvalLineIsExact) {

@@ -14,10 +14,12 @@
 #include <cstring>
 #include <ctime>
 #include <limits>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "dptrain/core/errors.h"
+#include "dptrain/core/files.h"
 #include "dptrain/report/tensorboard.h"
 #include "support/test_support.h"
 
@@ -227,6 +229,18 @@ TEST(TensorBoardLog, EpochScalarsLeaveOutWhatIsUnknown) {
   EXPECT_EQ(epoch_scalars(gpu).size(), 11u);
 }
 
+// An epoch without a trained step: no training point, the test's and the pace's kept.
+TEST(TensorBoardLog, AnEpochWithoutATrainedStepHasNoTrainingScalars) {
+  EpochStats none = stats_of_epoch(2, 4);
+  none.train_loss = kNaN;
+  none.train_acc = kNaN;
+  none.images_per_second = kNaN;
+  none.skipped_steps = 4;
+  EXPECT_EQ(tags_of(epoch_scalars(none)),
+            (std::vector<std::string>{"epoch/test_loss", "epoch/test_acc", "epoch/seconds",
+                                      "epoch/wall_ms_per_step"}));
+}
+
 TEST(TensorBoardLog, SettingsAreAMarkdownTableWithBarsEscaped) {
   EXPECT_EQ(settings_markdown({{"--lr", "0.1"}, {"the start", "a|b\nc"}}),
             "| setting | value |\n|---|---|\n| --lr | 0.1 |\n| the start | a\\|b c |\n");
@@ -293,6 +307,60 @@ TEST(TensorBoardDir, AFileOrAnUnwritablePlaceIsAUsageErrorNamingIt) {
   // procfs takes no new file, not even from root.
   testing::expect_throws<UsageError>([&] { prepare_tensorboard_dir("/proc"); },
                                      {"--tensorboard /proc: cannot create a file there"});
+}
+
+// ---- One folder per run ----------------------------------------------------------------------
+
+// Note [One folder per run]: fresh runs are run-1, run-2, ... in the order they start; a resume
+// continues the newest run recorded with its checkpoint directory (however that is spelled),
+// and starts a new run where none was.
+TEST(TensorBoardRuns, FreshRunsAreNumberedAndAResumeContinuesItsCheckpointDirectorysRun) {
+  TempDir dir;
+  const std::string tb = dir.file("tb");
+  prepare_tensorboard_dir(tb);
+  for (const char* ck : {"ck1", "ck2", "ck3"}) prepare_tensorboard_dir(dir.file(ck));
+  ASSERT_EQ(::symlink(dir.file("ck1").c_str(), dir.file("ck1-link").c_str()), 0);
+  const auto fresh = [&](const std::optional<std::string>& ck) {
+    return tensorboard_run_folder(tb, ck, /*resumed=*/false);
+  };
+  const auto resumed = [&](const std::optional<std::string>& ck) {
+    return tensorboard_run_folder(tb, ck, /*resumed=*/true);
+  };
+  EXPECT_EQ(fresh(dir.file("ck1")), tb + "/run-1");
+  EXPECT_EQ(testing::read_text(tb + "/run-1/.dptrain-checkpoint-dir"),
+            file_identity(dir.file("ck1")).real_path);
+  EXPECT_EQ(fresh(std::nullopt), tb + "/run-2");  // no checkpoints: nothing to record
+  EXPECT_EQ(testing::list_directory(tb + "/run-2"), std::vector<std::string>{});
+  EXPECT_EQ(fresh(dir.file("ck2")), tb + "/run-3");
+  EXPECT_EQ(resumed(dir.file("ck1-link/")), tb + "/run-1");
+  EXPECT_EQ(resumed(dir.file("ck2")), tb + "/run-3");
+  EXPECT_EQ(resumed(dir.file("ck3")), tb + "/run-4");  // none recorded: a new run
+  EXPECT_EQ(resumed(dir.file("ck3")), tb + "/run-4");  // ... which its next resume continues
+  EXPECT_EQ(resumed(std::nullopt), tb + "/run-5");
+  EXPECT_EQ(fresh(dir.file("ck1")), tb + "/run-6");    // --fresh in ck1: a new line of runs
+  EXPECT_EQ(resumed(dir.file("ck1")), tb + "/run-6");  // ... the one ck1 now holds
+  // Only run-N names count (N without a leading zero); a file of such a name is passed over.
+  for (const char* other : {"run-07", "run-x", "runs", "run-", "run-1000000000"}) {
+    testing::write_bytes(tb + "/" + other, {1});
+  }
+  testing::write_bytes(tb + "/run-9", {1});
+  EXPECT_EQ(fresh(std::nullopt), tb + "/run-10");
+  EXPECT_EQ(resumed(dir.file("ck1")), tb + "/run-6");
+}
+
+// A run folder whose record is missing or foreign is not continued.
+TEST(TensorBoardRuns, ARunWithoutItsRecordIsNotContinued) {
+  TempDir dir;
+  const std::string tb = dir.file("tb");
+  prepare_tensorboard_dir(tb);
+  prepare_tensorboard_dir(dir.file("ck"));
+  EXPECT_EQ(tensorboard_run_folder(tb, dir.file("ck"), false), tb + "/run-1");
+  ASSERT_EQ(::unlink((tb + "/run-1/.dptrain-checkpoint-dir").c_str()), 0);
+  EXPECT_EQ(tensorboard_run_folder(tb, dir.file("ck"), true), tb + "/run-2");
+  testing::write_bytes(tb + "/run-2/.dptrain-checkpoint-dir", {'/', 'x'});
+  EXPECT_EQ(tensorboard_run_folder(tb, dir.file("ck"), true), tb + "/run-3");
+  testing::expect_data_error([&] { tensorboard_run_folder(dir.file("none"), std::nullopt, false); },
+                             {"--tensorboard " + dir.file("none"), "cannot list"});
 }
 
 TEST(TensorBoardSupport, ThisBuildHasIt) {

@@ -363,14 +363,21 @@ std::string OutputLock::lock_path(const std::string& path) {
   return directory + "." + name + ".lock";
 }
 
-OutputLock::OutputLock(const std::string& path, const std::string& flag) {
+std::string OutputLock::directory_lock_path(const std::string& directory) {
+  return directory + "/.dptrain-writer.lock";
+}
+
+OutputLock::OutputLock(const std::string& path, const std::string& flag, OutputKind kind) {
   const std::string name = flag + " " + path;
+  const bool directory = kind == OutputKind::kDirectory;
   try {
-    lock_ = std::make_unique<HolderLock>(lock_path(path), name, /*remove_when_done=*/true);
+    lock_ = std::make_unique<HolderLock>(directory ? directory_lock_path(path) : lock_path(path),
+                                         name, /*remove_when_done=*/true);
   } catch (const HolderLock::Held& held) {
     throw UsageError(name + " is being written by another dptrain run" +
                      (held.holder().empty() ? std::string() : " (" + held.holder() + ")") +
-                     "; wait for it to end, or give this run a file of its own");
+                     "; wait for it to end, or give this run " +
+                     (directory ? "a directory" : "a file") + " of its own");
   }
 }
 

@@ -46,17 +46,37 @@ std::string format_efficiency(const EpochStats& stats) {
   return text;
 }
 
+// `value` with `format`, or "-" where there is no figure (NaN: an epoch without a trained step).
+std::string figure(const char* format, double value) {
+  if (std::isnan(value)) return "-";
+  char text[64];
+  std::snprintf(text, sizeof text, format, value);
+  return text;
+}
+
+// After the training figures: " (7 of 8 steps skipped, non-finite)", whose means they are
+// over, or " (no step trained: all 8 steps skipped, non-finite)" where there are none (Note [An
+// epoch without a trained step] in train/rank.cpp); "" when every step trained.
+std::string format_skipped(const EpochStats& stats) {
+  const std::string steps = std::to_string(stats.steps);
+  if (std::isnan(stats.train_loss) && stats.steps > 0) {
+    return " (no step trained: all " + steps + " steps skipped, non-finite)";
+  }
+  if (stats.skipped_steps <= 0) return "";
+  return " (" + std::to_string(stats.skipped_steps) + " of " + steps +
+         " steps skipped, non-finite)";
+}
+
 }  // namespace
 
 std::string format_epoch_line(const EpochStats& stats) {
-  char line[256];
-  std::snprintf(line, sizeof line,
-                "epoch %lld/%lld: train loss %.4f, train acc %.4f, test acc %.4f, %.1f s, "
-                "%.0f img/s",
-                static_cast<long long>(stats.epoch), static_cast<long long>(stats.epochs),
-                stats.train_loss, stats.train_acc, stats.test_acc, stats.seconds,
-                stats.images_per_second);
-  return line + format_efficiency(stats);
+  char head[64];
+  std::snprintf(head, sizeof head, "epoch %lld/%lld: ", static_cast<long long>(stats.epoch),
+                static_cast<long long>(stats.epochs));
+  return std::string(head) + "train loss " + figure("%.4f", stats.train_loss) + ", train acc " +
+         figure("%.4f", stats.train_acc) + format_skipped(stats) + ", test acc " +
+         figure("%.4f", stats.test_acc) + ", " + figure("%.1f", stats.seconds) + " s, " +
+         figure("%.0f", stats.images_per_second) + " img/s" + format_efficiency(stats);
 }
 
 std::string format_final_line(const TrainResult& result) {

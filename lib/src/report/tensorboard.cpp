@@ -10,6 +10,7 @@
 #include <sys/time.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <climits>
 #include <cmath>
@@ -54,8 +55,32 @@
 // stopped run's events at steps <= G stay, the resumed run does not log them again. The reader
 // reads a directory's files in name order, so a new file's name must sort after every earlier
 // one: its seconds are moved past theirs when the clock has not (two runs in one second).
-// A fresh run (no --resume) in a directory that holds an earlier run's files starts at step 1,
-// and so hides that run in TensorBoard: give each run a directory of its own to compare them.
+// The marker acts on the files of one folder, which is why each run has a folder of its own
+// (Note [One folder per run]): in a shared one, a fresh run's START at step 1 hides every run
+// before it.
+
+// Note [One folder per run]
+// TensorBoard shows each folder under --logdir that holds event files as a run, side by side
+// with the others; in one folder its reader joins the files into one run, and a START marker
+// drops what earlier files logged from its step on. So --tensorboard DIR is a directory of runs:
+// a fresh run makes DIR/run-N, N one past the largest run-N there (run-1 in a new DIR; gaps,
+// from folders removed, are not filled), so that two runs one after the other are run-1 and
+// run-2, in the order they started, each whole. A resumed run (--resume from a checkpoint)
+// continues the run it resumes: every run made with --checkpoint-dir records that directory's
+// real path in its folder (".dptrain-checkpoint-dir"), and a resume continues the largest run-N
+// that recorded its own checkpoint directory, appending an event file there (Note [Resuming
+// without a step twice]). A checkpoint directory holds one line of checkpoints at a time (a
+// fresh start there needs it empty, or --fresh to empty it), so the newest run recorded with it
+// is the one its checkpoints came from. Where none is (the first run had no --tensorboard, or
+// wrote elsewhere, or the directory moved), the resume starts a new run-N, from its checkpoint's
+// step. The name is recorded beside the events, not in the checkpoint: the checkpoint stays
+// what it is, and a run folder read with its events says which checkpoints it goes with. Runs
+// are numbered rather than named by time, host and pid: the names sort as the runs started and
+// a script can name the folder a run will take. Choosing N and making the folder must not race
+// a second run: the caller holds DIR's writer lock (OutputLock, Note [One writer per output]
+// in core/files.h) for the whole run, and a second run into DIR while one is live is refused
+// with the holder's pid, host and start. Event files of an older dptrain, written into DIR
+// itself, stay there and show as a run of their own (".").
 
 namespace dptrain {
 namespace {
@@ -122,6 +147,78 @@ void prepare_tensorboard_dir(const std::string& dir) {
   }
   ::close(fd);
   ::unlink(trial.c_str());
+}
+
+// ============================================================================================
+// One folder per run
+
+namespace {
+
+constexpr const char* kRunPrefix = "run-";
+constexpr const char* kCheckpointDirRecord = ".dptrain-checkpoint-dir";
+
+// N of a folder name "run-N" (1 to 999999999, no leading zero), else 0.
+int64_t run_number(const std::string& name) {
+  const std::string prefix = kRunPrefix;
+  if (name.compare(0, prefix.size(), prefix) != 0) return 0;
+  const std::string digits = name.substr(prefix.size());
+  if (digits.empty() || digits.size() > 9 || digits[0] == '0') return 0;
+  int64_t n = 0;
+  for (const char c : digits) {
+    if (c < '0' || c > '9') return 0;
+    n = n * 10 + (c - '0');
+  }
+  return n;
+}
+
+// Whether run folder `folder` recorded checkpoint directory `real_path` (an unreadable record
+// is no record: the run is not continued, a new one starts).
+bool records_checkpoint_dir(const std::string& folder, const std::string& real_path) {
+  struct stat info {};
+  if (::lstat(folder.c_str(), &info) != 0 || !S_ISDIR(info.st_mode)) return false;
+  try {
+    const auto bytes = read_regular_file(folder + "/" + kCheckpointDirRecord,
+                                         "TensorBoard run record", 1 << 16);
+    return std::string(bytes.begin(), bytes.end()) == real_path;
+  } catch (const DataError&) {
+    return false;
+  }
+}
+
+}  // namespace
+
+std::string tensorboard_run_folder(const std::string& dir,
+                                   const std::optional<std::string>& checkpoint_dir,
+                                   bool resumed) {
+  // Note [One folder per run]
+  const std::string checkpoints = checkpoint_dir ? file_identity(*checkpoint_dir).real_path : "";
+  DIR* listing = ::opendir(dir.c_str());
+  if (listing == nullptr) {
+    throw DataError("--tensorboard " + dir + ": cannot list the directory: " + errno_text());
+  }
+  int64_t largest = 0, continued = 0;
+  while (const dirent* entry = ::readdir(listing)) {
+    const int64_t n = run_number(entry->d_name);
+    if (n == 0) continue;
+    largest = std::max(largest, n);
+    if (resumed && !checkpoints.empty() && n > continued &&
+        records_checkpoint_dir(dir + "/" + entry->d_name, checkpoints)) {
+      continued = n;
+    }
+  }
+  ::closedir(listing);
+  if (continued > 0) return dir + "/" + kRunPrefix + std::to_string(continued);
+  const std::string folder = dir + "/" + kRunPrefix + std::to_string(largest + 1);
+  if (::mkdir(folder.c_str(), 0755) != 0) {
+    throw DataError("--tensorboard " + dir + ": cannot create the run's folder " + folder + ": " +
+                    errno_text());
+  }
+  if (!checkpoints.empty()) {
+    write_file_atomically(folder + "/" + kCheckpointDirRecord, checkpoints.data(),
+                          checkpoints.size(), "--tensorboard " + folder);
+  }
+  sync_directory(dir);
+  return folder;
 }
 
 // ============================================================================================

@@ -229,6 +229,9 @@ void check_history(const Checkpoint& c, const ContentsCheck& check, const EpochS
     }
     check.loss(at + "train loss", s.train_loss);
     check.loss(at + "test loss", s.test_loss);
+    // An epoch in which no step trained has no train loss, accuracy or pace: all three NaN
+    // (Note [An epoch without a trained step] in rank.cpp); a trained epoch's loss is finite.
+    const bool untrained = std::isnan(s.train_loss);
     for (const auto& [field, value] :
          {std::pair<const char*, double>{"seconds", s.seconds},
           {"steps", static_cast<double>(s.steps)}}) {
@@ -240,6 +243,17 @@ void check_history(const Checkpoint& c, const ContentsCheck& check, const EpochS
     if (s.steps > epoch.steps)
       check.impossible(at + "steps", static_cast<double>(s.steps), epoch.text);
     check.figure(at + "train accuracy", s.train_acc, 0, 1, "nan, or an accuracy from 0 to 1");
+    if (!untrained) {
+      for (const auto& [field, value] :
+           {std::pair<const char*, double>{"train accuracy", s.train_acc},
+            {"images per second", s.images_per_second}}) {
+        if (std::isnan(value)) {
+          check.impossible(at + field, value,
+                           "a number where the epoch trained (its train loss is " +
+                               value_text(s.train_loss) + ")");
+        }
+      }
+    }
     if (!(s.test_acc >= 0 && s.test_acc <= 1)) {
       check.impossible(at + "test accuracy", s.test_acc, "an accuracy from 0 to 1");
     }

@@ -249,6 +249,7 @@ class NonFiniteGuard {
     if (!finite.item<bool>()) {
       for (size_t i = 0; i < buffers_.size(); ++i) buffers_[i].copy_(saved_buffers_[i]);
       ++skipped_;
+      ++skipped_in_epoch_;
       return false;
     }
     return true;
@@ -271,6 +272,8 @@ class NonFiniteGuard {
         ". Lower --lr, or pass --on-nonfinite skip");
   }
   int64_t skipped() const { return skipped_; }
+  // The steps skipped since the last call (at the end of the previous epoch): the epoch's.
+  int64_t take_epoch_skipped() { return std::exchange(skipped_in_epoch_, 0); }
 
  private:
   static torch::Tensor gradients_finite(const Reducer& reducer) {
@@ -284,6 +287,7 @@ class NonFiniteGuard {
   torch::Tensor first_bad_step_;  // () int64, the first bad global step or -1
   std::vector<torch::Tensor> buffers_, saved_buffers_;
   int64_t skipped_ = 0;
+  int64_t skipped_in_epoch_ = 0;
 };
 
 // ---- One rank's training ----------------------------------------------------------------------
@@ -387,7 +391,7 @@ class RankTraining {
   void wait_host(const std::string& what);
   double epoch_seconds() const;
   Totals settle_partial_epoch(const std::string& what);
-  EpochStats finish_epoch(double seconds);
+  EpochStats finish_epoch(double seconds, int64_t skipped_steps);
   void save_checkpoint(int64_t epochs_done, int64_t step_in_epoch, const Totals& sums,
                        double seconds);
 
@@ -506,7 +510,7 @@ RankTraining::Next RankTraining::end_epoch(NonFiniteGuard& guard) {
     }
     return Next::kStop;
   }
-  const EpochStats stats = finish_epoch(seconds);
+  const EpochStats stats = finish_epoch(seconds, guard.take_epoch_skipped());
   result_.epochs.push_back(stats);
   // The epoch's callback (its line, the driver's records) comes first, as it always did, but a
   // failure in it waits until the epoch's checkpoint is written: the records must never cost
@@ -553,15 +557,36 @@ void RankTraining::end_run(const NonFiniteGuard& guard) {
   if (options_.check_replicas_every > 0) {
     check_replicas_identical(*model_, communicator_, at_.global_step);
   }
-  if (plan_.rank == 0 && options_.save_model && result_.stopped_by == 0) {
-    communicator_.wait_host("the saved model's copy of the weights");
-    save_model_atomically(model_, config_, at_.epoch, at_.step, at_.global_step, result_.epochs,
-                          *options_.save_model);
-  }
   result_.steps_run = at_.global_step - (plan_.start ? plan_.start->global_step : 0);
   result_.skipped_steps = guard.skipped();
   result_.graph_replays = graph_ ? graph_->replays() : 0;
   result_.gpu_step_ms = gpu_timer_.all_ms();
+  // Note [A run that trained nothing]
+  // --on-nonfinite skip promises that a bad step leaves the weights as they were, and goes on.
+  // A run every one of whose steps was skipped (the learning rate blew the weights up before
+  // it, or a resume of weights already blown up) has then changed nothing: its weights are the
+  // ones it started from. Ending it with success and a --save-model file would pass them off as
+  // a trained model. So such a run (that took steps, and was not stopped, which says so itself)
+  // writes no --save-model and ends in one error line, after its epochs were reported and
+  // checkpointed as usual (the checkpoints keep the position and the history, whose epochs say
+  // that none of their steps trained). A run of which some step trained is a success: its
+  // figures are those of the trained steps (Note [An epoch without a trained step]).
+  const bool trained_nothing = result_.stopped_by == 0 && result_.steps_run > 0 &&
+                               result_.skipped_steps == result_.steps_run;
+  if (plan_.rank == 0 && options_.save_model && result_.stopped_by == 0 && !trained_nothing) {
+    communicator_.wait_host("the saved model's copy of the weights");
+    save_model_atomically(model_, config_, at_.epoch, at_.step, at_.global_step, result_.epochs,
+                          *options_.save_model);
+  }
+  if (trained_nothing) {
+    throw std::runtime_error(
+        "no step of this run trained: all " + std::to_string(result_.steps_run) +
+        " of its steps had a non-finite gradient and were skipped (--on-nonfinite skip), so its "
+        "weights are the ones it started from" +
+        (options_.save_model ? "; --save-model " + *options_.save_model + " was not written"
+                             : std::string()) +
+        (plan_.start ? ". Lower --lr, or resume from an earlier checkpoint" : ". Lower --lr"));
+  }
 }
 
 // An epoch's start, or a resumed epoch's: its data order, and its sums and seconds so far (rank 0
@@ -705,18 +730,30 @@ Totals RankTraining::settle_partial_epoch(const std::string& what) {
 // The end of a whole (or a --max-steps-cut) epoch, once the device is synchronised: its sums
 // reduced over the ranks, the replicas' BatchNorm statistics averaged so that every rank
 // evaluates the same model, the evaluation, and the epoch's figures.
-EpochStats RankTraining::finish_epoch(double seconds) {
+EpochStats RankTraining::finish_epoch(double seconds, int64_t skipped_steps) {
   EpochStats stats;
   stats.epoch = at_.epoch + 1;
   stats.epochs = options_.epochs;
   stats.steps = at_.step;
+  stats.skipped_steps = skipped_steps;
   stats.seconds = seconds;
   stats.gpu_ms_per_step = median_or_nan(gpu_timer_.take_finished_ms());  // synchronised above
   const auto train = means_of(tally_.reduce(communicator_, "training loss and accuracy"));
-  stats.train_loss = train.loss;
-  stats.train_acc = train.accuracy;
-  stats.images_per_second = seconds > 0 ? train.count / seconds : 0;
-  if (!std::isfinite(stats.train_loss)) {
+  // Note [An epoch without a trained step]
+  // Under --on-nonfinite skip a skipped step adds nothing to the epoch's sums, so the training
+  // figures are means over the trained steps' examples. When no step trained, the sums are
+  // 0 examples, and 0/0 is no loss, accuracy or pace: a 0.0000 loss would read as a perfect
+  // fit. The figures are then NaN, which every writer already knows as "no figure": "-" in the
+  // epoch line, null in JSON Lines and an empty CSV field, no TensorBoard point, "nan" in a
+  // checkpoint's run state (whose checks accept NaN for the accuracy and the pace only beside
+  // a NaN loss, which a trained epoch never has) and a gap in the plot.
+  // The test loss and accuracy stay: the weights are evaluated all the same.
+  const bool trained = train.count > 0;
+  const double none = std::numeric_limits<double>::quiet_NaN();
+  stats.train_loss = trained ? train.loss : none;
+  stats.train_acc = trained ? train.accuracy : none;
+  stats.images_per_second = !trained ? none : seconds > 0 ? train.count / seconds : 0;
+  if (trained && !std::isfinite(stats.train_loss)) {
     throw std::runtime_error(
         "epoch " + std::to_string(at_.epoch + 1) + ": the training loss is not finite (" +
         std::to_string(stats.train_loss) + "); the learning rate may be too high");

@@ -145,15 +145,24 @@ class HolderLock {
 // records interleaved, or the last one's file in place. The output cannot be locked itself: the
 // atomic writers replace its inode at every write, and the metrics file is truncated when it is
 // opened. So the writer holds a HolderLock on a sibling, "<dir>/.<name>.lock", from before the
-// data is read to its end, and removes it when done.
+// data is read to its end, and removes it when done. An output that is a directory (--tensorboard
+// DIR, whose runs are folders in it) holds "DIR/.dptrain-writer.lock" instead, inside it: every
+// spelling of DIR (a trailing slash, a symbolic link to it, "x/..") then meets the one lock file,
+// where a sibling's name would follow the spelling.
+enum class OutputKind { kFile, kDirectory };
+
 class OutputLock {
  public:
   // Throws UsageError "<flag> PATH is being written by another dptrain run (pid N on host H,
   // since ...)" when another process holds it; DataError when the lock file cannot be made.
-  OutputLock(const std::string& path, const std::string& flag);
+  // A kDirectory output must exist.
+  OutputLock(const std::string& path, const std::string& flag,
+             OutputKind kind = OutputKind::kFile);
 
   // "<dir>/.<name>.lock": the lock file of output `path`.
   static std::string lock_path(const std::string& path);
+  // "DIR/.dptrain-writer.lock": the lock file of a directory output.
+  static std::string directory_lock_path(const std::string& directory);
 
  private:
   std::unique_ptr<HolderLock> lock_;

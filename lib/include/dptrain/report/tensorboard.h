@@ -1,13 +1,15 @@
 // TensorBoard event files (--tensorboard DIR, written by global rank 0): the record framing of
-// TensorBoard's format, a writer of one event file, and what a training run logs into it: each
-// epoch's figures, the running training loss every N steps, its settings as text, and on a
-// resume the marker that keeps TensorBoard from showing a step twice. Built where protobuf and
-// ISA-L were found (third_party/dependencies.cmake); elsewhere the flag is refused in one line.
+// TensorBoard's format, the run's folder in DIR, a writer of one event file, and what a training
+// run logs into it: each epoch's figures, the running training loss every N steps, its settings
+// as text, and on a resume the marker that keeps TensorBoard from showing a step twice. Built
+// where protobuf and ISA-L were found (third_party/dependencies.cmake); elsewhere the flag is
+// refused in one line.
 // Not here: the metrics file (metrics.h), the terminal's lines (report.h), the flag (app/cli.cpp).
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -27,6 +29,12 @@ void require_tensorboard_support();
 // Before the run, on the rank that writes: creates `dir` if needed (mkdir -p) and checks that it
 // takes a new file. Throws UsageError "--tensorboard DIR: ..." (a file there, no permission).
 void prepare_tensorboard_dir(const std::string& dir);
+// The folder in `dir` that this run's event files go into (Note [One folder per run] in
+// tensorboard.cpp): a `resumed` run's, the largest run-N whose recorded checkpoint directory is
+// `checkpoint_dir`; else a new dir/run-N, one past the largest, which records `checkpoint_dir`
+// (when given). The caller holds dir's writer lock. Throws DataError naming the folder.
+std::string tensorboard_run_folder(const std::string& dir,
+                                   const std::optional<std::string>& checkpoint_dir, bool resumed);
 
 // ---- The record framing (TensorFlow's TFRecord) ------------------------------------------------
 

@@ -33,13 +33,21 @@ inline Means means_of(const Totals& totals) {
 struct EpochStats {
   int64_t epoch = 0;  // 1-based
   int64_t epochs = 0;
-  double train_loss = 0;  // mean cross-entropy over the epoch's training examples
+  // The mean cross-entropy and the accuracy over the examples of the epoch's trained steps (a
+  // step skipped as non-finite adds none), and those examples per training second. All three
+  // NaN for an epoch in which no step trained: 0/0 is no figure (Note [An epoch without a
+  // trained step] in rank.cpp).
+  double train_loss = 0;
   double train_acc = 0;
   double test_loss = 0;
   double test_acc = 0;
   double seconds = 0;  // training only, devices synchronised
   double images_per_second = 0;
   int64_t steps = 0;
+  // Of `steps`, those skipped with a non-finite gradient (--on-nonfinite skip) in this run: a
+  // resumed epoch's steps before its checkpoint are not known. Not kept in checkpoints or in
+  // the metrics file (the epoch line shows it).
+  int64_t skipped_steps = 0;
   // The median GPU milliseconds of the epoch's timed steps on the reporting rank, from CUDA
   // events (step_gpu_time.h); NaN on the CPU, or when no step could be timed. Not kept in
   // checkpoints: a resumed run's earlier epochs have NaN.
