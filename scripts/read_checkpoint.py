@@ -12,8 +12,10 @@ tests/support/pytorch_resnet.py's model. In Python: `from read_checkpoint import
 then `read_checkpoint(F)["state_dict"]`, ["global_step"], ["history"], ...: the tensors from PyPI
 safetensors where it is importable, else torch.frombuffer; --json and --tensor-digests need
 neither. A fault is one line, `error: checkpoint F: why`, exit status 1: a path that is not a
-regular file (a FIFO is never waited on), a zip archive, a header or data that does not fit, a
-width or a size the memory left cannot hold (refused before the data is read), a digest that does
+regular file (a FIFO is never waited on), a zip archive, a header or data that does not fit (its
+JSON read as dptrain reads it: no NUL byte, no name twice), a width or a size the memory left
+cannot hold (refused before the data is read), tensors other than those of the model of the run
+state's width (names, dtypes, shapes: docs/checkpoints.md, "A valid file"), a digest that does
 not match, contents no run can have (weights included: NaN, an infinity, a negative running
 variance); Ctrl-C is one line too, exit status 130. With
 --json a diverged run's nan or inf is the string "nan" or "inf"; names from the file are shown
