@@ -440,7 +440,7 @@ dptrain::ModelWeights load_weights(const dptrain::EvalCommand& command) {
     model.num_classes = dptrain::kNumClasses;
     model.in_channels = 1;
     dptrain::check_checkpoint_matches(checkpoint.config, model, *command.checkpoint);
-    return {std::move(checkpoint.tensors), checkpoint.config.width};
+    return {std::move(checkpoint.tensors), checkpoint.config.width, ""};
   }
   auto weights = dptrain::read_model_weights(*command.model, "--model", accepted);
   const int64_t width = command.common.options.width;
@@ -529,6 +529,11 @@ int run_eval(dptrain::EvalCommand command, CheckedStdout& out) {
     logits_lock = std::make_unique<dptrain::OutputLock>(*command.logits, "--logits");
   }
   const auto weights = load_weights(command);
+  // Note [A state dict from PyTorch is read as PyTorch reads it] in checkpoint.cpp: once a run.
+  if (!weights.notice.empty() && writer) {
+    std::fprintf(stderr, "dptrain: --model %s: %s\n", dptrain::printable(*command.model).c_str(),
+                 weights.notice.c_str());
+  }
   const auto data_dir = dptrain::resolve_data_dir(command.common.data_dir);
   // Only the test set is evaluated; one training image keeps the data set's shape valid.
   const auto data = dptrain::load_fashion_mnist(data_dir, 1, command.common.test_limit);

@@ -12,8 +12,10 @@ tests/support/pytorch_resnet.py's model. In Python: `from read_checkpoint import
 then `read_checkpoint(F)["state_dict"]`, ["global_step"], ["history"], ...: the tensors from PyPI
 safetensors where it is importable, else torch.frombuffer; --json and --tensor-digests need
 neither. A fault is one line, `error: checkpoint F: why`, exit status 1: a path that is not a
-regular file (a FIFO is never waited on), a zip archive, a header or data that does not fit, a
-width or a size the memory left cannot hold (refused before the data is read), a digest that does
+regular file (a FIFO is never waited on), a zip archive, a header or data that does not fit (its
+JSON read as dptrain reads it: no NUL byte, no name twice), a width or a size the memory left
+cannot hold (refused before the data is read), tensors other than those of the model of the run
+state's width (names, dtypes, shapes: docs/checkpoints.md, "A valid file"), a digest that does
 not match, contents no run can have (weights included: NaN, an infinity, a negative running
 variance); Ctrl-C is one line too, exit status 130. With
 --json a diverged run's nan or inf is the string "nan" or "inf"; names from the file are shown
@@ -208,6 +210,11 @@ def no_constant(name):
 
 
 def parse_json(raw, what, fail):
+    """`raw` as Note [One JSON text, one reading] in lib/src/core/safetensors.cpp reads JSON:
+    one value and only whitespace after it, no NUL byte, no name twice in one object."""
+    if b"\0" in raw:
+        fail(f"corrupt: {what} is not valid JSON: a NUL byte at byte {bytes(raw).index(0)} of "
+             f"{len(raw)}")
     try:
         value = json.loads(raw.decode("utf-8"), object_pairs_hook=unique_keys,
                            parse_constant=no_constant)
@@ -291,6 +298,59 @@ def dumped(value):
         return "an object"
     text = json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode()
     return shown(text[:40] + b"..." if len(text) > 40 else text)
+
+
+# ---- The model: the tensors a file of width w must hold ---------------------------------------
+
+def model_tensors(width, num_classes=10, in_channels=1):
+    """The book's ResNet-18 of `width` as dptrain builds it (lib/src/model/model.cpp, with the
+    names of tests/support/pytorch_resnet.py): (name, dtype, shape) of its parameters, then its
+    buffers, each in the model's order, as checkpoint.cpp's model_tensor_specs lists them."""
+    params, buffers = [], []
+
+    def conv(name, cin, cout, k):
+        params.extend([(f"{name}.weight", "F32", [cout, cin, k, k]), (f"{name}.bias", "F32", [cout])])
+
+    def batch_norm(name, c):
+        params.extend([(f"{name}.weight", "F32", [c]), (f"{name}.bias", "F32", [c])])
+        buffers.extend([(f"{name}.running_mean", "F32", [c]), (f"{name}.running_var", "F32", [c]),
+                        (f"{name}.num_batches_tracked", "I64", [])])
+    w = width
+    conv("0", in_channels, w, 3)
+    batch_norm("1", w)
+    cin = w
+    for stage, cout in enumerate((w, 2 * w, 4 * w, 8 * w), start=1):
+        for block in range(2):
+            at = f"resnet_block{stage}.{block}"
+            conv(f"{at}.conv1", cin, cout, 3)
+            conv(f"{at}.conv2", cout, cout, 3)
+            if block == 0 and stage > 1:  # every stage but the first projects its shortcut
+                conv(f"{at}.conv3", cin, cout, 1)
+            batch_norm(f"{at}.bn1", cout)
+            batch_norm(f"{at}.bn2", cout)
+            cin = cout
+    params.extend([("fc.1.weight", "F32", [num_classes, 8 * w]), ("fc.1.bias", "F32", [num_classes])])
+    return params + buffers
+
+
+def check_model_tensors(entries, width, fail):
+    """checkpoint.cpp's check_model_tensors for dptrain's own files (exact): every tensor the
+    model's, of its dtype and shape, in the file's data order; then the first the model has and
+    the file lacks, in the model's order. Its words."""
+    model = f"the width-{width} model"
+    spec = {name: (dtype, shape) for name, dtype, shape in model_tensors(width)}
+    for name, dtype, shape, _, _ in entries:
+        if name not in spec:
+            fail(f"holds tensor '{shown(name.encode())}', which {model} has not; not read")
+        want_dtype, want_shape = spec[name]
+        if (dtype, list(shape)) != (want_dtype, want_shape):
+            fail(f"tensor '{shown(name.encode())}' is {dtype}[{','.join(map(str, shape))}], "
+                 f"{model}'s is {want_dtype}[{','.join(map(str, want_shape))}]; not read")
+    present = {e[0] for e in entries}
+    missing = [name for name, _, _ in model_tensors(width) if name not in present]
+    if missing:
+        more = f" (nor {len(missing) - 1} more)" if len(missing) > 1 else ""
+        fail(f"has no tensor '{shown(missing[0].encode())}' of {model}{more}; not read")
 
 
 # ---- The metadata: the version, the digest, the run state ----------------------------------
@@ -528,7 +588,19 @@ def check_tensors(entries, data, fail):
                      f"holds {value_text(value)} (a variance is >= 0); not used")
 
 
-def parse(c, fail, check_weights=True):
+def claimed_width(metadata, fail):
+    """checkpoint_run_state.cpp's run_state_width: config.width of the run state, read before
+    the rest of it (its other faults are named later, in the C++ reader's order)."""
+    if "dptrain.run_state" not in metadata:
+        fail("corrupt: no run state (dptrain.run_state)")
+    state = parse_json(metadata["dptrain.run_state"].encode(), "the run state", fail)
+    config = read_fields(state, {"config": "any"}, "", fail)["config"]
+    if not isinstance(config, dict):
+        fail("corrupt: run state: config is not an object")
+    return read_fields(config, {"width": "int"}, "config", fail)["width"]
+
+
+def parse(c, fail, check_weights=True, check_model=True):
     """read_checkpoint's dict from read_file's: the checks after the header's, in the order of
     the C++ reader's checkpoint_from."""
     metadata, entries = c["metadata"], c["entries"]
@@ -541,6 +613,12 @@ def parse(c, fail, check_weights=True):
              f"{FORMAT_VERSION}")
     if version != str(FORMAT_VERSION):
         fail(f"corrupt: format version '{shown(version.encode())}'")
+    if check_model:
+        # As checkpoint.cpp's open_safetensors, before the digest: the model of the width the run
+        # state claims (a width out of range is named by check_contents).
+        width = claimed_width(metadata, fail)
+        if 1 <= width <= 4096:
+            check_model_tensors(entries, width, fail)
     data = memoryview(c["file"])[c["data_offset"]:]
     if "dptrain.digest" not in metadata:
         fail("corrupt: no digest (dptrain.digest)")
@@ -560,15 +638,16 @@ def parse(c, fail, check_weights=True):
     return result
 
 
-def read_checkpoint(path, load_tensors=True, check_weights=True):
+def read_checkpoint(path, load_tensors=True, check_weights=True, check_model=True):
     """The file at `path` as a dict ("tensors": (name, dtype, dims, raw bytes); with load_tensors
     "state_dict" too, which needs torch); raises CheckpointError for anything else. Without
     check_weights, weights no run saves (NaN, an infinity, a negative running variance) are
-    read as they are: compare_models.py must find them, not refuse them."""
+    read as they are: compare_models.py must find them, not refuse them. Without check_model,
+    tensors other than the model's are read too (the parser's own tests use small files)."""
     def fail(why):
         raise CheckpointError(f"checkpoint {shown(path)}: {why}")
     raw = read_file(path, fail)
-    result = parse(raw, fail, check_weights)
+    result = parse(raw, fail, check_weights, check_model)
     if load_tensors:
         result["state_dict"] = state_dict(result["tensors"], raw["file"])
     return result

@@ -129,12 +129,39 @@ TEST(Safetensors, EveryHeaderFaultIsNamed) {
       {"metadata not strings", R"({"__metadata__":{"k":1}})", {}, "__metadata__ 'k' is not a string"},
       {"metadata not an object", R"({"__metadata__":[]})", {}, "__metadata__ is not an object"},
       {"offsets missing", R"({"a":{"dtype":"F32","shape":[1]}})", four, "no data_offsets"},
-      {"a name twice", "{" + ok + "," + ok + "}", four, "corrupt: the header names 'a' twice"},
+      {"a name twice", "{" + ok + "," + ok + "}", four,
+       "corrupt: the header is not valid JSON: the name 'a' appears twice"},
+      // Note [One JSON text, one reading]: what PyPI safetensors or read_checkpoint.py refuse.
+      {"a field twice in an entry",
+       R"({"a":{"dtype":"F32","dtype":"F32","shape":[1],"data_offsets":[0,4]}})", four,
+       "corrupt: the header is not valid JSON: the name 'dtype' appears twice"},
+      {"a metadata key twice", R"({"__metadata__":{"k":"1","k":"2"},)" + ok + "}", four,
+       "corrupt: the header is not valid JSON: the name 'k' appears twice"},
+      {"bytes after a NUL", "{" + ok + std::string("}\0{\"b\":1}", 9), four,
+       "corrupt: the header is not valid JSON: a NUL byte at byte 54 of 62"},
+      {"a NUL as padding", "{" + ok + std::string("}\0\0", 3), four,
+       "corrupt: the header is not valid JSON: a NUL byte at byte 54 of 56"},
+      {"a byte after the object", "{" + ok + "}x", four,
+       "corrupt: the header is not valid JSON: [json.exception.parse_error.101] parse error at "
+       "line 1, column 55: syntax error while parsing value - invalid literal; last read: "
+       "'4]}}x'; expected end of input"},
   };
   for (const auto& c : cases) {
     SCOPED_TRACE(c.what);
     expect_data_error([&] { parse_safetensors(file_of(c.json, c.data), "bad.safetensors"); },
                       {"bad.safetensors: ", c.phrase});
+  }
+}
+
+// The specification pads with spaces; a JSON text may end in any JSON whitespace, and PyPI
+// safetensors reads such a header too.
+TEST(Safetensors, AHeaderMayEndInJsonWhitespace) {
+  const std::string ok = R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}})";
+  for (const std::string tail : {"    ", " \t\r\n", "\n"}) {
+    SCOPED_TRACE(printable(tail));
+    const auto [header, tensors] = parse_safetensors(file_of(ok + tail, {0, 0, 128, 63}), "ws");
+    ASSERT_EQ(tensors.size(), 1u);
+    EXPECT_EQ(tensors[0].second.item<float>(), 1.0f);
   }
 }
 

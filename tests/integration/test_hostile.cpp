@@ -332,7 +332,8 @@ TEST(HostileMessages, EvalErrorsNameTheFile) {
   const auto result =
       run_dptrain({"eval", "--checkpoint", hollow, "--data-dir", tiny_data_dir(), "--threads", "1"});
   expect_one_error_line(result, kRunTime,
-                        "checkpoint " + hollow + ": holds 0 tensors where the width-1 model has");
+                        "checkpoint " + hollow + ": has no tensor '0.weight' of the width-1 model "
+                        "(nor 126 more); not read");
 }
 
 // A bad --checkpoint-dir was found only after the data was read (exit 1); like the other output

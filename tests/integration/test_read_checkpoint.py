@@ -50,13 +50,26 @@ def load_script():
 
 
 def valid(edit_state=None, edit_metadata=None, tensors=None, **kw):
-    """A valid file (tests/support/dptrain_safetensors.py's valid_state and valid_tensors), with
-    `edit_state(state)` and `edit_metadata(metadata)` applied before the digest is taken."""
+    """A valid file (tests/support/dptrain_safetensors.py's valid_state and the width-4 model's
+    tensors, model_tensors), with `edit_state(state)` and `edit_metadata(metadata)` applied
+    before the digest is taken."""
     state = st.valid_state()
     if edit_state:
         edit_state(state)
-    return st.checkpoint(state, st.valid_tensors() if tensors is None else tensors,
+    return st.checkpoint(state, st.model_tensors() if tensors is None else tensors,
                          edit=edit_metadata, **kw)
+
+
+def with_tensor(name, raw, dtype="F32"):
+    """The width-4 model's tensors with `name`'s bytes (and dtype) replaced."""
+    return [(n, dtype, shape, raw) if n == name else (n, d, shape, r)
+            for n, d, shape, r in st.model_tensors()]
+
+
+def swapped(data, a, b):
+    """`data` with the tensor names `a` and `b` swapped in its header."""
+    a, b = f'"{a}"'.encode(), f'"{b}"'.encode()
+    return data.replace(a, b'"\0"').replace(b, a).replace(b'"\0"', b)
 
 
 def limit_memory():
@@ -278,17 +291,15 @@ class Digest(ScriptTest):
         self.expect_rows([
             ("a data bit", good[:-1] + bytes([good[-1] ^ 1]), mismatch),
             ("a metadata value", struct.pack("<Q", len(text)) + text + good[8 + n:], mismatch),
-            ("no digest", st.safetensors(st.valid_tensors(), st.metadata_of(st.valid_state())),
+            ("no digest", st.safetensors(st.model_tensors(), st.metadata_of(st.valid_state())),
              "corrupt: no digest (dptrain.digest)"),
-            ("a tensor renamed", valid(tensors=[("x", "F32", [1], b"\0" * 4)])
-             .replace(b'"x"', b'"y"'), mismatch),
+            ("two tensors' names swapped", swapped(valid(), "1.weight", "1.bias"), mismatch),
         ])
 
     def test_the_digest_covers_content_not_spelling(self):
         """The same metadata and tensors in the same order, written by PyPI safetensors with
         another header (its own key order, no padding spaces of ours) still verify."""
-        path = self.write("good.safetensors", valid(tensors=[("w", "F32", [3], b"\0" * 12)]))
-        # save_file orders the tensors by dtype, then by name: one tensor keeps the order.
+        path = self.write("good.safetensors", valid())
         with open(path, "rb") as f:
             n = struct.unpack("<Q", f.read(8))[0]
             metadata = json.loads(f.read(n))["__metadata__"]
@@ -303,7 +314,7 @@ class Digest(ScriptTest):
         offsets of nearly every tensor change; the digest takes the tensors by name and holds no
         offsets, so the rewrite verifies. Two tensors of one dtype and shape whose names are
         swapped keep every offset, shape and byte of the table, and fail."""
-        tensors = st.valid_tensors() + [("v", "F32", [3], struct.pack("<3f", 0.5, 7.0, -1.0))]
+        tensors = st.model_tensors()
         path = self.write("ours.safetensors", valid(tensors=tensors))
         with open(path, "rb") as f:
             n = struct.unpack("<Q", f.read(8))[0]
@@ -318,21 +329,21 @@ class Digest(ScriptTest):
 
         def data_order(header):
             return sorted(header, key=lambda name: header[name]["data_offsets"])
-        self.assertEqual(data_order(ours), ["w", "n", "empty", "h", "f", "v"])
+        self.assertEqual(data_order(ours), [name for name, *_ in tensors])
         # Its dtype order: I64, F64, F32, BF16, F16 (the Rust crate's Dtype enum, reversed).
-        self.assertEqual(data_order(theirs), ["n", "empty", "v", "w", "h", "f"])
+        self.assertEqual(data_order(theirs), sorted(
+            (name for name, *_ in tensors), key=lambda name: (ours[name]["dtype"] != "I64", name)))
         self.assertEqual({name: (e["dtype"], e["shape"]) for name, e in theirs.items()},
                          {name: (e["dtype"], e["shape"]) for name, e in ours.items()})
         code, out, err = self.run_script(self.path("theirs.safetensors"), "--tensor-digests")
         self.assertEqual((code, err), (0, ""))
-        names = {"F32": "float32", "I64": "int64", "F64": "float64", "BF16": "bfloat16",
-                 "F16": "float16"}
+        names = {"F32": "float32", "I64": "int64"}
         self.assertEqual(sorted(out.splitlines()), sorted(
             f"{name} {names[dtype]} {'x'.join(map(str, dims)) or 'scalar'} "
             f"{hashlib.sha256(raw).hexdigest()}" for name, dtype, dims, raw in tensors))
 
-        swapped = {**loaded, "w": loaded["v"], "v": loaded["w"]}
-        save_file(swapped, self.path("swapped.safetensors"), metadata=metadata)
+        names_swapped = {**loaded, "1.weight": loaded["1.bias"], "1.bias": loaded["1.weight"]}
+        save_file(names_swapped, self.path("swapped.safetensors"), metadata=metadata)
         path = self.path("swapped.safetensors")
         self.expect_error([path], f"checkpoint {path}: corrupt: the content digest does not "
                           "match (the file was damaged or changed after dptrain wrote it)")
@@ -427,7 +438,10 @@ def state_json(edit):
 
 class RunState(ScriptTest):
     def test_impossible_contents_are_refused_naming_the_field_and_why(self):
-        self.expect_rows([(label, valid(edit), f"corrupt: impossible contents: {why}")
+        # A width out of range has no model to check the tensors against: the small tensors
+        # keep the size bound (at most a width-1 model's data) out of the way.
+        self.expect_rows([(label, valid(edit, tensors=st.valid_tensors() if label.startswith(
+                              "width") else None), f"corrupt: impossible contents: {why}")
                           for label, edit, why in impossible_rows()])
 
     def test_a_run_state_of_another_shape_is_refused_in_the_cpp_readers_words(self):
@@ -489,7 +503,7 @@ class RunState(ScriptTest):
 
 def expected_json(state, kind="checkpoint"):
     metadata = st.metadata_of(state, kind)
-    metadata["dptrain.digest"] = st.digest(metadata, st.valid_tensors())
+    metadata["dptrain.digest"] = st.digest(metadata, st.model_tensors())
     return st.figures({**state, "format_version": 3, "kind": kind, "metadata": metadata})
 
 
@@ -542,25 +556,48 @@ class Issue44(ScriptTest):
 
     def test_weights_no_run_has_are_refused_naming_the_tensor(self):
         nan, inf = float("nan"), float("inf")
-        tensors = st.valid_tensors()
         rows = [
-            ("a NaN F32", [("w", "F32", [2], struct.pack("<2f", 1.0, nan))], "w"),
-            ("an infinite F64", [("d", "F64", [1], struct.pack("<d", -inf))], "d"),
-            ("a NaN BF16", [("b", "BF16", [1], b"\xc0\x7f")], "b"),
-            ("an infinite F16", [("h", "F16", [1], struct.pack("<e", inf))], "h"),
+            ("a NaN F32", with_tensor("0.bias", struct.pack("<4f", 1.0, nan, 0.0, 0.0)), "0.bias"),
+            ("an infinite F32", with_tensor("fc.1.bias", struct.pack("<10f", *[0.0] * 9, -inf)),
+             "fc.1.bias"),
         ]
         self.expect_rows([(label, valid(tensors=bad), f"corrupt: impossible contents: tensor "
                            f"'{name}' holds NaN or an infinity (dptrain never saves the weights "
                            "of a non-finite step); not used") for label, bad, name in rows])
-        variance = [("1.running_var", "F32", [3], struct.pack("<3f", 1.0, -0.0, -0.5))]
-        self.expect_rows([("a negative variance", valid(tensors=tensors + variance),
+        variance = with_tensor("1.running_var", struct.pack("<4f", 1.0, -0.0, -0.5, 2.0))
+        self.expect_rows([("a negative variance", valid(tensors=variance),
                            "corrupt: impossible contents: tensor '1.running_var' (a BatchNorm "
                            "running variance) holds -0.5 (a variance is >= 0); not used")])
+        # In dptrain's own file a tensor of another dtype is refused before its values are read.
+        self.expect_rows([("a BF16 NaN", valid(tensors=with_tensor("0.bias", b"\xc0\x7f" * 4,
+                                                                   "BF16")),
+                           "tensor '0.bias' is BF16[4], the width-4 model's is F32[4]; not read")])
         # -0 and a negative running mean are a run's own.
-        fine = [("1.running_var", "F32", [1], struct.pack("<f", -0.0)),
-                ("1.running_mean", "F32", [1], struct.pack("<f", -3.0))]
+        fine = with_tensor("1.running_var", struct.pack("<4f", -0.0, 1.0, 1.0, 1.0))
+        fine = [(n, d, s, struct.pack("<4f", -3.0, 0, 0, 0) if n == "1.running_mean" else r)
+                for n, d, s, r in fine]
         code, _, err = self.run_script(self.write("fine.safetensors", valid(tensors=fine)))
         self.assertEqual(code, 0, err)
+
+    def test_tensors_other_than_the_models_are_refused_naming_the_first(self):
+        """Note [A state dict from PyTorch is read as PyTorch reads it] in checkpoint.cpp: in
+        dptrain's own files the tensors are exactly the model's (the same words as dptrain)."""
+        model = st.model_tensors()
+        self.expect_rows([
+            ("one missing", valid(tensors=[t for t in model if t[0] != "1.running_mean"]),
+             "has no tensor '1.running_mean' of the width-4 model; not read"),
+            ("the buffers missing", valid(tensors=[t for t in model if t[0].endswith(
+                ("weight", "bias"))]),
+             "has no tensor '1.running_mean' of the width-4 model (nor 50 more); not read"),
+            ("one extra", valid(tensors=model + [("\x1b[2Jextra", "F32", [1], b"\0" * 4)]),
+             "holds tensor '\\x1b[2Jextra', which the width-4 model has not; not read"),
+            ("another shape", valid(tensors=[
+                (n, d, [11], b"\0" * 44) if n == "fc.1.bias" else (n, d, s, r)
+                for n, d, s, r in model]),
+             "tensor 'fc.1.bias' is F32[11], the width-4 model's is F32[10]; not read"),
+            ("an F64 tensor", valid(tensors=with_tensor("0.bias", b"\0" * 32, "F64")),
+             "tensor '0.bias' is F64[4], the width-4 model's is F32[4]; not read"),
+        ])
 
     def test_ctrl_c_is_one_line_and_status_130(self):
         # A FIFO given to Python's own open() would block, but the script never waits on one:
@@ -693,7 +730,7 @@ class ValidFile(ScriptTest):
         for kind, unpadded in (("checkpoint", False), ("model", True)):
             with self.subTest(kind=kind):
                 path = self.write(f"{kind}.safetensors",
-                                  st.checkpoint(st.valid_state(), st.valid_tensors(), kind=kind,
+                                  st.checkpoint(st.valid_state(), st.model_tensors(), kind=kind,
                                                 pad=not unpadded))
                 code, out, err = self.run_script(path, "--json")
                 self.assertEqual((code, err), (0, ""))
@@ -705,17 +742,18 @@ class ValidFile(ScriptTest):
                 self.assertEqual(out.splitlines(), [
                     f"{name} {names[dtype]} {'x'.join(map(str, dims)) or 'scalar'} "
                     f"{hashlib.sha256(raw).hexdigest()}"
-                    for name, dtype, dims, raw in st.valid_tensors()])
+                    for name, dtype, dims, raw in st.model_tensors()])
                 code, out, err = self.run_script(path)
                 self.assertEqual(out, f"{path}: format 3 {kind}, width 4, batch 32, lr 0.05, "
                                  "seed 18446744073709551609, world 2; epoch 2 step 3 (global "
-                                 "step 19); 2 epochs of history, 5 tensors\n")
+                                 "step 19); 2 epochs of history, 127 tensors\n")
                 read = load_script().read_checkpoint(path, load_tensors=False)
                 self.assertEqual([(n, d, s, r) for n, d, s, r in read["tensors"]],
-                                 [(n, names[d], s, r) for n, d, s, r in st.valid_tensors()])
+                                 [(n, names[d], s, r) for n, d, s, r in st.model_tensors()])
 
     def test_safetensors_the_script_and_its_fallback_give_the_same_state_dict(self):
-        path = self.write("good.safetensors", valid())
+        # Every dtype a file may hold, in-process without the model check (check_model=False).
+        path = self.write("good.safetensors", valid(tensors=st.valid_tensors()))
         standard = load_file(path)
         self.assertEqual(list(standard), ["w", "n", "empty", "h", "f"])
         self.assertEqual(standard["w"].tolist(), [1.5, -2.0, 3.25])
@@ -724,11 +762,11 @@ class ValidFile(ScriptTest):
         self.assertEqual(standard["h"].float().tolist(), [[1.0], [2.0]])
         self.assertEqual(standard["f"].dtype, torch.float16)
         module = load_script()
-        with_library = module.read_checkpoint(path)["state_dict"]
+        with_library = module.read_checkpoint(path, check_model=False)["state_dict"]
         kept = sys.modules["safetensors.torch"]
         sys.modules["safetensors.torch"] = None  # `from safetensors.torch import` now fails
         try:
-            fallback = module.read_checkpoint(path)["state_dict"]
+            fallback = module.read_checkpoint(path, check_model=False)["state_dict"]
         finally:
             sys.modules["safetensors.torch"] = kept
         for label, states in (("with safetensors", with_library), ("fallback", fallback)):
@@ -752,14 +790,12 @@ class ValidFile(ScriptTest):
         self.assertEqual((read["history"][1]["train_loss"], read["history"][1]["test_loss"],
                           read["partial_sums"]["loss_sum"]), ("inf", "nan", "inf"))
 
-    def test_names_are_escaped_in_digests_errors_and_the_summary(self):
-        names = ["\x1b[2Jwiped", "caf\u00e9", "back\\slash"]
-        tensors = [(name, *t[1:]) for name, t in zip(names, st.valid_tensors())]
-        path = self.write("names.safetensors", valid(tensors=tensors))
-        code, out, err = self.run_script(path, "--tensor-digests")
-        self.assertEqual((code, err), (0, ""))
-        self.assertEqual([line.split(" ")[0] for line in out.splitlines()],
-                         ["\\x1b[2Jwiped", "caf\\xc3\\xa9", "back\\\\slash"])
+    def test_names_are_escaped_in_errors_and_the_summary(self):
+        self.expect_rows([(name, valid(tensors=st.model_tensors() + [(name, "F32", [1], b"\0" * 4)]),
+                           f"holds tensor '{shown}', which the width-4 model has not; not read")
+                          for name, shown in [("\x1b[2Jwiped", "\\x1b[2Jwiped"),
+                                              ("caf\u00e9", "caf\\xc3\\xa9"),
+                                              ("back\\slash", "back\\\\slash")]])
         self.expect_rows([("a title in a dtype error",
                            header_with({"\x1b]0;owned\x07": entry("Q8", [1], 0, 1)}, data=b"\0"),
                            "tensor '\\x1b]0;owned\\x07' has dtype \"Q8\"; dptrain reads F32, "
@@ -865,7 +901,7 @@ class Mutations(ScriptTest):
         printable line naming the file; else what went wrong."""
         self.last_accepted = False
         try:
-            result = module.read_checkpoint(path)
+            result = module.read_checkpoint(path, check_model=False)
             json.dumps(module.json_figures({k: v for k, v in result.items()
                                             if k not in ("tensors", "state_dict")}),
                        allow_nan=False)

@@ -114,3 +114,27 @@ def valid_tensors():
             ("empty", "F64", [0, 3], b""),
             ("h", "BF16", [2, 1], b"\x80\x3f\x00\x40"),  # 1.0, 2.0
             ("f", "F16", [2], struct.pack("<2e", 0.5, -1.0))]
+
+
+_MODEL_TENSORS = {}
+
+
+def model_tensors(width=4):
+    """The tensors of the book's ResNet-18 of `width` (tests/support/pytorch_resnet.py's
+    state_dict: names, dtypes and shapes), in its order, with deterministic values a run can
+    have (every running variance > 0); what dptrain checks a file's tensors against."""
+    if width not in _MODEL_TENSORS:
+        import torch  # here: the fuzz seeds and the layout tests need no torch
+        from pytorch_resnet import resnet18
+        rows = []
+        for i, (name, t) in enumerate(resnet18(10, 1, width).state_dict().items()):
+            if t.dtype == torch.int64:
+                value = torch.full(t.shape, 3 + i, dtype=torch.int64)
+            else:
+                value = ((torch.arange(t.numel(), dtype=torch.float32) * 37 + i) % 11 - 5) / 8
+                value = value.reshape(t.shape).abs() + 0.5 if name.endswith("running_var") else \
+                    value.reshape(t.shape)
+            dtype = {torch.float32: "F32", torch.int64: "I64"}[t.dtype]
+            rows.append((name, dtype, list(t.shape), value.numpy().tobytes()))
+        _MODEL_TENSORS[width] = rows
+    return list(_MODEL_TENSORS[width])

@@ -525,6 +525,24 @@ TEST(CheckpointFormat, ConsistentDigestButAbsurdContentsAreDataErrors) {
                          "typed.safetensors");
       },
       {"typed.safetensors: corrupt: run state: global_step is not an integer of 64 bits"});
+  // Note [One JSON text, one reading]: a field given twice, and bytes after a NUL (which
+  // nlohmann's parser took for the end), digest refitted, are refused as the script refuses them.
+  expect_data_error(
+      [&] {
+        parse_checkpoint(redigested(with_header(bytes, replaced(header, "global_step\\\":11",
+                                                                "global_step\\\":11,\\\"global_step"
+                                                                "\\\":12"))),
+                         "twice.safetensors");
+      },
+      {"twice.safetensors: corrupt: the run state is not valid JSON: the name 'global_step' "
+       "appears twice"});
+  expect_data_error(
+      [&] {
+        parse_checkpoint(redigested(with_header(bytes, replaced(header, "\",\"dptrain.test_acc\"",
+                                                                "\\u0000{}\",\"dptrain.test_acc\""))),
+                         "nul.safetensors");
+      },
+      {"nul.safetensors: corrupt: the run state is not valid JSON: a NUL byte at byte"});
 }
 
 TEST(CheckpointFormat, LegacyConsistentCrcButAbsurdContentsAreDataErrors) {
@@ -638,7 +656,10 @@ TEST(CheckpointPython, ReadCheckpointScriptGivesEveryTensorAndThePosition) {
   const std::string python = DPTRAIN_TORCHRUN_PYTHON;
   if (python.empty()) GTEST_SKIP() << "no Python with torch found at configure time";
   TempDir dir;
-  const auto checkpoint = sample_checkpoint();
+  auto checkpoint = sample_checkpoint();
+  // The script checks the tensors against the width-8 model, as dptrain's eval and resume do.
+  ResNet model(ResNetOptions{kNumClasses, 1, checkpoint.config.width});
+  checkpoint.tensors = model_tensors(*model);
   const std::string path = dir.file(checkpoint_file_name(2, 17));
   write_checkpoint_atomically(checkpoint, path);
   const std::string script =
@@ -1267,8 +1288,103 @@ TEST(CheckpointBound, TheHeadersTensorsMustBeTheRunsModel) {
   Checkpoint fewer = model_checkpoint(8);
   fewer.tensors.pop_back();
   write_bytes(path, serialize_checkpoint(fewer));
+  // dptrain's own files are exact (Note [A state dict from PyTorch is read as PyTorch reads
+  // it]): the buffer a plain state dict may lack is named.
   expect_data_error([&] { read_checkpoint(path, "checkpoint", accepted_run_model(8)); },
-                    {"tensors where the width-8 model has", "; not read"});
+                    {"checkpoint " + path + ": has no tensor 'resnet_block4.1.bn2." +
+                     "num_batches_tracked' of the width-8 model; not read"});
+}
+
+// Note [A state dict from PyTorch is read as PyTorch reads it]: a plain file's floating-point
+// weights of another dtype are converted (exactly from F16 and BF16), its absent
+// num_batches_tracked are 0, both said in one notice; the rest is refused, naming the tensor.
+TEST(ModelWeights, AStateDictFromPyTorchIsReadAsPyTorchReadsIt) {
+  TempDir dir;
+  const std::string path = dir.file("state_dict.safetensors");
+  torch::manual_seed(3);
+  ResNet model(ResNetOptions{kNumClasses, 1, 4});
+  const auto tensors = model_tensors(*model);
+  const auto write = [&](const std::function<bool(std::pair<std::string, torch::Tensor>&)>& edit) {
+    NamedTensors file;
+    for (auto t : tensors) {
+      if (edit(t)) file.push_back(std::move(t));
+    }
+    const auto bytes = serialize_safetensors(file, {});
+    write_bytes(path, bytes);
+  };
+  const auto read = [&] { return read_model_weights(path, "--model", accepted_in_memory(true)); };
+  for (const auto dtype : {torch::kFloat16, torch::kBFloat16, torch::kFloat64}) {
+    SCOPED_TRACE(safetensors_dtype_name(dtype));
+    write([&](auto& t) {
+      if (t.second.is_floating_point()) t.second = t.second.to(dtype);
+      return true;
+    });
+    const auto weights = read();
+    EXPECT_EQ(weights.width, 4);
+    ASSERT_EQ(weights.tensors.size(), tensors.size());
+    for (size_t i = 0; i < tensors.size(); ++i) {
+      const auto& [name, tensor] = weights.tensors[i];
+      EXPECT_EQ(name, tensors[i].first);
+      EXPECT_EQ(tensor.scalar_type(), tensors[i].second.scalar_type()) << name;
+      const auto expected = tensors[i].second.is_floating_point()
+                                ? tensors[i].second.to(dtype).to(torch::kFloat32)
+                                : tensors[i].second;
+      EXPECT_TRUE(tensor.equal(expected)) << name;
+    }
+    EXPECT_EQ(weights.notice, "its " + safetensors_dtype_name(dtype) +
+                                  " weights converted to the model's F32 (" +
+                                  (dtype == torch::kFloat64 ? "F64 rounded to the nearest F32"
+                                                            : "exactly") + ")");
+  }
+  write([](auto& t) { return t.first.find("num_batches_tracked") == std::string::npos; });
+  auto weights = read();
+  ASSERT_EQ(weights.tensors.size(), tensors.size());
+  EXPECT_EQ(weights.tensors.back().first, "resnet_block4.1.bn2.num_batches_tracked");
+  EXPECT_EQ(weights.tensors.back().second.item<int64_t>(), 0);
+  EXPECT_EQ(weights.notice, "its 17 absent BatchNorm num_batches_tracked buffers set to 0, as "
+                            "PyTorch's load_state_dict sets them");
+  write([](auto& t) {
+    if (t.second.is_floating_point()) t.second = t.second.to(torch::kFloat16);
+    return t.first.find("num_batches_tracked") == std::string::npos;
+  });
+  EXPECT_EQ(read().notice, "its F16 weights converted to the model's F32 (exactly); its 17 absent "
+                           "BatchNorm num_batches_tracked buffers set to 0, as PyTorch's "
+                           "load_state_dict sets them");
+  write([](auto&) { return true; });
+  EXPECT_EQ(read().notice, "");
+
+  const std::string refused = "--model " + path + ": ";
+  write([](auto& t) {
+    if (t.first == "0.bias") t.second = torch::full({4}, 1e300, torch::kFloat64);
+    return true;
+  });
+  expect_data_error(read, {refused + "tensor '0.bias' holds a value of F64 beyond F32's range " +
+                           "(it would be an infinity); not read"});
+  write([](auto& t) {
+    if (t.first == "0.bias") t.second = t.second.to(torch::kInt64);
+    return true;
+  });
+  expect_data_error(read, {refused + "tensor '0.bias' is I64[4], the width-4 model's is F32[4] " +
+                           "(a floating-point tensor converts, an integer one does not); not read"});
+  write([](auto& t) { return t.first.find("running_var") == std::string::npos; });
+  expect_data_error(read, {refused + "has no tensor '1.running_var' of the width-4 model (nor 16 " +
+                           "more) (save the whole state_dict, buffers included: " +
+                           "model.state_dict(), not named_parameters()); not read"});
+  write([](auto& t) {
+    t.first = "module." + t.first;
+    return true;
+  });
+  expect_data_error(read, {refused + "has no tensor '0.weight' (the stem convolution of the " +
+                           "book's ResNet-18 as dptrain and tests/support/pytorch_resnet.py name " +
+                           "it) (a DataParallel or DDP wrapper's prefix 'module.': save " +
+                           "model.module.state_dict())"});
+  write([](auto& t) {
+    if (t.first == "1.weight") t.first = "1.\x1b[2Jweight";
+    return true;
+  });
+  expect_data_error(read, {refused + "holds tensor '1.\\x1b[2Jweight', which the width-4 model has " +
+                           "not (save the state_dict of tests/support/pytorch_resnet.py's " +
+                           "resnet18 of that width); not read"});
 }
 
 TEST(CheckpointFormat, PartialSumsAndSecondsNoRunCanHaveAreRefused) {

@@ -132,7 +132,70 @@ SafetensorsMetadata parse_metadata(const nlohmann::json& value, const std::strin
   return metadata;
 }
 
+// Note [One JSON text, one reading]
+// A file's JSON (the header, and the run state inside its metadata) must read the same in every
+// reader, or a crafted file shows one reader what another never sees. nlohmann's parser, given a
+// range, stops at a NUL byte as at the end (a header "{...}\0anything" parsed, and the bytes
+// after the NUL were covered by nothing), and keeps the last of a name given twice; PyPI
+// safetensors (serde_json) and scripts/read_checkpoint.py (json.loads) refuse a NUL and any byte
+// after the value but JSON whitespace, and the script refuses a name given twice. So a JSON text
+// is read here as RFC 8259 defines it and the strictest of the three reads it: one value, then
+// only whitespace (space, tab, LF, CR: the 0x20 padding of the safetensors specification is
+// one), no NUL byte anywhere (inside a string it is written \u0000), and no name twice in one
+// object (RFC 8259 leaves a reader free to take either). A SAX pass checks it before the value is
+// built: nlohmann's parser callback sees keys but not which object they belong to without a
+// stack, and a SAX reader is that stack. docs/checkpoints.md ("A valid file") states the whole
+// definition; tests/integration/test_three_readers.py holds the three readers to it.
+class JsonTextCheck : public nlohmann::json_sax<nlohmann::json> {
+ public:
+  bool null() override { return true; }
+  bool boolean(bool) override { return true; }
+  bool number_integer(number_integer_t) override { return true; }
+  bool number_unsigned(number_unsigned_t) override { return true; }
+  bool number_float(number_float_t, const string_t&) override { return true; }
+  bool string(string_t&) override { return true; }
+  bool binary(binary_t&) override { return true; }
+  bool start_object(std::size_t) override {
+    names_.emplace_back();
+    return true;
+  }
+  bool key(string_t& name) override {
+    if (names_.back().insert(name).second) return true;
+    fault_ = "the name '" + printable(name) + "' appears twice";
+    return false;
+  }
+  bool end_object() override {
+    names_.pop_back();
+    return true;
+  }
+  bool start_array(std::size_t) override { return true; }
+  bool end_array() override { return true; }
+  bool parse_error(std::size_t, const std::string&, const nlohmann::detail::exception& e) override {
+    fault_ = printable(e.what());
+    return false;
+  }
+  const std::string& fault() const { return fault_; }
+
+ private:
+  std::vector<std::set<std::string>> names_;  // the names seen in each open object, innermost last
+  std::string fault_;
+};
+
 }  // namespace
+
+void check_json_text(const char* text, uint64_t size, const std::string& label,
+                     const std::string& what) {
+  const void* nul = std::memchr(text, '\0', static_cast<size_t>(size));
+  if (nul != nullptr) {
+    fail(label, "corrupt: " + what + " is not valid JSON: a NUL byte at byte " +
+                    std::to_string(static_cast<const char*>(nul) - text) + " of " +
+                    std::to_string(size));
+  }
+  JsonTextCheck check;
+  if (!nlohmann::json::sax_parse(text, text + size, &check) || !check.fault().empty()) {
+    fail(label, "corrupt: " + what + " is not valid JSON: " + check.fault());
+  }
+}
 
 std::string safetensors_dtype_name(torch::ScalarType dtype) {
   for (const auto& d : kDtypes) {
@@ -198,22 +261,12 @@ SafetensorsHeader parse_safetensors_header(const uint8_t* json, uint64_t size, u
     fail(label, "corrupt or not a safetensors file: the header is not a JSON object (it starts "
                 "with no '{')");
   }
+  const char* text = reinterpret_cast<const char*>(json);
+  check_json_text(text, size, label, "the header");
   nlohmann::json header;
-  // A name given twice would leave one of its two entries unread (the parser keeps the last):
-  // the top level's keys are checked as they are parsed.
-  std::set<std::string> names;
-  const auto no_name_twice = [&](int depth, nlohmann::json::parse_event_t event,
-                                 nlohmann::json& parsed) {
-    if (depth == 1 && event == nlohmann::json::parse_event_t::key &&
-        !names.insert(parsed.get<std::string>()).second) {
-      fail(label, "corrupt: the header names '" + printable(parsed.get<std::string>()) +
-                      "' twice");
-    }
-    return true;
-  };
   try {
-    header = nlohmann::json::parse(json, json + size, no_name_twice);
-  } catch (const nlohmann::json::exception& e) {
+    header = nlohmann::json::parse(text, text + size);
+  } catch (const nlohmann::json::exception& e) {  // check_json_text parsed it: never here
     fail(label, "corrupt: the header is not valid JSON: " + printable(e.what()));
   }
   if (!header.is_object()) fail(label, "the header is not a JSON object");

@@ -18,6 +18,7 @@
 #include <memory>
 #include <mutex>
 #include <new>
+#include <set>
 #include <sstream>
 
 #include "checkpoint_legacy.h"
@@ -262,54 +263,161 @@ std::vector<uint8_t> allocate_for(uint64_t bytes, const std::string& label, cons
 }
 
 // The tensors of a model of `width` as the file must hold them (model_tensors' names, shapes and
-// dtypes), from a model built once per width: the names are the model's own, never a copy.
+// dtypes, in the model's order: its parameters, then its buffers), from a model built once per
+// width: the names are the model's own, never a copy.
 struct TensorSpec {
+  std::string name;
   torch::ScalarType dtype;
   std::vector<int64_t> shape;
 };
-using TensorSpecs = std::map<std::string, TensorSpec>;
+struct ModelSpec {
+  std::vector<TensorSpec> tensors;
+  std::map<std::string, const TensorSpec*> by_name;
+};
 
-std::shared_ptr<const TensorSpecs> model_tensor_specs(int64_t width) {
+std::shared_ptr<const ModelSpec> model_tensor_specs(int64_t width) {
   static std::mutex mutex;
-  static std::pair<int64_t, std::shared_ptr<const TensorSpecs>> last{0, nullptr};
+  static std::pair<int64_t, std::shared_ptr<const ModelSpec>> last{0, nullptr};
   const std::lock_guard<std::mutex> lock(mutex);
   if (last.first == width) return last.second;
   torch::NoGradGuard no_grad;
   ResNet model(ResNetOptions{kNumClasses, /*in_channels=*/1, width});
-  auto specs = std::make_shared<TensorSpecs>();
+  auto spec = std::make_shared<ModelSpec>();
   for (const auto& item : model->named_parameters()) {
-    (*specs)[item.key()] = {item.value().scalar_type(), item.value().sizes().vec()};
+    spec->tensors.push_back({item.key(), item.value().scalar_type(), item.value().sizes().vec()});
   }
   for (const auto& item : model->named_buffers()) {
-    (*specs)[item.key()] = {item.value().scalar_type(), item.value().sizes().vec()};
+    spec->tensors.push_back({item.key(), item.value().scalar_type(), item.value().sizes().vec()});
   }
-  last = {width, specs};
-  return specs;
+  for (const auto& t : spec->tensors) spec->by_name[t.name] = &t;
+  last = {width, spec};
+  return spec;
 }
 
-// The header's tensors against those of the model of `width`: every name, dtype and shape, and
-// no tensor more; a DataError naming the first that differs, before the data is read.
-void check_model_tensors(const SafetensorsHeader& header, int64_t width, const std::string& label) {
-  const auto specs = model_tensor_specs(width);
+// Note [A state dict from PyTorch is read as PyTorch reads it]
+// A plain safetensors file (safetensors.torch.save_file(model.state_dict(), F)) is what a PyTorch
+// user has, and `eval --model` reads it as the user's own strict load_state_dict would, where
+// that is safe: a floating-point tensor of another floating dtype (F16, BF16, F64) is converted
+// to the model's float32, as load_state_dict's copy_ converts it: exactly from F16 and BF16
+// (every value of theirs is a float32), rounded to the nearest float32 from F64, and an F64 value
+// beyond float32's range is refused, naming the tensor (it would turn into an infinity). A
+// BatchNorm's num_batches_tracked may be absent: PyTorch's BatchNorm fills it with 0 when the
+// state dict carries no version (safetensors keeps none), and dptrain does the same (its
+// BatchNorm uses the buffer only without a momentum, which the book's model never has). Both are
+// said once, in one notice line (ModelWeights::notice). Nothing else is loosened: an integer
+// tensor where the model has floats, a shape of another model, a tensor the model lacks or one
+// it has and the file does not are refused, naming the first. dptrain's own files (checkpoints
+// and --save-model files, with their digest) hold exactly the model's tensors: any difference
+// there is damage, and they stay exact.
+enum class TensorRules { kExact, kStateDict };
+
+constexpr char kOptionalBuffer[] = "num_batches_tracked";
+
+bool is_float(torch::ScalarType dtype) { return c10::isFloatingType(dtype); }
+
+bool optional_buffer(const std::string& name) {
+  const size_t n = std::strlen(kOptionalBuffer);
+  return name.size() >= n && name.compare(name.size() - n, n, kOptionalBuffer) == 0;
+}
+
+// What to do about a tensor the model does not have, by the commonest cause.
+std::string extra_tensor_hint(const std::string& name) {
+  if (name.rfind("module.", 0) == 0) {
+    return " (a DataParallel or DDP wrapper's prefix 'module.': save model.module.state_dict())";
+  }
+  return " (save the state_dict of tests/support/pytorch_resnet.py's resnet18 of that width)";
+}
+
+// The header's tensors against those of the model of `width`, before the data is read: every
+// name, dtype and shape, and no tensor more, under `rules` (Note [A state dict from PyTorch is
+// read as PyTorch reads it]); a DataError naming the first tensor that is extra or differs, in
+// the file's order, else the first the file lacks, in the model's.
+void check_model_tensors(const SafetensorsHeader& header, int64_t width, TensorRules rules,
+                         const std::string& label) {
+  const auto spec = model_tensor_specs(width);
+  const std::string model = "the width-" + std::to_string(width) + " model";
+  // What to do is said for a plain file; in dptrain's own file a difference is damage.
+  const bool state_dict = rules == TensorRules::kStateDict;
+  std::set<std::string> present;
   for (const auto& e : header.entries) {
-    const auto found = specs->find(e.name);
-    if (found == specs->end()) {
-      throw DataError(label + ": holds tensor '" + printable(e.name) + "', which the width-" +
-                      std::to_string(width) + " model has not; not read");
+    const auto found = spec->by_name.find(e.name);
+    if (found == spec->by_name.end()) {
+      throw DataError(label + ": holds tensor '" + printable(e.name) + "', which " + model +
+                      " has not" + (state_dict ? extra_tensor_hint(e.name) : "") + "; not read");
     }
-    if (found->second.dtype != e.dtype || found->second.shape != e.shape) {
+    const TensorSpec& want = *found->second;
+    const bool converted = state_dict && is_float(want.dtype) && is_float(e.dtype);
+    if ((want.dtype != e.dtype && !converted) || want.shape != e.shape) {
       throw DataError(label + ": tensor '" + printable(e.name) + "' is " +
-                      safetensors_dtype_name(e.dtype) + "[" + shape_text(e.shape) +
-                      "], the width-" + std::to_string(width) + " model's is " +
-                      safetensors_dtype_name(found->second.dtype) + "[" +
-                      shape_text(found->second.shape) + "]; not read");
+                      safetensors_dtype_name(e.dtype) + "[" + shape_text(e.shape) + "], " +
+                      model + "'s is " + safetensors_dtype_name(want.dtype) + "[" +
+                      shape_text(want.shape) + "]" +
+                      (!state_dict ? ""
+                       : want.shape != e.shape
+                           ? " (a model of another width or shape)"
+                           : " (a floating-point tensor converts, an integer one does not)") +
+                      "; not read");
     }
+    present.insert(e.name);
   }
-  if (header.entries.size() != specs->size()) {
-    throw DataError(label + ": holds " + std::to_string(header.entries.size()) +
-                    " tensors where the width-" + std::to_string(width) + " model has " +
-                    std::to_string(specs->size()) + "; not read");
+  size_t missing = 0;
+  const TensorSpec* first = nullptr;
+  for (const auto& t : spec->tensors) {
+    if (present.count(t.name) != 0) continue;
+    if (state_dict && optional_buffer(t.name)) continue;
+    if (missing++ == 0) first = &t;
   }
+  if (first != nullptr) {
+    throw DataError(label + ": has no tensor '" + printable(first->name) + "' of " + model +
+                    (missing > 1 ? " (nor " + std::to_string(missing - 1) + " more)" : "") +
+                    (state_dict ? " (save the whole state_dict, buffers included: "
+                                  "model.state_dict(), not named_parameters())"
+                                : "") +
+                    "; not read");
+  }
+}
+
+// A plain file's tensors as the model of `width` takes them (Note [A state dict from PyTorch is
+// read as PyTorch reads it]): floating-point ones in the model's dtype, absent optional buffers
+// as 0; what was done, for ModelWeights::notice ("" when nothing).
+std::string as_model_tensors(NamedTensors& tensors, int64_t width, const std::string& label) {
+  const auto spec = model_tensor_specs(width);
+  std::set<std::string> converted;  // the files's dtypes that were converted, by name
+  std::set<std::string> present;
+  for (auto& [name, tensor] : tensors) {
+    present.insert(name);
+    const auto want = spec->by_name.at(name)->dtype;
+    if (tensor.scalar_type() == want) continue;
+    const auto from = tensor.scalar_type();
+    auto to = tensor.to(want);
+    if (!torch::isfinite(to).equal(torch::isfinite(tensor))) {
+      throw DataError(label + ": tensor '" + printable(name) + "' holds a value of " +
+                      safetensors_dtype_name(from) + " beyond " + safetensors_dtype_name(want) +
+                      "'s range (it would be an infinity); not read");
+    }
+    converted.insert(safetensors_dtype_name(from));
+    tensor = std::move(to);
+  }
+  size_t filled = 0;
+  for (const auto& t : spec->tensors) {
+    if (present.count(t.name) != 0) continue;
+    tensors.emplace_back(t.name, torch::zeros(t.shape, torch::TensorOptions().dtype(t.dtype)));
+    ++filled;
+  }
+  std::string notice;
+  if (!converted.empty()) {
+    std::string dtypes;
+    for (const auto& d : converted) dtypes += (dtypes.empty() ? "" : " and ") + d;
+    const bool rounded = converted.count("F64") != 0;
+    notice = "its " + dtypes + " weights converted to the model's F32 (" +
+             (rounded ? "F64 rounded to the nearest F32" : "exactly") + ")";
+  }
+  if (filled > 0) {
+    notice += std::string(notice.empty() ? "" : "; ") + "its " + std::to_string(filled) +
+              " absent BatchNorm " + kOptionalBuffer + " buffers set to 0, as PyTorch's " +
+              "load_state_dict sets them";
+  }
+  return notice;
 }
 
 // A version 3 checkpoint from its checked header and data.
@@ -339,8 +447,14 @@ struct OpenedFile {
   std::vector<uint8_t> data;
 };
 
+// What a header says of its model: the width, and how its tensors must match that model's.
+struct ClaimedModel {
+  int64_t width = 0;
+  TensorRules rules = TensorRules::kExact;
+};
+
 OpenedFile open_safetensors(const RegularFile& file,
-                            const std::function<int64_t(const SafetensorsHeader&)>& claimed_width,
+                            const std::function<ClaimedModel(const SafetensorsHeader&)>& claimed,
                             const AcceptedModel& accepted, const std::string& label) {
   uint8_t first[8] = {};
   file.read_at(0, first, static_cast<size_t>(std::min<uint64_t>(file.size(), 8)));
@@ -348,14 +462,15 @@ OpenedFile open_safetensors(const RegularFile& file,
   std::vector<uint8_t> json = allocate_for(n, label, "its header");
   file.read_at(8, json.data(), json.size());
   OpenedFile opened{parse_safetensors_header(json.data(), n, file.size(), label), {}};
-  const int64_t width = accepted_width(claimed_width(opened.header), accepted, label);
+  const ClaimedModel model = claimed(opened.header);
+  const int64_t width = accepted_width(model.width, accepted, label);
   const uint64_t limit = checkpoint_size_limit(width, kNumClasses, 1);
   if (file.size() > limit) {
     throw DataError(label + ": " + std::to_string(file.size()) +
                     " bytes, more than a file of a width-" + std::to_string(width) +
                     " model can hold (at most " + std::to_string(limit) + "); not read");
   }
-  if (accepted.model_tensors) check_model_tensors(opened.header, width, label);
+  if (accepted.model_tensors) check_model_tensors(opened.header, width, model.rules, label);
   opened.data = allocate_for(opened.header.data_bytes, label, "its tensors");
   file.read_at(opened.header.data_offset(), opened.data.data(), opened.data.size());
   return opened;
@@ -379,8 +494,13 @@ int64_t stem_width(const SafetensorsHeader& header, const std::string& label) {
     }
     return e.shape[0];
   }
+  const bool wrapped = std::any_of(header.entries.begin(), header.entries.end(),
+                                   [](const SafetensorsEntry& e) {
+                                     return e.name == std::string("module.") + kStemWeight;
+                                   });
   throw DataError(label + ": has no tensor '" + kStemWeight + "' (the stem convolution of the " +
-                  "book's ResNet-18 as dptrain and tests/support/pytorch_resnet.py name it)");
+                  "book's ResNet-18 as dptrain and tests/support/pytorch_resnet.py name it)" +
+                  (wrapped ? extra_tensor_hint("module.") : std::string()));
 }
 
 }  // namespace
@@ -522,7 +642,10 @@ Checkpoint read_checkpoint(const std::string& path, const std::string& what,
   if (first.legacy()) return read_legacy_checkpoint(file, accepted);
   check_not_foreign(first.bytes, first.size, file.size(), label);
   const auto opened = open_safetensors(
-      file, [&](const SafetensorsHeader& header) { return claimed_width(header, label); },
+      file,
+      [&](const SafetensorsHeader& header) {
+        return ClaimedModel{claimed_width(header, label), TensorRules::kExact};
+      },
       accepted, label);
   return checkpoint_from(opened.header, opened.data.data(), label);
 }
@@ -533,21 +656,27 @@ ModelWeights read_model_weights(const std::string& path, const std::string& what
   const std::string& label = file.name();
   if (FirstBytes(file).legacy()) {
     auto c = read_legacy_checkpoint(file, accepted);
-    return {std::move(c.tensors), c.config.width};
+    return {std::move(c.tensors), c.config.width, ""};
   }
   bool from_dptrain = false;
   const auto opened = open_safetensors(
       file,
       [&](const SafetensorsHeader& header) {
         from_dptrain = header.metadata.count(kFormatKey) != 0;
-        return from_dptrain ? claimed_width(header, label) : stem_width(header, label);
+        return from_dptrain ? ClaimedModel{claimed_width(header, label), TensorRules::kExact}
+                            : ClaimedModel{stem_width(header, label), TensorRules::kStateDict};
       },
       accepted, label);
   if (from_dptrain) {
     auto c = checkpoint_from(opened.header, opened.data.data(), label);
-    return {std::move(c.tensors), c.config.width};
+    return {std::move(c.tensors), c.config.width, ""};
   }
-  return {safetensors_tensors(opened.header, opened.data.data()), stem_width(opened.header, label)};
+  ModelWeights weights{safetensors_tensors(opened.header, opened.data.data()),
+                       stem_width(opened.header, label), ""};
+  if (accepted.model_tensors) {
+    weights.notice = as_model_tensors(weights.tensors, weights.width, label);
+  }
+  return weights;
 }
 
 bool is_checkpoint_file(const RegularFile& file) {

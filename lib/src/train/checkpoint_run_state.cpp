@@ -12,6 +12,7 @@
 
 #include "dptrain/core/errors.h"
 #include "dptrain/core/files.h"
+#include "dptrain/core/safetensors.h"
 #include "dptrain/train/device_peak.h"
 
 namespace dptrain {
@@ -475,6 +476,7 @@ Checkpoint read_run_state(const Json& state, const std::string& label) {
 }
 
 Json parse_json(const std::string& text, const std::string& label) {
+  check_json_text(text.data(), text.size(), label, "the run state");
   try {
     return Json::parse(text);
   } catch (const Json::exception& e) {

@@ -47,6 +47,14 @@ struct SafetensorsHeader {
   uint64_t data_offset() const { return 8 + header_bytes; }
 };
 
+// Checks `size` bytes of JSON text as every reader of dptrain's files must read them (Note [One
+// JSON text, one reading] in safetensors.cpp): one value and then only JSON whitespace, no NUL
+// byte, no name twice in one object. Throws DataError "<label>: corrupt: <what> is not valid
+// JSON: ..." naming the first fault. parse_safetensors_header calls it on the header; the
+// run state's reader (train/checkpoint_run_state.cpp) on the run state.
+void check_json_text(const char* text, uint64_t size, const std::string& label,
+                     const std::string& what);
+
 // "F32", "BF16", ... for the dtypes a model of dptrain's can hold (F32, F64, I64, BF16, F16);
 // other dtypes are refused by the writer (an internal error) and the reader (a DataError).
 std::string safetensors_dtype_name(torch::ScalarType dtype);
@@ -63,9 +71,9 @@ uint64_t safetensors_header_bytes(const uint8_t* first, uint64_t file_size,
                                   const std::string& label);
 
 // Parses and checks the N bytes of JSON that follow the length, for a file of `file_size` bytes.
-// Throws DataError "<label>: ..." naming the first fault (bad JSON, an unknown dtype, a shape
-// and a byte count that disagree, a hole between two tensors, the data longer or shorter than
-// the offsets, a metadata value that is no string, ...).
+// Throws DataError "<label>: ..." naming the first fault (JSON that check_json_text refuses, an
+// unknown dtype, a shape and a byte count that disagree, a hole between two tensors, the data
+// longer or shorter than the offsets, a metadata value that is no string, ...).
 SafetensorsHeader parse_safetensors_header(const uint8_t* json, uint64_t size, uint64_t file_size,
                                            const std::string& label);
 

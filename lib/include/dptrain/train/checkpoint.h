@@ -128,11 +128,18 @@ Checkpoint read_checkpoint(const std::string& path, const std::string& what = "c
 // The weights `eval --model` reads: a model file or checkpoint of dptrain's (any version, its
 // width from its run state), or any safetensors file of the model's tensors under their names
 // (a state_dict saved in PyTorch with safetensors.torch.save_file), its width read from the stem
-// convolution's shape. The names, shapes and dtypes are checked when the weights are loaded
-// into a model (load_model_tensors).
+// convolution's shape. With `accepted.model_tensors`, the header's names, shapes and dtypes are
+// checked against that model before the data is read: exactly in dptrain's own files; in a
+// plain file as PyTorch's load_state_dict reads it (floating-point weights of another floating
+// dtype converted, BatchNorm's num_batches_tracked optional: Note [A state dict from PyTorch is
+// read as PyTorch reads it] in checkpoint.cpp), the tensors then returned as the model holds
+// them. load_model_tensors checks them again when they are loaded.
 struct ModelWeights {
   NamedTensors tensors;
   int64_t width = 0;
+  // What was done to a plain file's tensors to make them the model's (dtypes converted, buffers
+  // filled), for one notice line; empty when nothing was.
+  std::string notice;
 };
 ModelWeights read_model_weights(const std::string& path, const std::string& what,
                                 const AcceptedModel& accepted);
