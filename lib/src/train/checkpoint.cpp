@@ -279,7 +279,7 @@ std::shared_ptr<const ModelSpec> model_tensor_specs(int64_t width) {
   static std::mutex mutex;
   static std::pair<int64_t, std::shared_ptr<const ModelSpec>> last{0, nullptr};
   const std::lock_guard<std::mutex> lock(mutex);
-  if (last.first == width) return last.second;
+  if (last.second != nullptr && last.first == width) return last.second;
   torch::NoGradGuard no_grad;
   ResNet model(ResNetOptions{kNumClasses, /*in_channels=*/1, width});
   auto spec = std::make_shared<ModelSpec>();
