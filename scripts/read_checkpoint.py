@@ -183,6 +183,7 @@ def read_file(path, fail):
             fail(f"truncated or corrupt: the header length says {n} bytes, the file has "
                  f"{size - 8} after it")
         c = parse_header(read_exactly(fd, 8, n, fail), size - 8 - n, fail)
+        check_width_first(c["metadata"], fail)
         if size - 8 - n > data_limit(c["metadata"]):
             fail(f"{size - 8 - n} bytes of tensors, more than the model its metadata claims can "
                  f"hold (at most {data_limit(c['metadata'])}); not read")
@@ -586,6 +587,18 @@ def check_tensors(entries, data, fail):
                          struct.unpack_from({2: "<e", 4: "<f", 8: "<d"}[size], data, at)[0])
                 fail(f"corrupt: impossible contents: {label} (a BatchNorm running variance) "
                      f"holds {value_text(value)} (a variance is >= 0); not used")
+
+
+def check_width_first(metadata, fail):
+    """As checkpoint.cpp's open_safetensors: a file of this format version has its run state's
+    width checked before anything is sized from it, so that a width no run has is called corrupt
+    (check_claimed_width in checkpoint_run_state.cpp), not too large for its size bound."""
+    if (metadata.get("dptrain.format_version") != str(FORMAT_VERSION)
+            or "dptrain.run_state" not in metadata):
+        return  # named in parse's order
+    width = claimed_width(metadata, fail)
+    if not 1 <= width <= 4096:
+        fail(f"corrupt: impossible contents: width is {width} (dptrain writes 1 to 4096)")
 
 
 def claimed_width(metadata, fail):
