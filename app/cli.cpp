@@ -149,7 +149,7 @@ void add_output_flags(cxxopts::Options& options, bool training) {
          cxxopts::value<std::string>(), "FILE")
         ("tensorboard", "write TensorBoard event files into a folder per run in DIR, "
                         "DIR/run-N (DIR made if missing; a resume continues its run's folder; "
-                        "view with tensorboard --logdir DIR): each epoch's figures, the running "
+                        "view with tensorboard --logdir=DIR): each epoch's figures, the running "
                         "training loss, the settings",
          cxxopts::value<std::string>(), "DIR")
         ("tensorboard-every", "steps between the points of the running training loss in "

@@ -341,6 +341,17 @@ std::vector<dptrain::RunSetting> event_file_settings(const dptrain::TrainOptions
   return settings;
 }
 
+// Note [A failed record costs only itself] in run_records.cpp: one line, and the run goes on.
+void say_when_a_record_is_lost(dptrain::RunRecords& records, dptrain::ProgressPrinter& progress,
+                               const std::string& prefix) {
+  records.on_lost([&progress, prefix](const std::string& flag, const std::string& what) {
+    progress.clear();
+    std::fprintf(stderr, "%serror: %s; the run goes on without %s (checkpoints and --save-model "
+                 "are kept) and will exit 1\n", prefix.c_str(), first_line(what).c_str(),
+                 flag.c_str());
+  });
+}
+
 int run_train(dptrain::TrainCommand command, CheckedStdout& out) {
   const auto world = plan_command_world(command);
   auto& options = command.options;
@@ -372,13 +383,7 @@ int run_train(dptrain::TrainCommand command, CheckedStdout& out) {
 
   dptrain::RunRecords records(command.metrics, command.plot, options.lr, options.batch_size,
                               options.epochs);
-  // Note [A failed record costs only itself] in run_records.cpp: one line, and the run goes on.
-  records.on_lost([&](const std::string& flag, const std::string& what) {
-    progress.clear();
-    std::fprintf(stderr, "%serror: %s; the run goes on without %s (checkpoints and --save-model "
-                 "are kept) and will exit 1\n", prefix.c_str(), first_line(what).c_str(),
-                 flag.c_str());
-  });
+  say_when_a_record_is_lost(records, progress, prefix);
   if (command.tensorboard) {
     records.log_tensorboard(*command.tensorboard,
                             dptrain::num_batches(data.train.size(), options.batch_size),
