@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <limits>
 
 #include "dptrain/report/report.h"
 
@@ -107,6 +108,10 @@ TEST(Report, EvalLineIsExact) {
   result.devices = {"cpu", "cpu"};
   EXPECT_EQ(format_eval_line(result),
             "test acc: 0.9012, test loss 0.2734 (10000 images) on [cpu, cpu]");
+  // Weights whose logits overflow give a NaN loss, negative-signed as often as not: one spelling.
+  result.test_loss = -std::numeric_limits<double>::quiet_NaN();
+  EXPECT_EQ(format_eval_line(result),
+            "test acc: 0.9012, test loss nan (10000 images) on [cpu, cpu]");
 }
 
 // The first epoch pays for cuDNN's autotuning and the allocator's growth: the steady pace is

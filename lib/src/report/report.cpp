@@ -182,9 +182,12 @@ std::string format_progress_line(const ProgressStats& p) {
 }
 
 std::string format_eval_line(const EvalResult& result) {
+  // A loss that overflowed is "nan" whatever its sign bit (printf writes "-nan" for some NaNs).
+  const std::string loss =
+      std::isnan(result.test_loss) ? "nan" : figure("%.4f", result.test_loss);
   char line[160];
-  std::snprintf(line, sizeof line, "test acc: %.4f, test loss %.4f (%lld images) on ",
-                result.test_acc, result.test_loss, static_cast<long long>(result.examples));
+  std::snprintf(line, sizeof line, "test acc: %.4f, test loss %s (%lld images) on ",
+                result.test_acc, loss.c_str(), static_cast<long long>(result.examples));
   return line + device_list_name(result.devices);
 }
 
