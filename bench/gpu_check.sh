@@ -327,7 +327,8 @@ log_details() {
     echo "$name$([ "$GPU" = 1 ] || echo ' (CPU stand-in)'):"
     echo '```'
     grep -E '^epoch [0-9]+/[0-9]+: ' "$log" | tail -n 2
-    grep -E '^median of epochs|^test acc: |error:|refused' "$log" | head -n 6
+    grep -E '^median of epochs|^GPU time per step|^CUDA graph: |^test acc: |error:|refused' "$log" |
+      head -n 8
     echo '```'
   done
 }
@@ -712,6 +713,7 @@ GRAPH_TESTS='*CudaGraph.*:CudaGraphUsage.*'
 # CheckPlacements.* are CPU logic that CI runs.
 CUDA_TESTS="Cuda*.*:NcclWorldOfOne.*:Reducer.EveryParameterAndGradientIs256ByteAligned"
 CUDA_TESTS+=":StepGpuTime.AKernelsTimeIsMeasured:StepGpuTime.TheHostsPaceIsKeptOut"
+CUDA_TESTS+=":StepGpuTime.AStepThatWaitsOnTheHostIsDroppedWithoutLongSpins"
 CUDA_TESTS+="-$STUCK:$GRAPH_TESTS"  # each runs on its own
 
 # peer ARGS...: the PyTorch peer, its JSON lines kept as the step's records.
