@@ -440,22 +440,25 @@ logged_environment() {  # the variables, sorted, a long value (a container's NVI
 
 # The settings known to break a step or bend its numbers, one line each with what they do here.
 environment_hazards() {
-  local name value
-  # Read as c10d's getCvarBool reads them (torch/csrc/distributed/c10d/Utils.hpp): the new name
-  # wins over the old, any case; 1/y/yes/t/true is on, 0/n/no/f/false off, anything else refused.
-  for name in TORCH_NCCL_BLOCKING_WAIT NCCL_BLOCKING_WAIT; do
+  local name value on=""
+  # Read as c10d's getCvarBool reads them (torch/csrc/distributed/c10d/Utils.hpp): the old name
+  # first, then the new one over it, each lowered; 1/y/yes/t/true is on, 0/n/no/f/false off, and
+  # any other value, under either name, makes every NCCL process group refuse to start.
+  for name in NCCL_BLOCKING_WAIT TORCH_NCCL_BLOCKING_WAIT; do
     [ -n "${!name+set}" ] || continue
     value=$(printf '%s' "${!name}" | tr '[:upper:]' '[:lower:]')
     case $value in
-      0 | n | no | f | false) ;;
-      1 | y | yes | t | true)
-        echo "hazard: $name=${!name}: dptrain refuses --cuda-graph over NCCL with it (blocking" \
-          "wait breaks the capture); graph-bf16 has no process group and is not affected" ;;
-      *) echo "hazard: $name=${!name}: not a value c10d reads (1/y/yes/t/true, 0/n/no/f/false," \
-        "any case): every NCCL process group refuses it" ;;
+      0 | n | no | f | false) on="" ;;
+      1 | y | yes | t | true) on=$name ;;
+      *) on=""
+        echo "hazard: $name=${!name}: not a value c10d reads (1/y/yes/t/true, 0/n/no/f/false," \
+          "any case): every NCCL process group refuses it, and dptrain with it" ;;
     esac
-    break  # the first set name is the one c10d keeps
   done
+  if [ -n "$on" ]; then
+    echo "hazard: $on=${!on}: dptrain refuses --cuda-graph over NCCL with it (blocking" \
+      "wait breaks the capture); graph-bf16 has no process group and is not affected"
+  fi
   case ${CUDA_LAUNCH_BLOCKING:-0} in 0) ;; *)
     echo "hazard: CUDA_LAUNCH_BLOCKING=$CUDA_LAUNCH_BLOCKING: every launch waits for its kernel;" \
       "the timings are not the real ones" ;;

@@ -299,11 +299,15 @@ run_check nccl FAKE_BUILD_NEEDS=-DDPTRAIN_NCCL=OFF \
 # are an older dptrain's, without the per-step times.
 run_check testfail FAKE_TESTS_FAIL=1 FAKE_CAPTURE_FAILS=benchmark FAKE_OLD_RECORDS=1 &
 # The configure cannot find the toolkit until its root is named: the retry with hints is used.
-run_check hints FAKE_CONFIGURE_NEEDS=-DCUDAToolkit_ROOT= &
+# Blocking wait off as c10d reads it: the new name's "False" over the old name's "1".
+run_check hints FAKE_CONFIGURE_NEEDS=-DCUDAToolkit_ROOT= TORCH_NCCL_BLOCKING_WAIT=False \
+  NCCL_BLOCKING_WAIT=1 &
 # Too little time: 22 s to spend after the 15 s reserve, caps at a fifth, and the graph run and
 # every test run hang until their caps or the budget end them, so that the steps from some test
 # run on, and peer-book at the latest, are skipped, which is not a pass.
-run_check time DPTRAIN_CHECK_BUDGET=37 DPTRAIN_CHECK_SCALE=0.2 FAKE_GRAPH_SLEEP=60 FAKE_TESTS_SLEEP=60 &
+# NCCL_BLOCKING_WAIT=maybe: no value c10d reads, flagged.
+run_check time DPTRAIN_CHECK_BUDGET=37 DPTRAIN_CHECK_SCALE=0.2 FAKE_GRAPH_SLEEP=60 FAKE_TESTS_SLEEP=60 \
+  NCCL_BLOCKING_WAIT=maybe TORCH_NCCL_BLOCKING_WAIT=YES &
 # No GPU, no nvidia-smi: stand-ins, N/A targets with the stand-in's values, cuda-graph refused.
 run_check cpu PATH="$FAKE/nosmi:/usr/bin:/bin" DPTRAIN_CHECK_GPU=0 &
 # No kit: one clear line and a failure.
@@ -437,6 +441,11 @@ expect hints "the hints build used" has hints '^Build used: the retry with toolk
 expect hints "no retry without NCCL or the graph" \
   bash -c "! grep -qE '^\| build-no-(nccl|graph) ' '$WORK/hints/out/summary.md'"
 expect hints "book runs ran" row hints book-bf16 'ok'
+expect hints "blocking wait off as c10d reads it: no hazard" lacks hints '^hazard: '
+expect time "a blocking-wait value c10d refuses is flagged" has time \
+  '^hazard: NCCL_BLOCKING_WAIT=maybe: not a value c10d reads'
+expect time "the new name's YES is on" has time '^hazard: TORCH_NCCL_BLOCKING_WAIT=YES: dptrain refuses --cuda-graph'
+
 
 expect testfail "exit status 1" status_is testfail 1
 expect testfail "build ok" row testfail build 'ok \|'
