@@ -117,7 +117,7 @@ print_plan() {
   budget_line+="; $OUTSIDE s outside the rows; $rows s for the rows"
   local outside=(
     "reserve: $KILL_GRACE s for a timed-out step's grace (--kill-after) + $LAST_SUMMARY s for the summary at exit"
-    "capture rerun: $GRAPH_RERUN s, held back until graph-bf16 passes (then given to the rows after it)"
+    "capture rerun: $GRAPH_RERUN s, held back until graph-bf16 is done (then, unless its capture failed, given to the rows after it)"
     "summaries: $SUMMARIES at most (at the start, once a minute, at exit) at ~$SUMMARY_COST s"
     "not reserved: a failed build's retries (at least $(scaled "$RETRY_FLOOR") s each, up to three) take their seconds from the last rows"
   )
