@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <ostream>
 #include <stdexcept>
 #include <string>
 #include <thread>
@@ -245,6 +246,10 @@ struct Spelling {
   std::string value;
   int on;  // 1 on, 0 off, -1 refused
 };
+void PrintTo(const Spelling& spelling, std::ostream* os) {  // a failure names the value
+  *os << "'" << spelling.value << "' ("
+      << (spelling.on > 0 ? "on" : spelling.on == 0 ? "off" : "refused") << ")";
+}
 
 class BlockingWaitSpelling : public ::testing::TestWithParam<std::tuple<std::string, Spelling>> {};
 
