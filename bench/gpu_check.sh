@@ -338,7 +338,9 @@ log_details() {
 # once (on_signal), so only a KILL loses the steps since the last.
 LAST_WRITTEN=-1
 summary_due() {
-  [ "$LAST_WRITTEN" -ge 0 ] && [ $((SECONDS - LAST_WRITTEN)) -lt "$SUMMARY_EVERY" ] || write_summary
+  if [ "$LAST_WRITTEN" -lt 0 ] || [ $((SECONDS - LAST_WRITTEN)) -ge "$SUMMARY_EVERY" ]; then
+    write_summary
+  fi
 }
 
 # Writes $OUT/summary.md and $OUT/logs.tar.gz whole (a file written aside, then renamed), so
