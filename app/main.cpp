@@ -7,6 +7,7 @@
 #include <cerrno>
 #include <chrono>
 #include <csignal>
+#include <cstdint>
 #include <cstdio>
 #include <cstring>
 #include <exception>
@@ -237,6 +238,9 @@ int report_training(const dptrain::TrainResult& result, bool reporter,
     }
     if (const auto times = dptrain::format_step_time_line(result); !times.empty() && !quiet) {
       print(times);
+    }
+    if (const auto graph = dptrain::format_graph_line(result); !graph.empty() && !quiet) {
+      print(graph);
     }
     print(dptrain::format_final_line(result));
   }

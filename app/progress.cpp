@@ -1,6 +1,7 @@
 // The progress bar and progress lines on stderr. See progress.h.
 #include "progress.h"
 
+#include <cstdint>
 #include <cstdio>
 #include <utility>
 

@@ -2,6 +2,7 @@
 #include "run_records.h"
 
 #include <cmath>
+#include <cstdint>
 #include <exception>
 #include <utility>
 

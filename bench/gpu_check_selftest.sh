@@ -21,18 +21,31 @@ EXPECTED=0
 # ---- Stub programs ------------------------------------------------------------------------------
 
 # cmake: the configure remembers its arguments in the build folder and fails unless they hold
-# $FAKE_CONFIGURE_NEEDS. --build wants both targets and a keep-going argument; it fails, as Ninja
-# prints a failed compile (the command line names NCCL's wheel and -Werror), unless the
-# configure's arguments hold $FAKE_BUILD_NEEDS; then it installs the stub dptrain, and the stub
-# tests unless FAKE_TESTS_FAIL is set. Every call is logged to $FAKE_STATE/cmake.calls.
+# $FAKE_CONFIGURE_NEEDS. --build of dptrain_app alone fails, as Ninja prints a failed compile
+# (the command line names NCCL's wheel and -Werror), unless the configure's arguments hold
+# $FAKE_BUILD_NEEDS; then it installs the stub dptrain and lingers FAKE_APP_LINGER seconds (a
+# slow tail after the link). --build of dptrain_cuda_tests wants a keep-going argument, takes
+# FAKE_TESTS_BUILD_SLEEP seconds (files still compiling) and installs the stub tests unless
+# FAKE_TESTS_FAIL is set. Every call is logged to $FAKE_STATE/cmake.calls.
 cat >"$FAKE/bin/cmake" <<'EOF'
 #!/usr/bin/env bash
 if [ "$1" = --version ]; then echo "cmake version 0.0 (stub)"; exit 0; fi
 echo "$*" >>"$FAKE_STATE/cmake.calls"
 if [ "$1" = --build ]; then
   dir=$2 args=" $* "
-  [[ $args == *" --target dptrain_app dptrain_cuda_tests -- -k "* ]] ||
-    { echo "stub cmake: wanted --target dptrain_app dptrain_cuda_tests -- -k: $*"; exit 3; }
+  if [[ $args == *" --target dptrain_cuda_tests -- -k "* ]]; then
+    sleep "${FAKE_TESTS_BUILD_SLEEP:-0}"
+    if [ -n "${FAKE_TESTS_FAIL:-}" ]; then
+      echo "FAILED: tests/CMakeFiles/dptrain_cuda_tests.dir/integration/test_cuda.cpp.o"
+      echo "tests/integration/test_cuda.cpp:42:3: error: 'spawn_command' was not declared in this scope (stub)"
+      exit 1
+    fi
+    mkdir -p "$dir/tests" && cp "$FAKE/dptrain_tests" "$dir/tests/dptrain_cuda_tests"
+    echo "[1/1] Linking CXX executable tests/dptrain_cuda_tests (stub)"
+    exit 0
+  fi
+  [[ $args == *" --target dptrain_app " ]] ||
+    { echo "stub cmake: wanted --target dptrain_app alone, or dptrain_cuda_tests -- -k: $*"; exit 3; }
   sleep "${FAKE_BUILD_SLEEP:-0}"
   if [ -n "${FAKE_BUILD_NEEDS:-}" ] && ! grep -q -- "$FAKE_BUILD_NEEDS" "$dir/stub-configure-args"; then
     file=${FAKE_BUILD_ERROR%%:*}
@@ -43,14 +56,8 @@ if [ "$1" = --build ]; then
     exit 1
   fi
   mkdir -p "$dir/app" && cp "$FAKE/dptrain" "$dir/app/dptrain"
-  echo "[1/2] Linking CXX executable app/dptrain (stub)"
-  if [ -n "${FAKE_TESTS_FAIL:-}" ]; then
-    echo "FAILED: tests/CMakeFiles/dptrain_cuda_tests.dir/integration/test_cuda.cpp.o"
-    echo "tests/integration/test_cuda.cpp:42:3: error: 'spawn_command' was not declared in this scope (stub)"
-    exit 1
-  fi
-  mkdir -p "$dir/tests" && cp "$FAKE/dptrain_tests" "$dir/tests/dptrain_cuda_tests"
-  echo "[2/2] Linking CXX executable tests/dptrain_cuda_tests (stub)"
+  echo "[1/1] Linking CXX executable app/dptrain (stub)"
+  sleep "${FAKE_APP_LINGER:-0}"
   exit 0
 fi
 while [ $# -gt 0 ]; do [ "$1" = -B ] && dir=$2; shift; done
@@ -76,10 +83,21 @@ case "$*" in
 esac
 EOF
 
-# python3: the peer prints its --epochs JSON lines; anything else is the real python3.
+# python3: the peer prints its --epochs JSON lines; the pre-flight's torch script prints a
+# stub torch's findings (CUDA as FAKE_CUDA says, 1 by default); anything else is the real python3.
 REAL_PYTHON=$(command -v python3)
 cat >"$FAKE/bin/python3" <<EOF
 #!/usr/bin/env bash
+if [ "\${1:-}" = - ]; then
+  script=\$(cat)
+  case \$script in *"import torch.utils"*)
+    echo "FOUND_CUDA=\${FAKE_CUDA:-1}"
+    echo "TORCH_CMAKE=/stub/torch/share/cmake"
+    echo "TORCH_LINE='torch 2.11.0 (stub)'"
+    exit 0 ;;
+  esac
+  exec "$REAL_PYTHON" -c "\$script"
+fi
 [ "\${1:-}" = bench/pytorch_peer.py ] || exec "$REAL_PYTHON" "\$@"
 exec "$REAL_PYTHON" "$FAKE/peer.py" "\$@"
 EOF
@@ -103,7 +121,10 @@ EOF
 # with --cuda-graph, 0.5 in eager bf16. The test accuracy of the last three epochs is 0.9290,
 # 0.9400 and 0.9360, 0.9000 before. --cuda-graph on cpu is a usage error (exit 2) as dptrain's
 # check_cuda_graph has it; FAKE_CAPTURE_FAILS=always|benchmark makes the capture fail always or
-# with cuDNN's benchmark on; FAKE_GRAPH_SLEEP slows a graph run.
+# with cuDNN's benchmark on; FAKE_GRAPH_SLEEP slows a graph run. The step timer drops no sample
+# and spins 3 ms an epoch; with FAKE_TIMER_DROPS it drops all 3 samples of every epoch (no GPU
+# time) and spins 6 ms in the first (2 ms, then 4 ms once, then off) and none after, as
+# dptrain's does for a step that waits on the host. FAKE_STALL_AFTER=N stalls the book-fp32 run after N epochs, until its cap.
 cat >"$FAKE/dptrain" <<'EOF'
 #!/usr/bin/env bash
 echo $$ >>"$FAKE_STATE/dptrain.pids"
@@ -140,21 +161,33 @@ loss=$([ "$sync" = 1 ] && echo 0.812345 || echo 0.812400)
 read -r first_line steady_line < <(awk -v s="$steady" -v g="$share" 'BEGIN {
   printf "3.0,%.0f,%.4f,%.4f ", 60000 / 3, 3000 / 235, 3000 / 235 * g
   printf "%s,%.0f,%.4f,%.4f\n", s, 60000 / s, s * 1000 / 235, s * 1000 / 235 * g }')
+dropped=0 spin=3.0 sampled=0 dropped_all=0
+[ -z "${FAKE_TIMER_DROPS:-}" ] || dropped=3 spin=6.0
 for e in $(seq 1 "$epochs"); do
+  if [ -n "${FAKE_STALL_AFTER:-}" ] && [ "$e" -gt "$FAKE_STALL_AFTER" ] &&
+    [[ $metrics == */book-fp32.jsonl ]]; then
+    sleep 600
+  fi
   sleep "${FAKE_EPOCH_SLEEP:-0}"
   IFS=, read -r s rate wall gpu <<<"$([ "$e" = 1 ] && echo "$first_line" || echo "$steady_line")"
   case $((epochs - e)) in 0) acc=0.9360 ;; 1) acc=0.9400 ;; 2) acc=0.9290 ;; *) acc=0.9000 ;; esac
   [ "$cpu" = 0 ] || gpu=null
+  [ "$dropped" = 0 ] || gpu=null
+  [ "$dropped" = 0 ] || [ "$e" = 1 ] || spin=0.0
+  sampled=$((sampled + 3)) dropped_all=$((dropped_all + dropped))
   echo "epoch $e/$epochs step 50/235: loss 9.9999, acc 0.1111, 1234 img/s, 3 s left" >&2
   echo "epoch $e/$epochs: train loss $loss, train acc 0.9000, test acc $acc, $s s, $rate img/s"
   per_step=",\"gpu_ms_per_step\":$gpu,\"wall_ms_per_step\":$wall"
+  [ "$cpu" = 1 ] || per_step+=",\"gpu_samples_dropped\":$dropped,\"gpu_spin_ms\":$spin"
   [ -z "${FAKE_OLD_RECORDS:-}" ] || per_step=""
   [ -z "$metrics" ] || printf '{"epoch":%s,"train_loss":%s,"train_acc":0.9,"test_loss":0.25,%s%s}\n' \
     "$e" "$loss" "\"test_acc\":$acc,\"seconds\":$s,\"images_per_second\":$rate,\"devices\":\"cuda:0\"" \
     "$per_step" >>"$metrics"
 done
 echo "median of epochs 2-$epochs: $steady sec/epoch (epoch 1: 3 s)"
-echo "test acc: $acc, 1.0 sec/epoch on [cuda:0]"
+timer=""
+[ "$cpu" = 1 ] || timer="; GPU timer: $dropped_all of $sampled samples dropped"
+echo "test acc: $acc, 1.0 sec/epoch on [cuda:0]$timer"
 EOF
 
 # dptrain_cuda_tests: GoogleTest's lines. It fails when it sees the NCCL error-handling
@@ -237,8 +270,9 @@ log_has() {  # log_has SCENARIO STEP PATTERN; grep reads all, or tar's SIGPIPE f
 no_configure_with() { ! grep -v '^--build' "$WORK/$1/state/cmake.calls" | grep -q -- "$2"; }
 
 # The steps in the order of value that the plan must keep.
-VALUE_ORDER="build build-cuda-tests book-bf16 graph-bf16 test-graph syncbn-on syncbn-off nccl-one"
-VALUE_ORDER+=" cuda-tests book-fp32 peer-tuned-bf16 peer-tuned-fp32 faults test-stuck peer-book"
+VALUE_ORDER="preflight build book-bf16 graph-bf16 peer-tuned-bf16 build-cuda-tests test-graph"
+VALUE_ORDER+=" syncbn-on syncbn-off nccl-one cuda-tests book-fp32 peer-tuned-fp32 faults test-stuck"
+VALUE_ORDER+=" peer-book"
 steps_in_summary() {  # the step column of SCENARIO's table, space-separated
   sed -n '/^| step | result/,/^$/p' "$WORK/$1/out/summary.md" |
     awk -F' [|] ' 'NR > 2 && NF > 1 { sub(/^[|] /, ""); print $1 }' | paste -sd' '
@@ -265,47 +299,75 @@ run_check nccl FAKE_BUILD_NEEDS=-DDPTRAIN_NCCL=OFF \
 # are an older dptrain's, without the per-step times.
 run_check testfail FAKE_TESTS_FAIL=1 FAKE_CAPTURE_FAILS=benchmark FAKE_OLD_RECORDS=1 &
 # The configure cannot find the toolkit until its root is named: the retry with hints is used.
-run_check hints FAKE_CONFIGURE_NEEDS=-DCUDAToolkit_ROOT= &
+# Blocking wait off as c10d reads it: the new name's "False" over the old name's "1".
+run_check hints FAKE_CONFIGURE_NEEDS=-DCUDAToolkit_ROOT= TORCH_NCCL_BLOCKING_WAIT=False \
+  NCCL_BLOCKING_WAIT=1 &
 # Too little time: 22 s to spend after the 15 s reserve, caps at a fifth, and the graph run and
 # every test run hang until their caps or the budget end them, so that the steps from some test
 # run on, and peer-book at the latest, are skipped, which is not a pass.
-run_check time DPTRAIN_CHECK_BUDGET=37 DPTRAIN_CHECK_SCALE=0.2 FAKE_GRAPH_SLEEP=60 FAKE_TESTS_SLEEP=60 &
+# NCCL_BLOCKING_WAIT=maybe: no value c10d reads, flagged.
+run_check time DPTRAIN_CHECK_BUDGET=37 DPTRAIN_CHECK_SCALE=0.2 FAKE_GRAPH_SLEEP=60 FAKE_TESTS_SLEEP=60 \
+  NCCL_BLOCKING_WAIT=maybe TORCH_NCCL_BLOCKING_WAIT=YES &
 # No GPU, no nvidia-smi: stand-ins, N/A targets with the stand-in's values, cuda-graph refused.
 run_check cpu PATH="$FAKE/nosmi:/usr/bin:/bin" DPTRAIN_CHECK_GPU=0 &
 # No kit: one clear line and a failure.
 run_check nokit DPTRAIN_KIT="$WORK/no-kit" &
+# The driver's build lingers past its cap after the link, and the test binary is still
+# compiling at its own: the driver is used, the test steps say why they cannot run.
+run_check slowbuild DPTRAIN_CHECK_SCALE=0.1 FAKE_APP_LINGER=60 FAKE_TESTS_BUILD_SLEEP=60 &
+# book-fp32 stalls after 8 of its 10 epochs until its cap: partial figures, no accuracy verdict.
+run_check partial DPTRAIN_CHECK_SCALE=0.2 FAKE_STALL_AFTER=8 &
+# Every timer sample dropped (a step that waits on the host): the count, short spins.
+run_check drops FAKE_TIMER_DROPS=1 &
+# No budget at all: one line, nothing run.
+mkdir -p "$WORK/nobudget"
+env -u DPTRAIN_CHECK_BUDGET -u DPTRAIN_CHECK_LOAN_LEFT OUT="$WORK/nobudget/out" bash "$CHECK" \
+  >"$WORK/nobudget/stdout" 2>"$WORK/nobudget/stderr"
+echo $? >"$WORK/nobudget/status"
 # SIGTERM while book-bf16 runs: summary.md and logs.tar.gz still come back, and the step's
 # processes are gone.
 run_check term FAKE_EPOCH_SLEEP=5 &
 term_runner=$!
 for _ in $(seq 1 300); do
-  grep -q 'running book-bf16' "$WORK/term/out/summary.md" 2>/dev/null && break
+  [ -s "$WORK/term/state/dptrain.pids" ] && break
   sleep 0.1
 done
 sleep 1
 kill -TERM "$(pgrep -f -n "bash $CHECK" -P "$term_runner")"
-# The plan alone: printed, nothing run.
+# The plan alone, for a 15- and a 7-minute loan: printed, nothing run.
 mkdir -p "$WORK/plan"
-DPTRAIN_CHECK_PRINT_PLAN=1 OUT="$WORK/plan/out" bash "$CHECK" >"$WORK/plan/tsv"
-echo $? >"$WORK/plan/status"
-DPTRAIN_CHECK_PRINT_PLAN=markdown bash "$CHECK" >"$WORK/plan/markdown"
+for left in 900 420; do
+  DPTRAIN_CHECK_LOAN_LEFT=$left DPTRAIN_CHECK_PRINT_PLAN=1 OUT="$WORK/plan/out" bash "$CHECK" \
+    >"$WORK/plan/tsv.$left"
+  echo $? >"$WORK/plan/status.$left"
+  DPTRAIN_CHECK_LOAN_LEFT=$left DPTRAIN_CHECK_PRINT_PLAN=markdown bash "$CHECK" >"$WORK/plan/markdown.$left"
+done
 wait
 
 # ---- Expectations -------------------------------------------------------------------------------
 
-budget=$(sed -nE 's/^BUDGET=\$\{DPTRAIN_CHECK_BUDGET:-([0-9]+)\}.*/\1/p' "$CHECK")
-reserve=$(sed -nE 's/^RESERVE=([0-9]+).*/\1/p' "$CHECK")
+rows() { grep -v '^#' "$WORK/plan/tsv.$1"; }  # rows LEFT: the plan's rows, tab-separated
 expect plan "exit status 0, nothing else done" \
-  bash -c "[ \"\$(cat '$WORK/plan/status')\" = 0 ] && [ ! -e '$WORK/plan/out' ]"
+  bash -c "[ \"\$(cat '$WORK/plan/status.900')\" = 0 ] && [ ! -e '$WORK/plan/out' ]"
 # shellcheck disable=SC2016  # awk's fields
-expect plan "every row: name, cap, estimate, source" \
-  awk -F'\t' 'NF != 4 || $2 !~ /^[0-9]+$/ || $3 == "" || $4 == "" { exit 1 }' "$WORK/plan/tsv"
+expect plan "every row: name, cap, estimate, cumulative cap, fits, source" \
+  bash -c "grep -v '^#' '$WORK/plan/tsv.900' | awk -F'\t' 'NF != 6 || \$2 !~ /^[0-9]+\$/ || \$4 !~ /^[0-9]+\$/ || \$3 == \"\" || \$6 == \"\" { exit 1 }'"
+expect plan "15 minutes: a budget of 585 s (timeout_s 600 less 15), 539 s for the rows" \
+  grep -q '^# budget: 585 s (a loan with 900 s left, .*timeout_s=600, less 15 s before it); 46 s outside the rows; 539 s for the rows$' "$WORK/plan/tsv.900"
 # shellcheck disable=SC2016  # awk's fields
-expect plan "the caps sum to at most BUDGET - RESERVE ($budget - $reserve)" \
-  awk -F'\t' -v most=$((budget - reserve)) '{ s += $2 } END { exit !(NR > 0 && s <= most) }' "$WORK/plan/tsv"
-expect plan "in the order of value" test "$(cut -f1 "$WORK/plan/tsv" | paste -sd' ')" = "$VALUE_ORDER"
-expect plan "docs/gpu-check.md holds the printed table" \
-  bash -c "sed -n '/^| step | cap (s)/,/^\$/p' docs/gpu-check.md | sed '/^\$/d' | diff -q - '$WORK/plan/markdown'"
+expect plan "15 minutes: every row fits, the caps sum to at most the rows' seconds" \
+  bash -c "grep -v '^#' '$WORK/plan/tsv.900' | awk -F'\t' '{ s += \$2; if (\$5 != \"yes\") exit 1 } END { exit !(NR > 0 && s <= 539) }'"
+expect plan "the seconds outside the rows listed" \
+  bash -c "[ \$(grep -c '^# outside the rows: ' '$WORK/plan/tsv.900') = 4 ]"
+expect plan "7 minutes: a budget of 255 s, 214 s for the rows" \
+  grep -q '^# budget: 255 s (a loan with 420 s left, .*timeout_s=270, .*; 214 s for the rows$' "$WORK/plan/tsv.420"
+expect plan "7 minutes: the pre-flight and the build fit, book-bf16 only on seconds left over" \
+  bash -c "grep -qP '^build\t180\t[^\t]*\t195\tyes\t' '$WORK/plan/tsv.420' && grep -qP '^book-bf16\t30\t[^\t]*\t225\tno: ' '$WORK/plan/tsv.420'"
+expect plan "in the order of value" test "$(rows 900 | cut -f1 | paste -sd' ')" = "$VALUE_ORDER"
+expect plan "docs/gpu-check.md holds the plan printed for a 15-minute loan" \
+  bash -c "sed -n '/^<!-- DPTRAIN_CHECK_LOAN_LEFT=900 DPTRAIN_CHECK_PRINT_PLAN=markdown -->\$/,/^<!-- end of the plan -->\$/p' docs/gpu-check.md | sed '1d;\$d' | diff -q - '$WORK/plan/markdown.900'"
+expect nobudget "no budget: exit 2, one error line, nothing written" \
+  bash -c "[ \"\$(cat '$WORK/nobudget/status')\" = 2 ] && grep -q '^error: no budget: set DPTRAIN_CHECK_LOAN_LEFT' '$WORK/nobudget/stderr' && [ ! -e '$WORK/nobudget/out' ]"
 
 expect good "exit status 0" status_is good 0
 expect good "two files in \$OUT" test "$(find "$WORK/good/out" -type f | wc -l)" = 2
@@ -319,18 +381,22 @@ expect good "images/s against the tuned peer, bf16 graph" has good '^- \[PASS\] 
 expect good "sync-bn line with its bound" has good '^- \[PASS\] sync-bn .*relative difference <= 0.0039\): 0.812345 against 0.812400, relative 6.8e-05'
 expect good "a skipped test is no crash" lacks good '^ended inside: '
 expect good "all ten checks passed" has good '^checks passed: 10 of 10$'
-expect good "GPU/wall: GPU-bound" has good '^\| dptrain fp32 \| 3.83 \| 3.64 \| 0.95 \| GPU-bound \|$'
-expect good "GPU/wall: host-bound, by how much" has good '^\| dptrain bf16 \| 1.70 \| 0.85 \| 0.50 \| host-bound: wall is 2.0x the GPU time \|$'
-expect good "GPU/wall: partly host-bound" has good '^\| dptrain bf16 --cuda-graph \| 1.70 \| 1.28 \| 0.75 \| partly host-bound \|$'
+expect good "GPU/wall: GPU-bound" has good '^\| dptrain fp32 \| 3.83 \| 3.64 \| 0.95 \| 0 dropped, spin 3.0 ms/epoch \| GPU-bound \|$'
+expect good "GPU/wall: host-bound, by how much" has good '^\| dptrain bf16 \| 1.70 \| 0.85 \| 0.50 \| 0 dropped, spin 3.0 ms/epoch \| host-bound: wall is 2.0x the GPU time \|$'
+expect good "GPU/wall: partly host-bound" has good '^\| dptrain bf16 --cuda-graph \| 1.70 \| 1.28 \| 0.75 \| 0 dropped, spin 3.0 ms/epoch \| partly host-bound \|$'
 expect good "nvidia-smi summarised, idle samples dropped" has good '^\| dptrain fp32 \| [0-9]+ \| 97 \| 1980 \| 456 \| GPU \|$'
 expect good "environment logged: NCCL" has good '^TORCH_NCCL_ASYNC_ERROR_HANDLING=3$'
 expect good "environment logged: the allocator" has good '^PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True$'
 expect good "environment logged: TF32 and cuBLAS" \
   bash -c "grep -q '^NVIDIA_TF32_OVERRIDE=1$' '$WORK/good/out/summary.md' && grep -q '^CUBLAS_WORKSPACE_CONFIG=:4096:8$' '$WORK/good/out/summary.md'"
 expect good "no hazard flagged" lacks good '^hazard: '
-expect good "the CUDA tests built with the app" row good build-cuda-tests 'ok \|'
-expect good "one build call for both targets, keeping going" \
-  grep -qE -- '^--build .* --target dptrain_app dptrain_cuda_tests -- -k' "$WORK/good/state/cmake.calls"
+expect good "the CUDA tests built as their own step" row good build-cuda-tests 'ok \|'
+expect good "the driver built alone, then the tests, keeping going" \
+  bash -c "grep -E -- '^--build ' '$WORK/good/state/cmake.calls' | sed -E 's/^--build [^ ]+ -j [0-9]+ //' | paste -sd'|' | grep -qx -- '--target dptrain_app|--target dptrain_cuda_tests -- -k 0'"
+expect good "the summary written at the start and at exit only (a short run)" \
+  has good 'the summary written 2 times\.$'
+expect good "the timer's count on the run's last line" has good '^test acc: 0.9360, .*; GPU timer: 0 of 30 samples dropped$'
+
 expect good "tests ran without the NCCL variables" row good cuda-tests 'ok'
 expect good "stuck test alone, passed" row good test-stuck 'ok'
 expect good "the graph step with LibTorch's C++ stack" log_has good graph-bf16 '^\(stub\) TORCH_SHOW_CPP_STACKTRACES=1$'
@@ -375,13 +441,18 @@ expect hints "the hints build used" has hints '^Build used: the retry with toolk
 expect hints "no retry without NCCL or the graph" \
   bash -c "! grep -qE '^\| build-no-(nccl|graph) ' '$WORK/hints/out/summary.md'"
 expect hints "book runs ran" row hints book-bf16 'ok'
+expect hints "blocking wait off as c10d reads it: no hazard" lacks hints '^hazard: '
+expect time "a blocking-wait value c10d refuses is flagged" has time \
+  '^hazard: NCCL_BLOCKING_WAIT=maybe: not a value c10d reads'
+expect time "the new name's YES is on" has time '^hazard: TORCH_NCCL_BLOCKING_WAIT=YES: dptrain refuses --cuda-graph'
+
 
 expect testfail "exit status 1" status_is testfail 1
 expect testfail "build ok" row testfail build 'ok \|'
-expect testfail "the CUDA tests' row: not built, not passed" \
-  row testfail build-cuda-tests 'failed: .*dptrain_cuda_tests was not built \(see the build log\) \*\*\(not passed'
-expect testfail "the test steps skipped" bash -c "for s in test-graph cuda-tests faults test-stuck; do
-  grep -qE \"^\\| \$s \\| skipped: dptrain_cuda_tests did not build\" '$WORK/testfail/out/summary.md' || exit 1; done"
+expect testfail "the CUDA tests' row: failed, not passed" \
+  row testfail build-cuda-tests 'failed \(exit 1\) \*\*\(not passed'
+expect testfail "the test steps skipped, saying why" bash -c "for s in test-graph cuda-tests faults test-stuck; do
+  grep -qE \"^\\| \$s \\| skipped: dptrain_cuda_tests was not built \\(build-cuda-tests: failed \\(exit 1\\)\\)\" '$WORK/testfail/out/summary.md' || exit 1; done"
 expect testfail "book runs still ran" bash -c "grep -qE '^\| book-bf16 \| ok' '$WORK/testfail/out/summary.md' && grep -qE '^\| book-fp32 \| ok' '$WORK/testfail/out/summary.md'"
 expect testfail "no retry for a test file" bash -c "! grep -q '^| build-hints ' '$WORK/testfail/out/summary.md'"
 expect testfail "capture failed" row testfail graph-bf16 'failed \(exit 1\)'
@@ -391,7 +462,7 @@ expect testfail "rerun passed" row testfail graph-rerun 'ok'
 expect testfail "the summary says the benchmark is the cause" has testfail "^- \[NOTE\] .*could not be captured; capture fails only with cuDNN's benchmark on"
 expect testfail "old records still parse" has testfail '^- \[PASS\] dptrain fp32 test accuracy .*: 0.9350 '
 expect testfail "GPU/wall without the fields: not measured" \
-  has testfail '^\| dptrain fp32 \| - \| - \| - \| not measured: the records have no gpu_ms_per_step'
+  has testfail '^\| dptrain fp32 \| - \| - \| - \| - \| not measured: the records have no gpu_ms_per_step'
 
 expect time "exit status 1" status_is time 1
 expect time "a step skipped for time" has time '^\| [a-z0-9-]+ \| skipped: out of time .*\*\*\(not passed\)\*\*'
@@ -415,11 +486,37 @@ expect cpu "targets N/A with values, judged on the epochs there are" has cpu \
   '^- \[N/A, no GPU\] dptrain fp32 test accuracy \(target >= 0.93; judged: mean of epochs 1-2, all the 2 the run has\): 0.9380 \(epoch 2: 0.9360; spread of epochs 1-2: 0.9360-0.9400; peer tuned fp32, epochs 1-2: 0.8900-0.9000\) \(CPU stand-in\)$'
 expect cpu "sync-bn counted on the CPU" has cpu '^checks passed: 1 of 1$'
 expect cpu "cuda-graph refused on the CPU, then run without" row cpu graph-bf16 'ok'
-expect cpu "GPU/wall: not measured on the CPU" has cpu '^\| dptrain fp32 \| [0-9.]+ \| - \| - \| not measured: no CUDA events on the CPU \|$'
+expect cpu "GPU/wall: not measured on the CPU" has cpu '^\| dptrain fp32 \| [0-9.]+ \| - \| - \| - \| not measured: no CUDA events on the CPU \|$'
 expect cpu "not sampled without nvidia-smi" has cpu '^not sampled: no nvidia-smi here$'
 
 expect nokit "exit status 1" status_is nokit 1
 expect nokit "the summary says the kit is missing" row nokit build 'skipped: no device kit'
+
+expect slowbuild "the driver's build timed out" row slowbuild build 'timed out after 18 s \*\*\(not passed'
+expect slowbuild "no retry after a timed-out build" bash -c "! grep -qE '^\| build-(hints|no-nccl|no-graph) ' '$WORK/slowbuild/out/summary.md'"
+expect slowbuild "the linked driver is used" has slowbuild '^Build used: the default \(build: timed out after 18 s, but .*/app/dptrain was linked\)\.$'
+expect slowbuild "the book runs ran on it" bash -c "grep -qE '^\| book-bf16 \| ok' '$WORK/slowbuild/out/summary.md' && grep -qE '^\| book-fp32 \| ok' '$WORK/slowbuild/out/summary.md'"
+expect slowbuild "the test binary timed out at its own cap" row slowbuild build-cuda-tests 'timed out after 5 s'
+expect slowbuild "the test steps say why they cannot run" row slowbuild test-graph 'skipped: dptrain_cuda_tests was not built \(build-cuda-tests: timed out after 5 s\)'
+expect slowbuild "the dptrain rows after it still ran" bash -c "grep -qE '^\| syncbn-on \| ok' '$WORK/slowbuild/out/summary.md' && grep -qE '^\| nccl-one \| ok' '$WORK/slowbuild/out/summary.md'"
+
+expect partial "book-fp32 cut by its cap" row partial book-fp32 'timed out after 9 s'
+expect partial "no accuracy verdict on 8 of 10 epochs, saying why" has partial \
+  '^- \[NOT MEASURED\] dptrain fp32 test accuracy .*: not measured \(book-fp32: timed out after 9 s, 8 of 10 epochs; accuracy is judged on a complete run only\)$'
+expect partial "s/epoch on the 8 epochs, marked partial" has partial \
+  '^- \[PASS\] dptrain fp32 s/epoch, median of epochs 2-8 \(target <= 1.0\): 0.900 s \(partial: 8 of 10 epochs; book-fp32: timed out after 9 s\)$'
+expect partial "images/s on the 8 epochs, marked partial" has partial \
+  '^- \[PASS\] dptrain fp32 images/s against peer tuned fp32, same call \(target >= 2x\): 2.22x \(66667 against 30000 images/s\) \(partial: 8 of 10 epochs; book-fp32: timed out after 9 s\)$'
+expect partial "the complete runs judged in full" has partial '^- \[PASS\] dptrain bf16 test accuracy .*: 0.9350 '
+expect partial "exit status 1 (a step not passed)" status_is partial 1
+
+expect drops "GPU time not measured: every sample dropped, counted" has drops \
+  '^\| dptrain fp32 \| 3.83 \| - \| - \| 27 dropped, spin 0.0 ms/epoch \| not measured: every sampled step dropped'
+expect drops "the count on the run's last line" log_has drops book-fp32 '^test acc: .*; GPU timer: 30 of 30 samples dropped$'
+expect drops "the summary shows the run's last line" has drops '^test acc: .*; GPU timer: 30 of 30 samples dropped$'
+# shellcheck disable=SC2016  # awk's fields
+expect drops "no 100 ms spins: 6 ms in epoch 1, none after" bash -c \
+  "tar -xzOf '$WORK/drops/out/logs.tar.gz' ./book-fp32.jsonl | grep -oE '\"gpu_spin_ms\":[0-9.]+' | cut -d: -f2 | paste -sd' ' | grep -qx '6.0 0.0 0.0 0.0 0.0 0.0 0.0 0.0 0.0 0.0'"
 
 if [ -n "${DPTRAIN_SELFTEST_KEEP:-}" ]; then
   rm -rf "$DPTRAIN_SELFTEST_KEEP" && cp -r "$WORK" "$DPTRAIN_SELFTEST_KEEP"

@@ -50,8 +50,9 @@ leftover=$(find -L "$cuda" \( -iname 'nccl*.h' -o -iname 'libnccl*' -o -iname 'c
 # ---- The minimal root: a compiler and build tools, no libraries' headers --------------------
 if [ ! -x "$root/usr/bin/g++" ]; then
   # This machine's own Debian mirror (deb822 or one-line sources), unless one is named.
-  mirror=${DPTRAIN_REHEARSAL_MIRROR:-$(cat /etc/apt/sources.list.d/*.sources /etc/apt/sources.list \
-    2>/dev/null | awk '/^URIs:/ {print $2; exit} /^deb / {print $2; exit}')}
+  # (A missing sources.list is no error: under pipefail cat's status would end the script.)
+  mirror=${DPTRAIN_REHEARSAL_MIRROR:-$({ cat /etc/apt/sources.list.d/*.sources \
+    /etc/apt/sources.list 2>/dev/null || true; } | awk '/^URIs:/ {print $2; exit} /^deb / {print $2; exit}')}
   [ -n "$mirror" ] || fail "no Debian mirror in this machine's apt sources: set DPTRAIN_REHEARSAL_MIRROR"
   command -v debootstrap >/dev/null || apt-get install -y -qq debootstrap
   debootstrap --variant=minbase --include=g++,cmake,ninja-build,make,ccache,ca-certificates,procps \

@@ -3,6 +3,7 @@
 // Not here: the download that uses it (test_download.cpp).
 #include <gtest/gtest.h>
 
+#include <cstdint>
 #include <stdexcept>
 #include <string>
 #include <vector>

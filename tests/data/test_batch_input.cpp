@@ -2,6 +2,8 @@
 // afresh, in both layouts, for full and short batches, reusing its buffers.
 #include <gtest/gtest.h>
 
+#include <cstdint>
+
 #include "dptrain/data/batch_input.h"
 #include "dptrain/data/data.h"
 

@@ -613,7 +613,8 @@ TEST(CliRun, SteadyPaceIsPrintedBeforeTheFinalLineAndRecorded) {
                                           R"(is the mean of epochs 1-3$)")))
       << describe(result);
   // epoch,...,seconds (6th),images_per_second,lr,steady_seconds (9th),wall_ms_per_step,
-  // gpu_ms_per_step,tflops (12th),mfu,peak_host_bytes,peak_device_bytes,devices
+  // gpu_ms_per_step,tflops (12th),mfu,peak_host_bytes,peak_device_bytes,gpu_samples_dropped,
+  // gpu_spin_ms,devices
   const auto rows = split_lines(dptrain::testing::read_text(metrics));
   ASSERT_EQ(rows.size(), 4u) << dptrain::testing::read_text(metrics);
   std::vector<std::vector<std::string>> fields;
@@ -621,7 +622,7 @@ TEST(CliRun, SteadyPaceIsPrintedBeforeTheFinalLineAndRecorded) {
     std::vector<std::string> row;
     std::stringstream stream(rows[i]);
     for (std::string field; std::getline(stream, field, ',');) row.push_back(field);
-    ASSERT_EQ(row.size(), 16u) << rows[i];
+    ASSERT_EQ(row.size(), 18u) << rows[i];
     fields.push_back(row);
   }
   EXPECT_EQ(fields[0][8], "") << rows[1];
@@ -642,6 +643,8 @@ TEST(CliRun, SteadyPaceIsPrintedBeforeTheFinalLineAndRecorded) {
     EXPECT_EQ(row[12], "");
     EXPECT_GT(std::stod(row[13]), 1e6);
     EXPECT_EQ(row[14], "");
+    EXPECT_EQ(row[15], "");  // nothing timed on the CPU: no drops, no spins
+    EXPECT_EQ(row[16], "");
   }
   EXPECT_EQ(std::stod(fields[1][8]), std::stod(fields[1][5])) << rows[2];
   EXPECT_DOUBLE_EQ(std::stod(fields[2][8]), (std::stod(fields[1][5]) + std::stod(fields[2][5])) / 2)

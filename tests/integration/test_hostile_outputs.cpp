@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <climits>
+#include <cstdint>
 #include <string>
 #include <vector>
 

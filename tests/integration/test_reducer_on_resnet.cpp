@@ -1,5 +1,6 @@
 // The reducer (parallel/reducer.h) on the book's model (model/model.h): a test that spans the two
 // layers, so it sits here rather than in tests/parallel/.
+#include <cstdint>
 #include <gtest/gtest.h>
 #include <torch/nn/functional/loss.h>
 #include <torch/nn/modules/activation.h>

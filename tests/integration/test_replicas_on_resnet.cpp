@@ -1,5 +1,6 @@
 // The replica helpers (parallel/replicas.h: broadcast, checksum, buffer averaging) on the book's
 // model (model/model.h), over thread ranks: tests that span the two layers.
+#include <cstdint>
 #include <gtest/gtest.h>
 #include <chrono>
 #include <functional>

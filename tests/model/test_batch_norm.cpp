@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 #include <torch/nn/modules/batchnorm.h>
 
+#include <cstdint>
 #include <mutex>
 
 #include "dptrain/data/batching.h"

@@ -3,6 +3,7 @@
 // layer by layer, at several widths and input sizes, with the full-width model's exact integers.
 #include <gtest/gtest.h>
 
+#include <cstdint>
 #include <stdexcept>
 #include <string>
 #include <vector>

@@ -5,6 +5,7 @@
 #include <torch/torch.h>
 
 #include <cmath>
+#include <cstdint>
 #include <tuple>
 
 #include "dptrain/model/fused_batch_norm.h"

@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <torch/torch.h>
 
+#include <cstdint>
 #include <cstdlib>
 
 #include "dptrain/core/cpu_allocator.h"

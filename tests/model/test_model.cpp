@@ -2,6 +2,7 @@
 // count from the architecture, the book's layer names, and the reference initialisation.
 #include <gtest/gtest.h>
 
+#include <cstdint>
 #include <set>
 
 #include "dptrain/model/model.h"

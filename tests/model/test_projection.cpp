@@ -4,6 +4,8 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <cstdint>
+
 #include "dptrain/model/model.h"
 #include "dptrain/model/projection.h"
 

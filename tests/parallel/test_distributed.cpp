@@ -9,12 +9,15 @@
 
 #include <atomic>
 #include <chrono>
+#include <cstdint>
 #include <functional>
 #include <map>
+#include <ostream>
 #include <stdexcept>
 #include <string>
 #include <thread>
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -227,6 +230,82 @@ TEST(NcclEnvironment, DefaultsOnlyWhatTheUserLeftUnset) {
             Pairs{});
   EXPECT_EQ(with({{"TORCH_NCCL_WAIT_TIMEOUT_DUMP_MILSEC", "500"}}),
             (Pairs{{"TORCH_NCCL_ASYNC_ERROR_HANDLING", "2"}, {"TORCH_NCCL_DUMP_ON_TIMEOUT", "0"}}));
+}
+
+// Blocking wait read as c10d's getCvarBool reads it (Note [Blocking wait as c10d reads it]):
+// one case per spelling under each name, then the two names together.
+using Environment = std::map<std::string, std::string>;
+NcclBlockingWait blocking_wait_with(const Environment& env) {
+  return nccl_blocking_wait([&env](const char* name) -> const char* {
+    const auto it = env.find(name);
+    return it == env.end() ? nullptr : it->second.c_str();
+  });
+}
+
+struct Spelling {
+  std::string value;
+  int on;  // 1 on, 0 off, -1 refused
+};
+void PrintTo(const Spelling& spelling, std::ostream* os) {  // a failure names the value
+  *os << "'" << spelling.value << "' ("
+      << (spelling.on > 0 ? "on" : spelling.on == 0 ? "off" : "refused") << ")";
+}
+
+class BlockingWaitSpelling : public ::testing::TestWithParam<std::tuple<std::string, Spelling>> {};
+
+TEST_P(BlockingWaitSpelling, ReadAsC10dReadsIt) {
+  const auto& [name, spelling] = GetParam();
+  if (spelling.on < 0) {
+    try {
+      (void)blocking_wait_with({{name, spelling.value}});
+      FAIL() << name << "='" << spelling.value << "' was not refused";
+    } catch (const UsageError& e) {
+      EXPECT_EQ(std::string(e.what()),
+                name + "='" + spelling.value +
+                    "' is not a value LibTorch's NCCL process group reads: it takes "
+                    "1/y/yes/t/true or 0/n/no/f/false, in any case; set one or unset " +
+                    name);
+    }
+    return;
+  }
+  const auto wait = blocking_wait_with({{name, spelling.value}});
+  EXPECT_EQ(wait.on, spelling.on == 1);
+  EXPECT_EQ(wait.name, name);
+  EXPECT_EQ(wait.value, spelling.value);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    NcclEnvironment, BlockingWaitSpelling,
+    ::testing::Combine(
+        ::testing::Values("TORCH_NCCL_BLOCKING_WAIT", "NCCL_BLOCKING_WAIT"),
+        ::testing::Values(Spelling{"1", 1}, Spelling{"y", 1}, Spelling{"Y", 1},
+                          Spelling{"yes", 1}, Spelling{"YES", 1}, Spelling{"Yes", 1},
+                          Spelling{"t", 1}, Spelling{"T", 1}, Spelling{"true", 1},
+                          Spelling{"TRUE", 1}, Spelling{"True", 1}, Spelling{"0", 0},
+                          Spelling{"n", 0}, Spelling{"N", 0}, Spelling{"no", 0},
+                          Spelling{"NO", 0}, Spelling{"No", 0}, Spelling{"f", 0},
+                          Spelling{"F", 0}, Spelling{"false", 0}, Spelling{"FALSE", 0},
+                          Spelling{"False", 0}, Spelling{"", -1}, Spelling{"2", -1},
+                          Spelling{"on", -1}, Spelling{"off", -1}, Spelling{" 1", -1},
+                          Spelling{"yes ", -1}, Spelling{"01", -1}, Spelling{"-1", -1})));
+
+TEST(NcclEnvironment, BlockingWaitNewNameWinsOverTheOld) {
+  EXPECT_FALSE(blocking_wait_with({}).on);
+  EXPECT_EQ(blocking_wait_with({}).name, "");
+  auto wait = blocking_wait_with({{"TORCH_NCCL_BLOCKING_WAIT", "0"}, {"NCCL_BLOCKING_WAIT", "1"}});
+  EXPECT_FALSE(wait.on);
+  EXPECT_EQ(wait.name, "TORCH_NCCL_BLOCKING_WAIT");
+  wait = blocking_wait_with({{"TORCH_NCCL_BLOCKING_WAIT", "Yes"}, {"NCCL_BLOCKING_WAIT", "no"}});
+  EXPECT_TRUE(wait.on);
+  EXPECT_EQ(wait.name, "TORCH_NCCL_BLOCKING_WAIT");
+  EXPECT_EQ(wait.value, "Yes");
+  // c10d reads the old name first and refuses its bad value before the new name can win.
+  EXPECT_THROW((void)blocking_wait_with({{"TORCH_NCCL_BLOCKING_WAIT", "0"},
+                                         {"NCCL_BLOCKING_WAIT", "maybe"}}),
+               UsageError);
+  EXPECT_THROW((void)blocking_wait_with({{"TORCH_NCCL_BLOCKING_WAIT", "maybe"},
+                                         {"NCCL_BLOCKING_WAIT", "0"}}),
+               UsageError);
 }
 
 TEST(Rendezvous, GatherPlacementsGivesEveryRanksInRankOrder) {

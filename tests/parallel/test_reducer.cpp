@@ -9,6 +9,7 @@
 #include <torch/nn/modules/linear.h>
 #include <torch/optim/sgd.h>
 
+#include <cstdint>
 #include <mutex>
 
 #include "dptrain/data/batching.h"

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdint>
 #include <cstdlib>
 #include <fstream>
 #include <functional>
@@ -52,21 +53,24 @@ std::vector<EpochRecord> two_epochs() {
 
 const char kCsvHeader[] =
     "epoch,train_loss,train_acc,test_loss,test_acc,seconds,images_per_second,lr,steady_seconds,"
-    "wall_ms_per_step,gpu_ms_per_step,tflops,mfu,peak_host_bytes,peak_device_bytes,devices\n";
+    "wall_ms_per_step,gpu_ms_per_step,tflops,mfu,peak_host_bytes,peak_device_bytes,"
+    "gpu_samples_dropped,gpu_spin_ms,devices\n";
 const char kCsvRows[] =
-    "1,0.5,0.8125,0.4375,0.84375,12.5,4800,0.1,,,,,,,,\"cpu,cpu\"\n"
-    "2,0.3,0.9,,0.875,12.25,4897.5,0.1,,,,,,,,\"cpu,cpu\"\n";
+    "1,0.5,0.8125,0.4375,0.84375,12.5,4800,0.1,,,,,,,,,,\"cpu,cpu\"\n"
+    "2,0.3,0.9,,0.875,12.25,4897.5,0.1,,,,,,,,,,\"cpu,cpu\"\n";
 const char kJsonLines[] =
     "{\"epoch\":1,\"train_loss\":0.5,\"train_acc\":0.8125,\"test_loss\":0.4375,"
     "\"test_acc\":0.84375,\"seconds\":12.5,\"images_per_second\":4800,\"lr\":0.1,"
     "\"steady_seconds\":null,\"wall_ms_per_step\":null,\"gpu_ms_per_step\":null,"
     "\"tflops\":null,\"mfu\":null,\"peak_host_bytes\":null,\"peak_device_bytes\":null,"
+    "\"gpu_samples_dropped\":null,\"gpu_spin_ms\":null,"
     "\"devices\":\"cpu,"
     "cpu\"}\n"
     "{\"epoch\":2,\"train_loss\":0.3,\"train_acc\":0.9,\"test_loss\":null,"
     "\"test_acc\":0.875,\"seconds\":12.25,\"images_per_second\":4897.5,\"lr\":0.1,"
     "\"steady_seconds\":null,\"wall_ms_per_step\":null,\"gpu_ms_per_step\":null,"
     "\"tflops\":null,\"mfu\":null,\"peak_host_bytes\":null,\"peak_device_bytes\":null,"
+    "\"gpu_samples_dropped\":null,\"gpu_spin_ms\":null,"
     "\"devices\":\"cpu,"
     "cpu\"}\n";
 
@@ -141,22 +145,23 @@ TEST(MetricsText, JsonLinesTextIsExact) {
 TEST(MetricsText, FieldsAreQuotedAndEscaped) {
   const EpochRecord r = record(3, 1, 1, 1, 1, 1, 1, 1, "a\"b,c\\d\ne\x01");
   EXPECT_EQ(format_metrics_record(r, MetricsFormat::kCsv),
-            "3,1,1,1,1,1,1,1,,,,,,,,\"a\"\"b,c\\d\ne\x01\"\n");
+            "3,1,1,1,1,1,1,1,,,,,,,,,,\"a\"\"b,c\\d\ne\x01\"\n");
   const std::string json = format_metrics_record(r, MetricsFormat::kJsonLines);
   EXPECT_NE(json.find("\"devices\":\"a\\\"b,c\\\\d\\ne\\u0001\"}\n"), std::string::npos) << json;
   EXPECT_EQ(format_metrics_record(record(1, 1, 1, 1, 1, 1, 1, 1, "cpu"), MetricsFormat::kCsv),
-            "1,1,1,1,1,1,1,1,,,,,,,,cpu\n");  // nothing to quote
+            "1,1,1,1,1,1,1,1,,,,,,,,,,cpu\n");  // nothing to quote
 }
 
 TEST(MetricsText, NonFiniteIsMissingNeverNanText) {
   const double inf = std::numeric_limits<double>::infinity();
   const EpochRecord r = record(1, kNaN, inf, -inf, 0.5, 1, 1, 0.1, "cpu");
-  EXPECT_EQ(format_metrics_record(r, MetricsFormat::kCsv), "1,,,,0.5,1,1,0.1,,,,,,,,cpu\n");
+  EXPECT_EQ(format_metrics_record(r, MetricsFormat::kCsv), "1,,,,0.5,1,1,0.1,,,,,,,,,,cpu\n");
   EXPECT_EQ(format_metrics_record(r, MetricsFormat::kJsonLines),
             "{\"epoch\":1,\"train_loss\":null,\"train_acc\":null,\"test_loss\":null,"
             "\"test_acc\":0.5,\"seconds\":1,\"images_per_second\":1,\"lr\":0.1,"
             "\"steady_seconds\":null,\"wall_ms_per_step\":null,\"gpu_ms_per_step\":null,"
             "\"tflops\":null,\"mfu\":null,\"peak_host_bytes\":null,\"peak_device_bytes\":null,"
+            "\"gpu_samples_dropped\":null,\"gpu_spin_ms\":null,"
             "\"devices\":\"cpu\"}\n");
 }
 
@@ -199,10 +204,11 @@ TEST(MetricsText, EfficiencyFiguresAreCarriedOverAndMissingWhereUnknown) {
   EXPECT_EQ(gpu.peak_host_bytes, 2147483648.0);
   EXPECT_EQ(gpu.peak_device_bytes, 12992272384.0);
   EXPECT_EQ(format_metrics_record(gpu, MetricsFormat::kCsv),
-            "2,0,0,0,0,0.75,0,0.1,,3,1.25,312.5,0.3159,2147483648,12992272384,cuda:0\n");
+            "2,0,0,0,0,0.75,0,0.1,,3,1.25,312.5,0.3159,2147483648,12992272384,,,cuda:0\n");
   EXPECT_NE(format_metrics_record(gpu, MetricsFormat::kJsonLines)
                 .find("\"gpu_ms_per_step\":1.25,\"tflops\":312.5,\"mfu\":0.3159,"
                       "\"peak_host_bytes\":2147483648,\"peak_device_bytes\":12992272384,"
+                      "\"gpu_samples_dropped\":null,\"gpu_spin_ms\":null,"
                       "\"devices\":\"cuda:0\"}"),
             std::string::npos);
   stats.gpu_ms_per_step = kNaN;
@@ -210,7 +216,7 @@ TEST(MetricsText, EfficiencyFiguresAreCarriedOverAndMissingWhereUnknown) {
   stats.mfu = kNaN;
   stats.peak_device_bytes = kNaN;
   EXPECT_EQ(format_metrics_record(make_epoch_record(stats, 0.1, {"cpu"}), MetricsFormat::kCsv),
-            "2,0,0,0,0,0.75,0,0.1,,3,,0.0382,,2147483648,,cpu\n");
+            "2,0,0,0,0,0.75,0,0.1,,3,,0.0382,,2147483648,,,,cpu\n");
 }
 
 // The wall time per step is the epoch's training seconds over its steps, in milliseconds; the
@@ -228,7 +234,27 @@ TEST(MetricsText, StepTimesAreTheEpochsWallPaceAndItsGpuMedian) {
                 .find("\"wall_ms_per_step\":3,\"gpu_ms_per_step\":1.25,"),
             std::string::npos);
   EXPECT_EQ(format_metrics_record(r, MetricsFormat::kCsv),
-            "2,0,0,0,0,0.75,0,0.1,,3,1.25,,,,,cuda:0\n");
+            "2,0,0,0,0,0.75,0,0.1,,3,1.25,,,,,,,cuda:0\n");
+}
+
+// What the step timer dropped and spun in the epoch is carried over, beside the epoch's
+// seconds; missing where nothing was timed.
+TEST(MetricsText, TimerDropsAndSpinsAreCarriedOver) {
+  EpochStats stats;
+  stats.epoch = 3;
+  stats.seconds = 0.75;
+  stats.steps = 250;
+  stats.gpu_samples_dropped = 3;
+  stats.gpu_spin_ms = 6.25;
+  const EpochRecord r = make_epoch_record(stats, 0.1, {"cuda:0"});
+  EXPECT_EQ(r.gpu_samples_dropped, 3);
+  EXPECT_EQ(r.gpu_spin_ms, 6.25);
+  EXPECT_EQ(format_metrics_record(r, MetricsFormat::kCsv),
+            "3,0,0,0,0,0.75,0,0.1,,3,,,,,,3,6.25,cuda:0\n");
+  EXPECT_NE(format_metrics_record(r, MetricsFormat::kJsonLines)
+                .find("\"gpu_samples_dropped\":3,\"gpu_spin_ms\":6.25,\"devices\""),
+            std::string::npos);
+  EXPECT_TRUE(std::isnan(make_epoch_record(EpochStats{}, 0.1, {"cpu"}).gpu_spin_ms));
 }
 
 // ============================================================================================
@@ -300,7 +326,7 @@ TEST(MetricsWriter, EachRecordIsOnDiskBeforeTheNextEpoch) {
   // Read through another descriptor while the writer is still open, as after a crash.
   EXPECT_EQ(
       read_text(dir.file("m.csv")),
-      std::string(kCsvHeader) + "1,0.5,0.8125,0.4375,0.84375,12.5,4800,0.1,,,,,,,,\"cpu,cpu\"\n");
+      std::string(kCsvHeader) + "1,0.5,0.8125,0.4375,0.84375,12.5,4800,0.1,,,,,,,,,,\"cpu,cpu\"\n");
   writer.write(two_epochs()[1]);
   EXPECT_EQ(read_text(dir.file("m.csv")), std::string(kCsvHeader) + kCsvRows);
 }

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdint>
 #include <limits>
 
 #include "dptrain/report/report.h"
@@ -171,6 +172,38 @@ TEST(Report, StepTimeLineSetsGpuBesideWallAndNamesTheBound) {
   EXPECT_EQ(format_step_time_line(result),
             "GPU time per step: median 2.1 ms of 1 timed step (CUDA events); wall time per "
             "step: median 50 ms (epoch 1): host-bound, the wall is 23.81x the GPU time");
+}
+
+// The book's final line, and after it on a timed GPU run what the step timer dropped.
+TEST(Report, FinalLineIsTheBooksAndSaysWhatTheTimerDropped) {
+  TrainResult result;
+  result.devices = {"cuda:0"};
+  for (double seconds : {1.5, 0.5}) {
+    EpochStats epoch;
+    epoch.epoch = static_cast<int64_t>(result.epochs.size()) + 1;
+    epoch.seconds = seconds;
+    epoch.test_acc = 0.9312;
+    result.epochs.push_back(epoch);
+  }
+  EXPECT_EQ(format_final_line(result), "test acc: 0.93, 1.0 sec/epoch on [cuda:0]");
+  result.gpu_samples = 6;
+  result.gpu_samples_dropped = 6;
+  EXPECT_EQ(format_final_line(result),
+            "test acc: 0.93, 1.0 sec/epoch on [cuda:0]; GPU timer: 6 of 6 samples dropped");
+  result.gpu_samples_dropped = 0;
+  EXPECT_EQ(format_final_line(result),
+            "test acc: 0.93, 1.0 sec/epoch on [cuda:0]; GPU timer: 0 of 6 samples dropped");
+}
+
+// A --cuda-graph run says once how many nodes its captured step holds.
+TEST(Report, GraphLineGivesTheCapturedNodesOnceKnown) {
+  TrainResult result;
+  EXPECT_EQ(format_graph_line(result), "");  // no graph, or a LibTorch that cannot count
+  result.graph_nodes = 712;
+  result.graph_replays = 2340;
+  EXPECT_EQ(format_graph_line(result),
+            "CUDA graph: one step is 712 nodes (kernels, copies, memsets: the launches one "
+            "replay stands for), replayed 2340 times");
 }
 
 }  // namespace

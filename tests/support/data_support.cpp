@@ -3,6 +3,7 @@
 
 #include <torch/torch.h>
 
+#include <cstdint>
 #include <exception>
 
 namespace dptrain::testing {

@@ -3,6 +3,7 @@
 
 #include <png.h>
 
+#include <cstdint>
 #include <cstdlib>
 #include <fstream>
 #include <iterator>

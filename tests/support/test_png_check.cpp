@@ -5,6 +5,7 @@
 #include <png.h>
 #include <zlib.h>
 
+#include <cstdint>
 #include <stdexcept>
 #include <string>
 #include <vector>

@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdint>
 #include <cstdlib>
 #include <optional>
 #include <string>
@@ -105,20 +106,33 @@ class ScopedVariable {
 };
 
 // Blocking wait makes ProcessGroupNCCL query the events of captured collectives, which breaks
-// the capture: refused under either name wherever NCCL collectives would be captured, and only
-// there.
+// the capture: refused under either name, in every spelling c10d reads as on, wherever NCCL
+// collectives would be captured, and only there; c10d's off spellings and the new name's off
+// over the old name's on run (test_distributed.cpp reads every spelling).
 TEST(CudaGraphUsage, NcclBlockingWaitIsRefusedNamingTheVariable) {
   for (const std::string name : {"TORCH_NCCL_BLOCKING_WAIT", "NCCL_BLOCKING_WAIT"}) {
-    const ScopedVariable blocking(name, "1");
-    expect_refused(graph_options(), world_of({kGpu0}, 2), true,
-                   "--cuda-graph over NCCL cannot run with " + name + "=1");
-    auto one = graph_options();
-    one.process_group_for_one = true;  // --backend nccl named for one GPU: a real NCCL group
-    expect_refused(one, world_of({kGpu0}, 1), true, "unset " + name);
-    // A world of one without a process group runs no collective: nothing to break.
-    EXPECT_NO_THROW(check_cuda_graph(graph_options(), world_of({kGpu0}, 1), true));
+    for (const std::string on : {"1", "TRUE", "y"}) {
+      const ScopedVariable blocking(name, on.c_str());
+      expect_refused(graph_options(), world_of({kGpu0}, 2), true,
+                     "--cuda-graph over NCCL cannot run with " + name + "=" + on);
+      auto one = graph_options();
+      one.process_group_for_one = true;  // --backend nccl named for one GPU: a real NCCL group
+      expect_refused(one, world_of({kGpu0}, 1), true, "unset " + name);
+      // A world of one without a process group runs no collective: nothing to break.
+      EXPECT_NO_THROW(check_cuda_graph(graph_options(), world_of({kGpu0}, 1), true));
+    }
+    for (const std::string off : {"0", "false", "No"}) {
+      const ScopedVariable blocking(name, off.c_str());
+      EXPECT_NO_THROW(check_cuda_graph(graph_options(), world_of({kGpu0}, 2), true)) << off;
+    }
+    const ScopedVariable bad(name, "on");  // c10d refuses it: so does dptrain, in one line
+    const auto message = testing::expect_throws<UsageError>(
+        [&] { check_cuda_graph(graph_options(), world_of({kGpu0}, 2), true); },
+        {name + "='on' is not a value LibTorch's NCCL process group reads"});
+    EXPECT_EQ(message.find('\n'), std::string::npos) << "not one line: " << message;
   }
-  const ScopedVariable off("TORCH_NCCL_BLOCKING_WAIT", "0");
+  const ScopedVariable old_on("NCCL_BLOCKING_WAIT", "1");
+  const ScopedVariable new_off("TORCH_NCCL_BLOCKING_WAIT", "false");
   EXPECT_NO_THROW(check_cuda_graph(graph_options(), world_of({kGpu0}, 2), true));
 }
 

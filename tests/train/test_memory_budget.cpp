@@ -2,6 +2,7 @@
 // the refusal of sizes no machine holds, from the library and from the command line.
 #include <gtest/gtest.h>
 
+#include <cstdint>
 #include <string>
 
 #include "dptrain/core/errors.h"

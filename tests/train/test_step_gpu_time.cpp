@@ -5,6 +5,7 @@
 
 #include <chrono>
 #include <cmath>
+#include <cstdint>
 #include <thread>
 #include <vector>
 
@@ -43,8 +44,46 @@ TEST(StepGpuTime, ACpuTimerTimesNothing) {
   EXPECT_FALSE(timer.active());
   timer.begin();
   timer.end();
-  EXPECT_TRUE(timer.take_finished_ms().empty());
+  const auto times = timer.take_finished();
+  EXPECT_TRUE(times.ms.empty());
+  EXPECT_EQ(times.dropped, 0);
+  EXPECT_EQ(times.spin_ms, 0);
   EXPECT_TRUE(timer.all_ms().empty());
+  EXPECT_EQ(timer.samples(), 0);
+}
+
+// Note [Timing the GPU alone]: a kept sample sizes the next spin to the host's pace; a drop
+// doubles it once; a second drop in a row turns the timer off; no spin is over kMostSpinMs.
+TEST(StepGpuTime, TheSpinStopsEscalatingAfterOneDrop) {
+  const TimerSpin first;
+  EXPECT_EQ(first.ms, kFirstSpinMs);
+  EXPECT_FALSE(first.off);
+  const auto kept = next_timer_spin(first, /*host_ms=*/4.0, /*kept=*/true);
+  EXPECT_DOUBLE_EQ(kept.ms, 6.05);
+  EXPECT_EQ(kept.drops_in_a_row, 0);
+  const auto dropped = next_timer_spin(first, /*host_ms=*/3.0, /*kept=*/false);
+  EXPECT_DOUBLE_EQ(dropped.ms, 6.0);  // twice the longer of the spin (2) and the host (3)
+  EXPECT_EQ(dropped.drops_in_a_row, 1);
+  EXPECT_FALSE(dropped.off);
+  const auto again = next_timer_spin(dropped, /*host_ms=*/3.0, /*kept=*/false);
+  EXPECT_TRUE(again.off);
+  EXPECT_EQ(next_timer_spin(again, 1.0, true).off, true) << "off stays off";
+  // A kept sample after one drop clears the count.
+  const auto recovered = next_timer_spin(dropped, /*host_ms=*/2.0, /*kept=*/true);
+  EXPECT_EQ(recovered.drops_in_a_row, 0);
+  EXPECT_DOUBLE_EQ(recovered.ms, 3.05);
+  // Never over the cap: a slow host (a step that waits on the GPU) or a long drop.
+  EXPECT_EQ(next_timer_spin(first, 500.0, true).ms, kMostSpinMs);
+  EXPECT_EQ(next_timer_spin(first, 500.0, false).ms, kMostSpinMs);
+  // A step that waits on the host drops every sample: the spins sum to at most two.
+  TimerSpin spin;
+  double spun = 0;
+  for (int step = 0; step < 30 && !spin.off; ++step) {
+    spun += spin.ms;
+    spin = next_timer_spin(spin, /*host_ms=*/spin.ms + 30.0, /*kept=*/false);
+  }
+  EXPECT_TRUE(spin.off);
+  EXPECT_DOUBLE_EQ(spun, kFirstSpinMs + kMostSpinMs);
 }
 
 #if defined(DPTRAIN_WITH_CUDA)
@@ -73,16 +112,18 @@ TEST(StepGpuTime, AKernelsTimeIsMeasured) {
   at::cuda::sleep(cycles);
   timer.end();
   torch::cuda::synchronize();
-  const auto ms = timer.take_finished_ms();
-  ASSERT_EQ(ms.size(), 1u);
-  EXPECT_GT(ms[0], 0.7 * expected) << "host-timed " << expected << " ms";
-  EXPECT_LT(ms[0], 1.1 * expected) << "host-timed " << expected << " ms";
-  EXPECT_EQ(timer.all_ms(), ms);
+  const auto times = timer.take_finished();
+  ASSERT_EQ(times.ms.size(), 1u);
+  EXPECT_GT(times.ms[0], 0.7 * expected) << "host-timed " << expected << " ms";
+  EXPECT_LT(times.ms[0], 1.1 * expected) << "host-timed " << expected << " ms";
+  EXPECT_EQ(times.dropped, 0);
+  EXPECT_EQ(times.spin_ms, kFirstSpinMs);
+  EXPECT_EQ(timer.all_ms(), times.ms);
 }
 
-// A step whose host is slow (20 ms between its kernels' launches): the first attempt's spin
-// (2 ms) is too short and its sample is dropped; the next spin covers the host, and the GPU
-// time then leaves the host's 20 ms out.
+// A step whose host is slow (8 ms between its kernels' launches, an eager step's pace): the
+// first attempt's spin (2 ms) is too short and its sample is dropped; the next spin covers the
+// host, and the GPU time then leaves the host's 8 ms out.
 TEST(StepGpuTime, TheHostsPaceIsKeptOut) {
   if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
   const int64_t short_kernel = int64_t{1} << 16;  // ~33 us at 2 GHz
@@ -91,18 +132,47 @@ TEST(StepGpuTime, TheHostsPaceIsKeptOut) {
   const auto slow_step = [&] {
     timer.begin();
     at::cuda::sleep(short_kernel);
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    std::this_thread::sleep_for(std::chrono::milliseconds(8));
     at::cuda::sleep(short_kernel);
     timer.end();
   };
   slow_step();
   torch::cuda::synchronize();
-  EXPECT_TRUE(timer.take_finished_ms().empty()) << "the 2 ms spin cannot cover a 20 ms host";
+  const auto first = timer.take_finished();
+  EXPECT_TRUE(first.ms.empty()) << "the 2 ms spin cannot cover an 8 ms host";
+  EXPECT_EQ(first.dropped, 1);
   slow_step();
   torch::cuda::synchronize();
-  const auto ms = timer.take_finished_ms();
-  ASSERT_EQ(ms.size(), 1u);
-  EXPECT_LT(ms[0], 5.0) << "the host's 20 ms leaked into the GPU time";
+  const auto second = timer.take_finished();
+  ASSERT_EQ(second.ms.size(), 1u);
+  EXPECT_EQ(second.dropped, 0);
+  EXPECT_LT(second.ms[0], 4.0) << "the host's 8 ms leaked into the GPU time";
+  EXPECT_EQ(timer.samples(), 2);
+  EXPECT_EQ(timer.dropped(), 1);
+}
+
+// A step that waits for the GPU inside it (as --on-nonfinite skip's host read does) can never
+// be timed: every sample is dropped and counted, and after two spins the timer stops spinning
+// instead of doubling towards its cap.
+TEST(StepGpuTime, AStepThatWaitsOnTheHostIsDroppedWithoutLongSpins) {
+  if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
+  const int64_t short_kernel = int64_t{1} << 16;
+  sleep_ms(short_kernel);
+  StepGpuTimer timer(kGpu0);
+  for (int step = 0; step < 6; ++step) {
+    timer.begin();
+    at::cuda::sleep(short_kernel);
+    torch::cuda::synchronize();  // the step waits on the host
+    at::cuda::sleep(short_kernel);
+    timer.end();
+  }
+  torch::cuda::synchronize();
+  const auto times = timer.take_finished();
+  EXPECT_TRUE(times.ms.empty());
+  EXPECT_EQ(times.dropped, 6);
+  EXPECT_GE(times.spin_ms, kFirstSpinMs);
+  EXPECT_LE(times.spin_ms, kFirstSpinMs + kMostSpinMs) << "more than two spins";
+  EXPECT_EQ(timer.dropped(), 6);
 }
 
 #endif

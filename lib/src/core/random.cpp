@@ -2,6 +2,7 @@
 #include "dptrain/core/random.h"
 
 #include <cmath>
+#include <cstdint>
 #include <stdexcept>
 #include <utility>
 

@@ -3,6 +3,8 @@
 
 #include <ATen/ATen.h>
 
+#include <cstdint>
+
 #include "dptrain/data/data.h"
 
 namespace dptrain {

@@ -2,6 +2,7 @@
 #include "dptrain/data/batching.h"
 
 #include <algorithm>
+#include <cstdint>
 #include <stdexcept>
 
 #include "dptrain/core/random.h"

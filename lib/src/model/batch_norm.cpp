@@ -4,6 +4,8 @@
 #include <torch/autograd.h>
 #include <torch/nn/init.h>
 
+#include <cstdint>
+
 #include "dptrain/model/fused_batch_norm.h"
 #include "dptrain/parallel/distributed.h"
 

@@ -1,6 +1,7 @@
 // Counting one layer's FLOPs from its options. See flops.h, Note [Counting FLOPs].
 #include "dptrain/model/flops.h"
 
+#include <cstdint>
 #include <stdexcept>
 #include <variant>
 

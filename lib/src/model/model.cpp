@@ -6,6 +6,7 @@
 #include <torch/nn/modules/linear.h>
 
 #include <cmath>
+#include <cstdint>
 #include <stdexcept>
 #include <string>
 #include <utility>

@@ -4,6 +4,8 @@
 #include <torch/autograd.h>
 #include <torch/nn/functional/conv.h>
 
+#include <cstdint>
+
 namespace dptrain {
 
 // Note [The strided 1x1 convolution on the CPU]

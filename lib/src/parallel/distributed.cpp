@@ -8,10 +8,13 @@
 #include <torch/version.h>
 
 #include <algorithm>
+#include <cctype>
+#include <cstdint>
 #include <cstdlib>
 #include <future>
 #include <memory>
 #include <sstream>
+#include <string>
 #include <thread>
 #include <torch/csrc/distributed/c10d/Store.hpp>
 #include <torch/csrc/distributed/c10d/Types.hpp>
@@ -98,6 +101,40 @@ std::vector<std::pair<std::string, std::string>> nccl_environment_defaults(
     }
   }
   return defaults;
+}
+
+// Note [Blocking wait as c10d reads it]
+// LibTorch 2.x's ProcessGroupNCCL sets blockingWait_ = getCvarBool(TORCH_NCCL_BLOCKING_WAIT,
+// false) in its constructor, where TORCH_NCCL_BLOCKING_WAIT is {"TORCH_NCCL_BLOCKING_WAIT",
+// "NCCL_BLOCKING_WAIT"} (ProcessGroupNCCL.hpp). getCvarBool (c10d/Utils.hpp, the same in 2.11's
+// headers) walks the names from the last to the first, so the new name's value overwrites the
+// old one's; it lowers each value and reads 1/y/yes/t/true as on and 0/n/no/f/false as off, and
+// any other value, the empty one included, fails a TORCH_CHECK ("Invalid value for environment
+// variable: NAME") whichever name holds it. This reads them the same way, so that dptrain
+// refuses exactly what c10d would run with blocking wait, and says so before c10d would throw.
+// LibTorch 1.13 read only NCCL_BLOCKING_WAIT and only 0 and 1; its CPU builds have no NCCL.
+NcclBlockingWait nccl_blocking_wait(const std::function<const char*(const char*)>& lookup) {
+  NcclBlockingWait wait;
+  for (const char* name : {"NCCL_BLOCKING_WAIT", "TORCH_NCCL_BLOCKING_WAIT"}) {  // old, then new
+    const char* set = lookup(name);
+    if (set == nullptr) continue;
+    std::string value(set);
+    std::transform(value.begin(), value.end(), value.begin(),
+                   [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+    if (value == "1" || value == "y" || value == "yes" || value == "t" || value == "true") {
+      wait.on = true;
+    } else if (value == "0" || value == "n" || value == "no" || value == "f" || value == "false") {
+      wait.on = false;
+    } else {
+      throw UsageError(std::string(name) + "='" + set +
+                       "' is not a value LibTorch's NCCL process group reads: it takes "
+                       "1/y/yes/t/true or 0/n/no/f/false, in any case; set one or unset " +
+                       name);
+    }
+    wait.name = name;
+    wait.value = set;
+  }
+  return wait;
 }
 
 void prepare_nccl_environment() {

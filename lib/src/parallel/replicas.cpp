@@ -1,6 +1,7 @@
 // Replica consistency: broadcast, buffer averaging, checksums. See replicas.h.
 #include "dptrain/parallel/replicas.h"
 
+#include <cstdint>
 #include <cstring>
 #include <string>
 

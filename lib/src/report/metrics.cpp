@@ -25,7 +25,8 @@ const char* const kColumns[] = {
     "epoch",          "train_loss",       "train_acc",         "test_loss",
     "test_acc",       "seconds",          "images_per_second", "lr",
     "steady_seconds", "wall_ms_per_step", "gpu_ms_per_step",   "tflops",
-    "mfu",            "peak_host_bytes",  "peak_device_bytes", "devices"};
+    "mfu",            "peak_host_bytes",  "peak_device_bytes", "gpu_samples_dropped",
+    "gpu_spin_ms",    "devices"};
 // clang-format on
 constexpr size_t kColumnCount = sizeof kColumns / sizeof kColumns[0];
 
@@ -102,7 +103,9 @@ std::vector<std::string> record_numbers(const EpochRecord& r) {
           format_number(r.tflops),
           format_number(r.mfu),
           format_number(r.peak_host_bytes),
-          format_number(r.peak_device_bytes)};
+          format_number(r.peak_device_bytes),
+          format_number(r.gpu_samples_dropped),
+          format_number(r.gpu_spin_ms)};
 }
 
 // ============================================================================================
@@ -140,6 +143,8 @@ EpochRecord make_epoch_record(const EpochStats& stats, double lr,
   record.mfu = stats.mfu;
   record.peak_host_bytes = stats.peak_host_bytes;
   record.peak_device_bytes = stats.peak_device_bytes;
+  record.gpu_samples_dropped = stats.gpu_samples_dropped;
+  record.gpu_spin_ms = stats.gpu_spin_ms;
   for (size_t i = 0; i < devices.size(); ++i) record.devices += (i ? "," : "") + devices[i];
   return record;
 }

@@ -88,7 +88,19 @@ std::string format_final_line(const TrainResult& result) {
   }
   char line[128];
   std::snprintf(line, sizeof line, "test acc: %.2f, %.1f sec/epoch on ", test_acc, seconds);
-  return line + device_list_name(result.devices);
+  std::string timer;
+  if (result.gpu_samples > 0) {  // a timed GPU run: what the step timer could not measure
+    timer = "; GPU timer: " + std::to_string(result.gpu_samples_dropped) + " of " +
+            std::to_string(result.gpu_samples) + " samples dropped";
+  }
+  return line + device_list_name(result.devices) + timer;
+}
+
+std::string format_graph_line(const TrainResult& result) {
+  if (result.graph_nodes < 0) return "";
+  return "CUDA graph: one step is " + std::to_string(result.graph_nodes) +
+         " nodes (kernels, copies, memsets: the launches one replay stands for), replayed " +
+         std::to_string(result.graph_replays) + " times";
 }
 
 std::optional<double> steady_epoch_seconds(const std::vector<double>& seconds) {

@@ -1,6 +1,7 @@
 // TensorBoard's events as bytes, and back (tensorboard.h): the one file that includes the code
 // protoc generates from tensorboard_event.proto. Not here: the records' framing and the file
 // (tensorboard.cpp), which must not see protobuf's headers.
+#include <cstdint>
 #include <utility>
 
 #include "dptrain/report/tensorboard.h"

@@ -6,6 +6,7 @@
 #include "dptrain/train/cuda_graph_step.h"
 
 #include <chrono>
+#include <cstdint>
 #include <cstdlib>
 #include <stdexcept>
 #include <string>
@@ -14,6 +15,7 @@
 
 #include "dptrain/core/devices.h"
 #include "dptrain/core/errors.h"
+#include "dptrain/parallel/distributed.h"
 
 // DPTRAIN_WITH_CUDA_GRAPH is set for this file alone (lib/CMakeLists.txt), so that turning the
 // graph off recompiles nothing else.
@@ -26,7 +28,10 @@
 #include <ATen/cuda/CUDAGraph.h>
 #include <c10/cuda/CUDAFunctions.h>
 #include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAStream.h>
+#include <cuda_runtime_api.h>
+#include <torch/version.h>
 
 #include "cuda_event.h"
 #endif
@@ -59,17 +64,16 @@ void check_cuda_graph(const TrainOptions& options, const WorldPlan& world, bool 
     // With blocking wait, ProcessGroupNCCL's wait() queries the collective's CUDA event, and
     // for a collective recorded inside the capture that query invalidates the capture (CUDA
     // refuses to query events of a capturing stream): the run would fail at its first capture.
-    for (const char* name : {"TORCH_NCCL_BLOCKING_WAIT", "NCCL_BLOCKING_WAIT"}) {
-      const char* value = std::getenv(name);
-      if (value != nullptr && *value != '\0' && std::string(value) != "0") {
-        throw UsageError(std::string("--cuda-graph over NCCL cannot run with ") + name + "=" +
-                         value +
-                         ": blocking wait queries the events of collectives recorded inside the "
-                         "graph's capture, which breaks it; unset " +
-                         name +
-                         " (dptrain bounds every wait by --timeout itself) or run without "
-                         "--cuda-graph");
-      }
+    // The variables are read as c10d reads them (nccl_blocking_wait).
+    const NcclBlockingWait blocking = nccl_blocking_wait(std::getenv);
+    if (blocking.on) {
+      throw UsageError("--cuda-graph over NCCL cannot run with " + blocking.name + "=" +
+                       blocking.value +
+                       ": blocking wait queries the events of collectives recorded inside the "
+                       "graph's capture, which breaks it; unset " +
+                       blocking.name +
+                       " (dptrain bounds every wait by --timeout itself) or run without "
+                       "--cuda-graph");
     }
   }
   if (options.backend == Backend::kGloo && communicates) {
@@ -187,6 +191,7 @@ struct CudaGraphStep::State {
   CudaEvent replayed;                         // recorded after each replay
   int64_t warmed = 0;                         // eager full batches so far
   int64_t replays = 0;
+  int64_t nodes = -1;  // the captured graph's nodes, where known
 
   c10::cuda::CUDAStream caller() const { return c10::cuda::getCurrentCUDAStream(device.index()); }
 
@@ -222,7 +227,13 @@ struct CudaGraphStep::State {
       const c10::cuda::CUDAStreamGuard on_stream(stream);
       static_x.copy_(x);
       static_y.copy_(y);
+      // LibTorch 2.8 and later can keep the captured graph until instantiate(), long enough to
+      // count its nodes (CUDAGraph's keep_graph); earlier ones destroy it in capture_end().
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 8)
+      graph = std::make_unique<at::cuda::CUDAGraph>(/*keep_graph=*/true);
+#else
       graph = std::make_unique<at::cuda::CUDAGraph>();
+#endif
       try {
         const AutocastCacheOff no_cache;
         graph->capture_begin({0, 0}, cudaStreamCaptureModeThreadLocal);
@@ -237,6 +248,12 @@ struct CudaGraphStep::State {
           throw;
         }
         graph->capture_end();
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 8)
+        size_t count = 0;
+        C10_CUDA_CHECK(cudaGraphGetNodes(graph->raw_cuda_graph(), nullptr, &count));
+        nodes = static_cast<int64_t>(count);
+        graph->instantiate();
+#endif
       } catch (const c10::Error& e) {
         graph.reset();
         static_outputs.clear();
@@ -332,6 +349,7 @@ void CudaGraphStep::wait_host(const std::string& what) {
 
 bool CudaGraphStep::captured() const { return state_->graph != nullptr; }
 int64_t CudaGraphStep::replays() const { return state_->replays; }
+int64_t CudaGraphStep::captured_nodes() const { return state_->nodes; }
 
 #else  // no CUDA graphs: check_cuda_graph refuses the flag before anything is made
 
@@ -351,6 +369,7 @@ std::vector<torch::Tensor> CudaGraphStep::run(const torch::Tensor& x, const torc
 void CudaGraphStep::wait_host(const std::string& /*what*/) {}
 bool CudaGraphStep::captured() const { return false; }
 int64_t CudaGraphStep::replays() const { return 0; }
+int64_t CudaGraphStep::captured_nodes() const { return -1; }
 
 #endif
 

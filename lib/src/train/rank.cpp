@@ -10,6 +10,7 @@
 #include <atomic>
 #include <chrono>
 #include <cmath>
+#include <cstdint>
 #include <exception>
 #include <limits>
 #include <memory>
@@ -324,6 +325,19 @@ std::unique_ptr<CudaGraphStep> make_graph(const TrainOptions& options, const Ran
   return std::make_unique<CudaGraphStep>(plan.device, communicator, end - begin);
 }
 
+// The device whose steps are timed (step_gpu_time.h), or the CPU, which times nothing: only
+// where a timed step is the GPU's work alone (Note [Timing the GPU alone]). Not with several
+// ranks, where one rank's wait for a peer's all-reduce would count as GPU time and each rank
+// would size its own spin; not where the step waits on the host by design: --on-nonfinite
+// skip reads the gradient's verdict, and Gloo's collectives run on the host.
+torch::Device timed_device(const TrainOptions& options, const RankPlan& plan) {
+  const bool host_collectives = options.process_group_for_one && options.backend == Backend::kGloo;
+  if (plan.world_size != 1 || host_collectives || options.on_nonfinite == NonFinite::kSkip) {
+    return torch::kCPU;
+  }
+  return plan.device;
+}
+
 // One rank's training: the replica and everything that trains it, and the loop. run() is the
 // whole story: the book's step, then end_step, then end_epoch, where each side concern (report,
 // check, stop, save, evaluate) is one block, decided there and nowhere else.
@@ -346,7 +360,7 @@ class RankTraining {
         batches_per_epoch_(num_batches(data.train.size(), options.batch_size)),
         config_(checkpoint_config(options, data.train.size(), plan.world_size, plan.train_digest)),
         tally_(plan.device),
-        gpu_timer_(plan.device),
+        gpu_timer_(timed_device(options, plan)),
         gpu_timed_steps_(
             gpu_timed_steps(data.train.size() / options.batch_size, kGpuTimedStepsPerEpoch)) {
     result_.world_size = plan.world_size;
@@ -561,6 +575,9 @@ void RankTraining::end_run(const NonFiniteGuard& guard) {
   result_.skipped_steps = guard.skipped();
   result_.graph_replays = graph_ ? graph_->replays() : 0;
   result_.gpu_step_ms = gpu_timer_.all_ms();
+  result_.gpu_samples = gpu_timer_.samples();
+  result_.gpu_samples_dropped = gpu_timer_.dropped();
+  result_.graph_nodes = graph_ ? graph_->captured_nodes() : -1;
   // Note [A run that trained nothing]
   // --on-nonfinite skip promises that a bad step leaves the weights as they were, and goes on.
   // A run every one of whose steps was skipped (the learning rate blew the weights up before
@@ -737,7 +754,12 @@ EpochStats RankTraining::finish_epoch(double seconds, int64_t skipped_steps) {
   stats.steps = at_.step;
   stats.skipped_steps = skipped_steps;
   stats.seconds = seconds;
-  stats.gpu_ms_per_step = median_or_nan(gpu_timer_.take_finished_ms());  // synchronised above
+  if (gpu_timer_.active()) {
+    const GpuTimes times = gpu_timer_.take_finished();  // synchronised above
+    stats.gpu_ms_per_step = median_or_nan(times.ms);
+    stats.gpu_samples_dropped = static_cast<double>(times.dropped);
+    stats.gpu_spin_ms = times.spin_ms;
+  }
   const auto train = means_of(tally_.reduce(communicator_, "training loss and accuracy"));
   // Note [An epoch without a trained step]
   // Under --on-nonfinite skip a skipped step adds nothing to the epoch's sums, so the training

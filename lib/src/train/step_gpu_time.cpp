@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdint>
 #include <limits>
 #include <utility>
 
@@ -47,12 +48,37 @@ double median_or_nan(std::vector<double> values) {
 // step, and the GPU then runs it back to back. Whether that held is known without waiting: if
 // the start event has not completed when the host has queued the step's last work, the GPU had
 // not begun the step, so nothing of the host's pace is in the measurement. If it had, the sample
-// is dropped and the next spin is longer. The spin lasts 1.5 times the host's queueing time of
-// the last timed step (plus a little), so it stays short: ~1 ms for an eager bf16 step of the
-// book's batch, microseconds' worth for a graph replay. Only kGpuTimedStepsPerEpoch steps an
-// epoch are timed, and their events are read at the epoch's end, after the synchronize that the
-// epoch's wall time needs anyway: no step waits for the host. Measured against: nothing yet, as
-// no GPU has run it (docs/gpu-check.md); the GPU check sets it beside nvidia-smi's utilisation.
+// is dropped and counted, and the next spin is twice as long, once: a second drop in a row
+// turns the timer off for the run (next_timer_spin), since then the step itself waits on the
+// host (the GPU drains while the host waits), or queues more launches than CUDA holds pending
+// (~1,000), and no spin can help; a longer one would only lengthen the epoch. The runs that wait
+// on the host by design (--on-nonfinite skip, Gloo's collectives) and those of several ranks,
+// where one rank's wait for a peer's all-reduce would count as GPU time, are not timed at all
+// (rank.cpp). The spin lasts 1.5 times the host's queueing time of the last timed step (plus a
+// little), at most kMostSpinMs, so it stays short: ~1 ms for an eager bf16 step of the book's
+// batch, microseconds' worth for a graph replay. The spins are GPU time inside the epoch's
+// seconds when the GPU is the bound: their sum is reported beside them (gpu_spin_ms). Only
+// kGpuTimedStepsPerEpoch steps an epoch are timed, and their events are read at the epoch's end,
+// after the synchronize that the epoch's wall time needs anyway: no step waits for the host.
+// Measured against: nothing yet, as no GPU has run it (docs/gpu-check.md); the GPU check sets it
+// beside nvidia-smi's utilisation.
+
+TimerSpin next_timer_spin(const TimerSpin& spin, double host_ms, bool kept) {
+  TimerSpin next = spin;
+  if (spin.off) return next;
+  if (kept) {
+    next.ms = 1.5 * host_ms + 0.05;  // long enough for the host's pace next time
+    next.drops_in_a_row = 0;
+  } else if (spin.drops_in_a_row == 0) {
+    next.ms = 2.0 * std::max(spin.ms, host_ms);
+    next.drops_in_a_row = 1;
+  } else {
+    next.off = true;
+    next.drops_in_a_row = spin.drops_in_a_row + 1;
+  }
+  next.ms = std::min(next.ms, kMostSpinMs);
+  return next;
+}
 
 #if defined(DPTRAIN_WITH_CUDA)
 
@@ -80,9 +106,11 @@ struct StepGpuTimer::Events {
 
   int device;
   double cycles_per_ms;
-  double spin_ms = 2.0;  // the next timed step's spin
+  TimerSpin spin;  // the next timed step's spin, or off
   std::chrono::steady_clock::time_point host_began;
-  std::vector<std::unique_ptr<Sample>> pending;  // timed since the last take_finished_ms()
+  std::vector<std::unique_ptr<Sample>> pending;  // timed since the last take_finished()
+  int64_t skipped = 0;  // planned samples not taken since then: the timer was off
+  double spun_ms = 0;   // spin queued since then
 };
 
 StepGpuTimer::StepGpuTimer(const torch::Device& device) {
@@ -96,15 +124,21 @@ StepGpuTimer::StepGpuTimer(const torch::Device& device) {
 void StepGpuTimer::begin() {
   if (!events_) return;
   auto& e = *events_;
+  ++samples_;
+  if (e.spin.off) {
+    ++e.skipped;
+    return;
+  }
   const c10::cuda::CUDAGuard on_device(e.device);
   e.pending.push_back(std::make_unique<Events::Sample>());
   e.host_began = std::chrono::steady_clock::now();
-  at::cuda::sleep(static_cast<int64_t>(e.spin_ms * e.cycles_per_ms));
+  at::cuda::sleep(static_cast<int64_t>(e.spin.ms * e.cycles_per_ms));
+  e.spun_ms += e.spin.ms;
   e.pending.back()->start.record(at::cuda::getCurrentCUDAStream(e.device));
 }
 
 void StepGpuTimer::end() {
-  if (!events_ || events_->pending.empty()) return;
+  if (!events_ || events_->pending.empty() || events_->spin.off) return;
   auto& e = *events_;
   const c10::cuda::CUDAGuard on_device(e.device);
   auto& sample = *e.pending.back();
@@ -113,23 +147,29 @@ void StepGpuTimer::end() {
       std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - e.host_began)
           .count();
   sample.gpu_alone = !sample.start.query();
-  // Long enough for the host's pace next time; twice as long as this time's if it fell short.
-  e.spin_ms = sample.gpu_alone ? 1.5 * host_ms + 0.05 : 2.0 * std::max(e.spin_ms, host_ms);
-  e.spin_ms = std::min(e.spin_ms, 100.0);
+  e.spin = next_timer_spin(e.spin, host_ms, sample.gpu_alone);
 }
 
-std::vector<double> StepGpuTimer::take_finished_ms() {
-  std::vector<double> ms;
-  if (!events_) return ms;
-  const c10::cuda::CUDAGuard on_device(events_->device);
-  for (const auto& sample : events_->pending) {
+GpuTimes StepGpuTimer::take_finished() {
+  GpuTimes times;
+  if (!events_) return times;
+  auto& e = *events_;
+  const c10::cuda::CUDAGuard on_device(e.device);
+  for (const auto& sample : e.pending) {
     if (sample->gpu_alone && sample->end.query()) {
-      ms.push_back(static_cast<double>(sample->start.elapsed_time(sample->end)));
+      times.ms.push_back(static_cast<double>(sample->start.elapsed_time(sample->end)));
+    } else {
+      ++times.dropped;
     }
   }
-  events_->pending.clear();
-  all_ms_.insert(all_ms_.end(), ms.begin(), ms.end());
-  return ms;
+  times.dropped += e.skipped;
+  times.spin_ms = e.spun_ms;
+  e.pending.clear();
+  e.skipped = 0;
+  e.spun_ms = 0;
+  dropped_ += times.dropped;
+  all_ms_.insert(all_ms_.end(), times.ms.begin(), times.ms.end());
+  return times;
 }
 
 bool StepGpuTimer::active() const { return events_ != nullptr; }
@@ -141,7 +181,7 @@ struct StepGpuTimer::Events {};
 StepGpuTimer::StepGpuTimer(const torch::Device& /*device*/) {}
 void StepGpuTimer::begin() {}
 void StepGpuTimer::end() {}
-std::vector<double> StepGpuTimer::take_finished_ms() { return {}; }
+GpuTimes StepGpuTimer::take_finished() { return {}; }
 bool StepGpuTimer::active() const { return false; }
 
 #endif

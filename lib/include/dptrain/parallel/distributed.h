@@ -34,6 +34,16 @@ bool backend_available(Backend backend);
 // of the names LibTorch reads (Note [NCCL failures end in our error line] in distributed.cpp).
 std::vector<std::pair<std::string, std::string>> nccl_environment_defaults(
     const std::function<const char*(const char*)>& lookup);
+// Whether LibTorch's NCCL process group will use blocking wait, read from `lookup` (getenv, or a
+// test's map) as c10d reads TORCH_NCCL_BLOCKING_WAIT and its old name NCCL_BLOCKING_WAIT (Note
+// [Blocking wait as c10d reads it] in distributed.cpp). Throws UsageError naming the variable
+// and the spellings c10d takes for a value that c10d would refuse.
+struct NcclBlockingWait {
+  bool on = false;
+  std::string name;   // the variable that decided: the new name when both are set; empty: neither
+  std::string value;  // its value as set
+};
+NcclBlockingWait nccl_blocking_wait(const std::function<const char*(const char*)>& lookup);
 // Sets nccl_environment_defaults(getenv). Call it before any thread starts (setenv races with
 // getenv in other threads): main() does, first thing. Harmless without NCCL and when repeated.
 void prepare_nccl_environment();

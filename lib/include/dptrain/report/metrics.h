@@ -39,6 +39,10 @@ struct EpochRecord {
   double mfu = std::numeric_limits<double>::quiet_NaN();
   double peak_host_bytes = std::numeric_limits<double>::quiet_NaN();
   double peak_device_bytes = std::numeric_limits<double>::quiet_NaN();
+  // The step timer's dropped samples and its spins' milliseconds in the epoch, as EpochStats
+  // has them (missing where nothing is timed).
+  double gpu_samples_dropped = std::numeric_limits<double>::quiet_NaN();
+  double gpu_spin_ms = std::numeric_limits<double>::quiet_NaN();
   std::string devices;  // every rank's device in rank order, comma-separated: "cuda:0,cuda:1"
 };
 

@@ -17,8 +17,14 @@ namespace dptrain {
 std::string format_epoch_line(const EpochStats& stats);
 
 // "test acc: 0.93, 13.2 sec/epoch on [cuda:0, cuda:1]": the last epoch's test accuracy and the
-// mean training time per epoch, as the book's train function prints them.
+// mean training time per epoch, as the book's train function prints them. A run whose steps
+// were timed (step_gpu_time.h) adds what the timer dropped: "...; GPU timer: 0 of 30 samples
+// dropped".
 std::string format_final_line(const TrainResult& result);
+
+// "CUDA graph: one step is 712 nodes (kernels, copies, memsets: the launches one replay stands
+// for), replayed 2340 times", once, for a --cuda-graph run whose node count is known; "" else.
+std::string format_graph_line(const TrainResult& result);
 
 // The median of `seconds` (one entry per epoch, in order) from the second epoch on: the steady
 // pace, without the first epoch's cuDNN autotuning and allocator growth. nullopt with fewer

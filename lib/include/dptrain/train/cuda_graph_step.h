@@ -30,8 +30,10 @@ bool cuda_graph_available();
 
 // Throws UsageError, one line naming --cuda-graph, where options.cuda_graph cannot run on
 // `world`: a build without CUDA graphs (`cuda_built` false; pass cuda_graph_available()), CPU
-// devices, Gloo collectives, several GPUs in one process, or NCCL collectives with
-// TORCH_NCCL_BLOCKING_WAIT (or its old name NCCL_BLOCKING_WAIT) set to anything but 0.
+// devices, Gloo collectives, several GPUs in one process, or NCCL collectives with blocking wait
+// on, as c10d reads TORCH_NCCL_BLOCKING_WAIT and its old name NCCL_BLOCKING_WAIT
+// (nccl_blocking_wait: 1/y/yes/t/true in any case, the new name winning; a value c10d refuses
+// is refused too).
 // check_world calls it.
 void check_cuda_graph(const TrainOptions& options, const WorldPlan& world, bool cuda_built);
 
@@ -73,6 +75,9 @@ class CudaGraphStep {
 
   bool captured() const;
   int64_t replays() const;
+  // The captured step's nodes (its kernels, copies and memsets: the launches one replay stands
+  // for); -1 before the capture, and with a LibTorch older than 2.8, which cannot keep the graph.
+  int64_t captured_nodes() const;
 
  private:
   struct State;

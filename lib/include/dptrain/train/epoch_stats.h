@@ -52,6 +52,13 @@ struct EpochStats {
   // events (step_gpu_time.h); NaN on the CPU, or when no step could be timed. Not kept in
   // checkpoints: a resumed run's earlier epochs have NaN.
   double gpu_ms_per_step = std::numeric_limits<double>::quiet_NaN();
+  // Where the steps were timed: the epoch's samples dropped (the GPU began the step before the
+  // host had queued it, or the timer was off after two drops in a row), and the milliseconds of
+  // spin queued before the timed steps, which are inside `seconds` when the GPU is the bound.
+  // NaN where nothing is timed (the CPU, several ranks, --on-nonfinite skip, Gloo); not kept in
+  // checkpoints.
+  double gpu_samples_dropped = std::numeric_limits<double>::quiet_NaN();
+  double gpu_spin_ms = std::numeric_limits<double>::quiet_NaN();
   // How well the epoch used the machine (model/flops.h): the model's training FLOPs for the
   // epoch's images over its training seconds, in TFLOP/s summed over all ranks; that figure over
   // the devices' summed peak (--peak-tflops, or the table for known GPUs), NaN where no peak is
@@ -98,6 +105,9 @@ struct TrainResult {
   int64_t skipped_steps = 0;        // steps left out under NonFinite::kSkip
   int64_t graph_replays = 0;        // --cuda-graph: steps replayed from the CUDA graph, not eager
   std::vector<double> gpu_step_ms;  // every timed step's GPU milliseconds (the reporting rank)
+  int64_t gpu_samples = 0;          // the steps sampled for timing, kept or dropped
+  int64_t gpu_samples_dropped = 0;  // of them, those dropped (step_gpu_time.h)
+  int64_t graph_nodes = -1;         // --cuda-graph: the captured step's nodes; -1 when not known
 };
 
 // What evaluate_weights() returns (train.h).

@@ -3,8 +3,9 @@
 // synchronised anyway. A GPU time close to the wall time means the GPU is the bound; one far
 // below it means the host is (launches, waits), which decides whether the next speed-up is a
 // fused kernel or fewer launches. Note [Timing the GPU alone] in step_gpu_time.cpp says how the
-// host's own time is kept out of the measurement. Not here: the wall time (rank.cpp's epoch
-// seconds) or reporting either (report.h, metrics.h).
+// host's own time is kept out of the measurement, what is dropped and what the spins cost. Not
+// here: the wall time (rank.cpp's epoch seconds), which runs are timed (rank.cpp), or reporting
+// either (report.h, metrics.h).
 #pragma once
 
 #include <torch/types.h>
@@ -26,6 +27,29 @@ std::vector<int64_t> gpu_timed_steps(int64_t full_batches, int samples);
 // The median of `values`, NaN when empty.
 double median_or_nan(std::vector<double> values);
 
+// The spin that holds the stream back before a timed step (Note [Timing the GPU alone]).
+constexpr double kFirstSpinMs = 2.0;
+// The longest spin: 1.5 times the ~5-10 ms an eager step of ~700 launches takes to queue, and
+// short beside an epoch, so that spins never add more than a few tens of ms an epoch.
+constexpr double kMostSpinMs = 20.0;
+struct TimerSpin {
+  double ms = kFirstSpinMs;  // the next timed step's spin
+  int drops_in_a_row = 0;
+  bool off = false;  // two drops in a row: no spin and no sample for the rest of the run
+};
+
+// The spin after a timed step whose host queueing took `host_ms` and whose sample was `kept`:
+// 1.5 times host_ms (plus a little) after a kept sample; twice the longer of the last spin and
+// host_ms after a first drop; off after a second drop in a row. Never over kMostSpinMs.
+TimerSpin next_timer_spin(const TimerSpin& spin, double host_ms, bool kept);
+
+// What an epoch's timed steps gave, once the device has finished them.
+struct GpuTimes {
+  std::vector<double> ms;  // the kept samples' GPU milliseconds
+  int64_t dropped = 0;     // samples planned but not kept (the GPU began first, or the timer off)
+  double spin_ms = 0;      // milliseconds of spin queued before the timed steps
+};
+
 // Times steps on one CUDA device; on any other device it is inactive and every call does
 // nothing. Not thread-safe: one per rank, used by that rank's thread.
 class StepGpuTimer {
@@ -44,17 +68,21 @@ class StepGpuTimer {
   void end();
 
   // Once the device has finished every timed step (after a synchronize): the GPU milliseconds
-  // of the steps timed since the last call whose measurement held the GPU's time alone; they
-  // are added to all_ms(). Empty when none.
-  std::vector<double> take_finished_ms();
+  // of the steps timed since the last call whose measurement held the GPU's time alone (added
+  // to all_ms()), how many planned samples were dropped and how long the spins were.
+  GpuTimes take_finished();
 
-  // Every measurement taken so far in this run, in order.
+  // Every measurement taken so far in this run, in order, and the samples planned and dropped.
   const std::vector<double>& all_ms() const { return all_ms_; }
+  int64_t samples() const { return samples_; }
+  int64_t dropped() const { return dropped_; }
 
  private:
   struct Events;
   std::unique_ptr<Events> events_;
   std::vector<double> all_ms_;
+  int64_t samples_ = 0;  // begin() calls on an active timer
+  int64_t dropped_ = 0;
 };
 
 }  // namespace dptrain
