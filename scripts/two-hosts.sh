@@ -112,6 +112,8 @@ ranks_in() { ip netns pids "$1" | while read -r pid; do
   [ "$(readlink "/proc/$pid/exe" 2>/dev/null)" = "$dptrain" ] && echo "$pid"; done; true; }
 
 # The newest global step among the checkpoints in $1; fails, naming it, if any does not read.
+# Without the tensors as torch tensors: importing a CUDA torch takes seconds on a loaded machine,
+# in which a short run passes the step the partition waits for and ends.
 newest_step() {
   "$python" - "$1" "$here" <<'PY'
 import glob, os, sys
@@ -120,7 +122,7 @@ from read_checkpoint import CheckpointError, read_checkpoint
 steps = []
 for path in sorted(glob.glob(os.path.join(sys.argv[1], "checkpoint-*.safetensors"))):
     try:
-        steps.append(read_checkpoint(path)["global_step"])
+        steps.append(read_checkpoint(path, load_tensors=False)["global_step"])
     except (CheckpointError, OSError) as e:
         sys.exit(f"error: {e}")
 if not steps:
