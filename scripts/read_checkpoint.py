@@ -404,15 +404,21 @@ def read_fields(obj, kinds, at, fail):
     return out
 
 
-def run_state(metadata, fail):
-    """"dptrain.run_state" as read_checkpoint's dict, read in the C++ reader's order, so that
-    both name the same first fault."""
+def run_state_and_config(metadata, fail):
+    """The run state's JSON and its config object, the first things the C++ reader reads of it."""
     if "dptrain.run_state" not in metadata:
         fail("corrupt: no run state (dptrain.run_state)")
     state = parse_json(metadata["dptrain.run_state"].encode(), "the run state", fail)
     config = read_fields(state, {"config": "any"}, "", fail)["config"]
     if not isinstance(config, dict):
         fail("corrupt: run state: config is not an object")
+    return state, config
+
+
+def run_state(metadata, fail):
+    """"dptrain.run_state" as read_checkpoint's dict, read in the C++ reader's order, so that
+    both name the same first fault."""
+    state, config = run_state_and_config(metadata, fail)
     c = {"config": read_fields(config, CONFIG, "config", fail),
          **read_fields(state, POSITION, "", fail)}
     c["partial_sums"] = read_fields(c["partial_sums"], SUMS, "partial_sums", fail)
@@ -604,12 +610,7 @@ def check_width_first(metadata, fail):
 def claimed_width(metadata, fail):
     """checkpoint_run_state.cpp's run_state_width: config.width of the run state, read before
     the rest of it (its other faults are named later, in the C++ reader's order)."""
-    if "dptrain.run_state" not in metadata:
-        fail("corrupt: no run state (dptrain.run_state)")
-    state = parse_json(metadata["dptrain.run_state"].encode(), "the run state", fail)
-    config = read_fields(state, {"config": "any"}, "", fail)["config"]
-    if not isinstance(config, dict):
-        fail("corrupt: run state: config is not an object")
+    _, config = run_state_and_config(metadata, fail)
     return read_fields(config, {"width": "int"}, "config", fail)["width"]
 
 
