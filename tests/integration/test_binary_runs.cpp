@@ -986,18 +986,20 @@ TEST(CliDataPermissions, DirectoryTheUserCannotEnterIsNamed) {
   write_fake_data(data, 16, 8);
   testing::ChildSetup setup;
   std::string binary = testing::dptrain_binary();
+  std::map<std::string, std::string> environment;
   std::unique_ptr<testing::ProgramCopyForAnyUser> copy;
   if (::geteuid() == 0) {
     setup.run_as_uid = 65534;
     setup.run_as_gid = 65534;
     copy = std::make_unique<testing::ProgramCopyForAnyUser>(binary);
     binary = copy->path();
+    environment = copy->sanitizer_environment();  // under scripts/sanitize.sh
   } else {
     ASSERT_EQ(::chmod(data.path().c_str(), 0), 0);
   }
   const auto result = testing::run_command({binary, "train", "--data-dir", data.path(), "--devices",
                                             "cpu", "--width", "1", "--epochs", "1", "--threads", "1"},
-                                           {}, 120, setup);
+                                           environment, 120, setup);
   ::chmod(data.path().c_str(), 0700);
   // Only root's switch to another user can fail here (a user namespace without uid 65534), and
   // that skip is not expected anywhere: tests/check_skips.py then fails the run naming it.
@@ -1030,6 +1032,22 @@ TEST(CliDataPermissions, TheProgramCopyForAnotherUserIsReachableFromAPrivateFold
     struct stat info {};
     ASSERT_EQ(::stat(copy.path().c_str(), &info), 0);
     EXPECT_EQ(info.st_mode & 07777, 0755u);
+    // A suppressions file inside the private folder is given to the other user as a copy.
+    const std::string suppressions = private_folder.file("lsan.supp");
+    testing::write_bytes(suppressions, {'#', '\n'});
+    const char* before = std::getenv("LSAN_OPTIONS");
+    const std::string saved = before ? before : "";
+    ::setenv("LSAN_OPTIONS", ("suppressions=" + suppressions + ":print_suppressions=0").c_str(), 1);
+    const auto environment = copy.sanitizer_environment();
+    if (before != nullptr) {
+      ::setenv("LSAN_OPTIONS", saved.c_str(), 1);
+    } else {
+      ::unsetenv("LSAN_OPTIONS");
+    }
+    ASSERT_EQ(environment.count("LSAN_OPTIONS"), 1u);
+    EXPECT_EQ(environment.at("LSAN_OPTIONS"),
+              "suppressions=" + copy.directory() + "/LSAN_OPTIONS.supp:print_suppressions=0");
+    EXPECT_EQ(testing::read_text(copy.directory() + "/LSAN_OPTIONS.supp"), "#\n");
   }
   EXPECT_FALSE(testing::path_exists(copied_directory));
 }

@@ -139,6 +139,37 @@ ProgramCopyForAnyUser::ProgramCopyForAnyUser(const std::string& program) {
 
 ProgramCopyForAnyUser::~ProgramCopyForAnyUser() { remove_tree(directory_); }
 
+std::map<std::string, std::string> ProgramCopyForAnyUser::sanitizer_environment() const {
+  std::map<std::string, std::string> environment;
+  for (const char* name : {"ASAN_OPTIONS", "LSAN_OPTIONS", "UBSAN_OPTIONS"}) {
+    const char* value = std::getenv(name);
+    if (value == nullptr) continue;
+    // "key=value:key=value"; each suppressions=PATH becomes this directory's copy of PATH.
+    std::string options = value, rewritten;
+    for (size_t begin = 0; begin <= options.size();) {
+      size_t end = options.find(':', begin);
+      if (end == std::string::npos) end = options.size();
+      std::string option = options.substr(begin, end - begin);
+      const std::string key = "suppressions=";
+      if (option.rfind(key, 0) == 0) {
+        const std::string copy = directory_ + "/" + name + ".supp";
+        std::ifstream in(option.substr(key.size()), std::ios::binary);
+        std::ofstream out(copy, std::ios::binary);
+        out << in.rdbuf();
+        out.close();
+        if (!in || !out || ::chmod(copy.c_str(), 0644) != 0) {
+          throw std::runtime_error("cannot copy " + option.substr(key.size()) + " into " + copy);
+        }
+        option = key + copy;
+      }
+      rewritten += (rewritten.empty() ? "" : ":") + option;
+      begin = end + 1;
+    }
+    environment[name] = rewritten;
+  }
+  return environment;
+}
+
 std::vector<uint8_t> gzip_bytes(const std::vector<uint8_t>& bytes) {
   z_stream stream{};
   // 16 + MAX_WBITS asks deflate for a gzip wrapper.

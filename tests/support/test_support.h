@@ -46,6 +46,10 @@ class ProgramCopyForAnyUser {
   ProgramCopyForAnyUser& operator=(const ProgramCopyForAnyUser&) = delete;
   const std::string& path() const { return path_; }
   const std::string& directory() const { return directory_; }
+  // The sanitizers' options of this process (ASAN_OPTIONS, LSAN_OPTIONS, UBSAN_OPTIONS) with
+  // every suppressions file they name copied beside the program, for the child's environment: a
+  // sanitized program that cannot read its suppressions file aborts before main.
+  std::map<std::string, std::string> sanitizer_environment() const;
 
  private:
   std::string directory_;
