@@ -351,8 +351,15 @@ void Communicator::wait_in_slices(const c10::intrusive_ptr<c10d::Work>& work,
       work->wait(std::max(std::chrono::milliseconds(1), std::min(kWaitSlice, left)));
       return;
     } catch (const std::exception&) {
-      // Finished with a failure, or the whole timeout spent: the caller reports it.
-      if (work->isCompleted() || std::chrono::steady_clock::now() >= deadline) throw;
+      // The slice ran out ("Operation timed out!"), or the work failed. A work that completed
+      // after its slice ran out is asked again: wait() then returns at once for a success and
+      // throws the work's own failure otherwise (taking completion alone for a failure turned a
+      // collective that finished at a slice's end into a timeout).
+      if (work->isCompleted()) {
+        work->wait(std::chrono::milliseconds(1));
+        return;
+      }
+      if (std::chrono::steady_clock::now() >= deadline) throw;  // the caller reports it
     }
     fail_if_stopped(what);
   }
