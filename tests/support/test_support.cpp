@@ -109,6 +109,19 @@ bool searchable_by_others(const std::string& path) {
   }
 }
 
+namespace {
+
+// Copies the file `from` to `to` and gives the copy `mode`; false if any of it failed.
+bool copy_with_mode(const std::string& from, const std::string& to, mode_t mode) {
+  std::ifstream in(from, std::ios::binary);
+  std::ofstream out(to, std::ios::binary);
+  out << in.rdbuf();
+  out.close();
+  return in && out && ::chmod(to.c_str(), mode) == 0;
+}
+
+}  // namespace
+
 ProgramCopyForAnyUser::ProgramCopyForAnyUser(const std::string& program) {
   std::vector<std::string> bases;
   if (const char* tmpdir = std::getenv("TMPDIR"); tmpdir != nullptr && *tmpdir == '/') {
@@ -127,11 +140,7 @@ ProgramCopyForAnyUser::ProgramCopyForAnyUser(const std::string& program) {
                              "/dev/shm: cannot give another user a copy of " + program);
   }
   path_ = directory_ + "/" + program.substr(program.rfind('/') + 1);
-  std::ifstream in(program, std::ios::binary);
-  std::ofstream out(path_, std::ios::binary);
-  out << in.rdbuf();
-  out.close();
-  if (!in || !out || ::chmod(path_.c_str(), 0755) != 0 || ::chmod(directory_.c_str(), 0755) != 0) {
+  if (!copy_with_mode(program, path_, 0755) || ::chmod(directory_.c_str(), 0755) != 0) {
     remove_tree(directory_);
     throw std::runtime_error("cannot copy " + program + " into " + directory_);
   }
@@ -153,11 +162,7 @@ std::map<std::string, std::string> ProgramCopyForAnyUser::sanitizer_environment(
       const std::string key = "suppressions=";
       if (option.rfind(key, 0) == 0) {
         const std::string copy = directory_ + "/" + name + ".supp";
-        std::ifstream in(option.substr(key.size()), std::ios::binary);
-        std::ofstream out(copy, std::ios::binary);
-        out << in.rdbuf();
-        out.close();
-        if (!in || !out || ::chmod(copy.c_str(), 0644) != 0) {
+        if (!copy_with_mode(option.substr(key.size()), copy, 0644)) {
           throw std::runtime_error("cannot copy " + option.substr(key.size()) + " into " + copy);
         }
         option = key + copy;
