@@ -61,8 +61,8 @@ class StoppedBeforeTheFirstStep : public std::exception {
 // One line: c10 errors carry a C++ backtrace after the first line, which is not for users.
 std::string first_line(const std::string& text) { return text.substr(0, text.find('\n')); }
 
-// Our own messages whole, on one line: a path given with a newline in it used to cut the
-// message there (first_line), and one with an escape sequence drove the terminal. Control
+// Our own messages whole, on one line: a path given with a newline in it must not cut the
+// message there (first_line), nor one with an escape sequence drive the terminal. Control
 // bytes are written as \n or \xNN; the bytes of UTF-8 names pass as they are.
 std::string error_line(const std::string& text) {
   std::string line;

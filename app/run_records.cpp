@@ -27,9 +27,9 @@ void RunRecords::log_tensorboard(const std::string& dir, int64_t steps_per_epoch
 
 // Note [A failed record costs only itself]
 // The records are written at the end of each epoch, beside the checkpoint, and a full disk or a
-// file-size limit fails them first (they are written more often). A failure used to end the
-// run before that epoch's checkpoint and --save-model: the records, which say what happened,
-// cost the weights, which are the run. Now the library writes the checkpoint before it rethrows
+// file-size limit fails them first (they are written more often). Ending the run there would
+// lose that epoch's checkpoint and --save-model: the records, which say what happened, would
+// cost the weights, which are the run. So the library writes the checkpoint before it rethrows
 // a callback's failure (rank.cpp), and here a failed write of one output drops that output
 // only: one line says so, the run goes on with its checkpoints, the other records and
 // --save-model, and the driver exits 1 at the end (the run did not leave everything asked of

@@ -59,8 +59,8 @@ const std::atomic<int>& install_stop_handlers(bool announce) {
   action.sa_handler = on_stop_signal;
   sigemptyset(&action.sa_mask);
   action.sa_flags = SA_RESTART;  // blocking reads and writes carry on; the step loop polls
-  // A lost terminal (SIGHUP) and Ctrl-\ (SIGQUIT) are stop requests too: either used to end the
-  // process with no line, no checkpoint and a download's .part left behind.
+  // A lost terminal (SIGHUP) and Ctrl-\ (SIGQUIT) are stop requests too: by default either ends
+  // the process with no line, no checkpoint and a download's .part left behind.
   for (const int signal_number : {SIGINT, SIGTERM, SIGHUP, SIGQUIT}) {
     sigaction(signal_number, &action, nullptr);
   }

@@ -83,10 +83,9 @@ torch::Tensor BatchNormImpl::forward(const torch::Tensor& x) {
 
 torch::Tensor BatchNormImpl::forward_add_relu(const torch::Tensor& x,
                                               const torch::Tensor& shortcut) {
-  // Fused only in the channels-last layout: there it is 1.31x (LibTorch 1.13) and 1.26x (2.11)
-  // faster than LibTorch's kernels at the book's shapes at width 16, batch 256, 2 threads;
-  // contiguous, its per-plane loops are not vectorised yet and take 0.72x
-  // (bench/results/2026-12-01-cpu-fused-batch-norm.md).
+  // Fused only in the channels-last layout, where it is faster than LibTorch's kernels at the
+  // book's shapes on LibTorch 1.13 and 2.11; contiguous, its per-plane loops are not vectorised
+  // and are slower than LibTorch's (bench/results/2026-12-01-cpu-fused-batch-norm.md).
   if (options_.fused && is_training() && sync_ == nullptr &&
       x.is_contiguous(at::MemoryFormat::ChannelsLast) &&
       batch_norm_add_relu_applies(x, shortcut, weight)) {

@@ -18,9 +18,9 @@ namespace dptrain {
 // Between two convolutions the book's block runs BatchNorm, the shortcut's sum and a ReLU, each
 // a separate pass over an activation-sized tensor in LibTorch: the statistics read x, the
 // normalisation reads x and writes a tensor, the sum and the ReLU each read and write it again.
-// Together they cost about a third as much as the convolutions at width 16 (76 of 258 ms per
-// step, bench/results/2026-12-01-cpu-profiles.md); torch.compile fuses them, which is what made
-// the compiled PyTorch peer faster. Here the forward reads x once for the statistics and once
+// Together they cost about a third as much as the convolutions at width 16
+// (bench/results/2026-12-01-cpu-profiles.md); torch.compile fuses them, and so does this file.
+// Here the forward reads x once for the statistics and once
 // more, with the shortcut, to write the output; the backward reads the incoming gradient, the
 // output (whose sign is the ReLU's mask) and x once for the two per-channel sums and once to
 // write the gradients, and no masked gradient is ever materialised apart from the shortcut's.
@@ -40,25 +40,21 @@ namespace dptrain {
 // same thread count stay bit-identical.
 //
 // Note [The fused path in bf16]
-// Under bf16 autocast the convolutions return bf16, which the fused path did not take: LibTorch's
-// own bf16 BatchNorm ran, then the sum and the ReLU apart, three passes each way, and LibTorch
-// 1.13's bf16 BatchNorm is slow in channels-last at few channels (at width 8 the bf16 step was
-// slower than float32's). Here bf16 x, shortcut and gradients are taken as they are: each value is
+// Under bf16 autocast the convolutions return bf16. Left to LibTorch, bf16 would run its own
+// BatchNorm, then the sum and the ReLU apart, three passes each way, and LibTorch 1.13's bf16
+// BatchNorm is slow in channels-last at few channels (at width 8 slower than the whole float32
+// path). Here bf16 x, shortcut and gradients are taken as they are: each value is
 // widened to float32 (exactly: bf16 is float32's upper half), everything is computed as the float32
 // path computes it (the statistics and the parameters' gradients in float64 sums, the parameters
 // and running statistics in float32), and a result is rounded to bf16 once, when it is stored, to
 // nearest with ties to even as c10::BFloat16 rounds. So a bf16 result is the float32 path's result
 // on the same inputs rounded once, to the bit (FusedBatchNorm.Bf16IsTheFloat32PathRoundedOnce), and
 // the activations stay bf16 from one convolution to the next, residual sums included.
-// Measured (bench/results/2026-12-05-cpu-bf16-fused-path.md, an Intel Xeon with AMX, 2 threads,
-// batch 256): against LibTorch 1.13's own bf16 BatchNorm, sum and ReLU under autocast, which ran
-// before, the book's eight channels-last shapes take 17.0 against 18.5 ms at width 16 and 11
-// against 40 ms at width 8 (bench/cpp/fused_batch_norm_bench), and the whole bf16 step went from
-// 1.58x to 1.69x dptrain's float32 at width 16 and from 0.59x to 1.20x at width 8. The bf16 loops
-// move half the bytes of float32's yet take longer (17.0 against 13.3 ms at width 16): the
-// widening and the rounding cost more than the bytes save. Tried and left out, neither faster:
-// the channels in register-sized chunks down the rows (float32 7 to 18 % slower), and rows of
-// fewer than 16 channels taken several at a time as one row.
+// It is faster than LibTorch's bf16 BatchNorm, sum and ReLU at the book's channels-last shapes,
+// most of all at width 8, and so is the whole bf16 step; the bf16 loops move half the bytes of
+// float32's yet take longer, as the widening and the rounding cost more than the bytes save
+// (bench/results/2026-12-05-cpu-bf16-fused-path.md, bench/cpp/fused_batch_norm_bench, with the
+// loop shapes measured and not taken).
 namespace {
 
 // ---- Layout -------------------------------------------------------------------------------

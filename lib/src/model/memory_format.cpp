@@ -32,14 +32,14 @@ namespace dptrain {
 // write, and it trains the book's model in channels-last on the AVX-512 kernels at every width
 // from 1 to 16, at batches of 256 and 96, on 1 and 2 threads, and at width 64, without a fault
 // (tests/model/test_guarded_kernels.cpp, on every machine that has AVX-512). At odd batches the
-// AVX-512 kernels did break, in both layouts and both LibTorch versions, in the same strided
-// 1x1 convolution (the weight gradient of the stage-2 shortcut came back as 2.2e21 at width 4,
-// batch 31); dptrain no longer runs that kernel on the CPU (Note [The strided 1x1 convolution
+// AVX-512 kernels break, in both layouts and both LibTorch versions, in the same strided 1x1
+// convolution (the weight gradient of the stage-2 shortcut comes back as 2.2e21 at width 4,
+// batch 31); dptrain does not run that kernel on the CPU (Note [The strided 1x1 convolution
 // on the CPU], projection.cpp). Channels-last is the faster layout there (at width 16 on 2
 // threads: bench/results/2026-12-01-cpu-notes.md), and the layout in which BatchNorm, the
 // shortcut and the ReLU run fused (fused_batch_norm.h), so where oneDNN runs AVX-512 the CPU
-// default is channels-last. Whether the AVX2 kernels are sound once the strided 1x1 kernel is
-// out of the way is not shown yet, so there channels-last stays refused. CUDA convolutions are
+// default is channels-last. No test shows the AVX2 kernels sound with the strided 1x1 kernel out
+// of the way, so there channels-last is refused. CUDA convolutions are
 // cuDNN's: channels-last is their fast layout, and the default there.
 
 namespace {
@@ -117,11 +117,10 @@ std::string CpuKernels::describe() const {
 // LibTorch's own (generic) bf16 convolutions run instead (LibTorch picks them by itself on such
 // a CPU; under an ISA cap LibTorch 1.13 does not, so dptrain turns oneDNN off for the run:
 // CpuBf16KernelsGuard in autocast.h). The run's first line says which of these a bf16 run gets.
-// On one Intel Xeon with AMX, the units taken away by the cap, at width 16 (bf16 against fp32):
-// about 1.6x on AMX, a third of fp32's speed emulated on AVX-512, a twenty-fifth on LibTorch's
-// kernels (bench/results/2026-12-04-cpu-bf16-units.md). The cap is no stand-in for an AVX512-BF16
-// CPU: capped there, the Xeon ran bf16 at 0.77x its fp32, where an AMD EPYC Zen 4 ran 1.49x
-// (issue 45's figure).
+// bf16 runs faster than fp32 on AMX, at a fraction of fp32's speed emulated on AVX-512, and far
+// slower on LibTorch's kernels (bench/results/2026-12-04-cpu-bf16-units.md, one Xeon with the
+// units capped away). The cap is no stand-in for an AVX512-BF16 CPU: a Xeon capped to AVX512-BF16
+// runs slower than a CPU that has only those units (the same file).
 std::string CpuKernels::bf16_units() const {
   if (!runs_avx512()) return "";
   if (amx_bf16 && cap_allows(isa_cap, IsaLevel::kAmx)) return "AMX";

@@ -59,7 +59,7 @@ namespace {
 
 // Note [The batch step is no launch]
 // Inside an sbatch script, outside srun, Slurm sets SLURM_PROCID=0 and SLURM_NTASKS=N for the
-// batch step: a plain run there became rank 0 of N and waited for ranks that never came. Slurm's
+// batch step: a plain run there would be rank 0 of N, waiting for ranks that never come. Slurm's
 // own tools tell a job step started by srun by SLURM_STEP_ID: a number for an srun step; unset,
 // "batch"/"extern"/"interactive", or one of the reserved ids from 0xfffffff0 up (4294967294 is
 // the batch script, 4294967290 salloc's interactive step) otherwise. The step's own task count

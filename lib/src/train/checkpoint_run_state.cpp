@@ -64,7 +64,7 @@ std::string value_text(double value) {
 // themselves are finite, and a BatchNorm running variance >= 0 (check_checkpoint_tensors): a
 // resume from anything else fails only later, with advice about --lr that does not apply.
 // The efficiency figures get their ranges too (a history claiming -5 TFLOP/s, an MFU of 1e300 or
-// a peak of -1 bytes was resumed and republished in the new run's metrics): each is NaN where the
+// a peak of -1 bytes, once resumed, would reappear in the new run's metrics): each is NaN where the
 // writer writes "no figure" (the GPU's milliseconds, the TFLOP/s of an epoch of no seconds, an
 // MFU without a known peak, the memory peaks where none is read), else an MFU is a fraction from
 // 0 to 1 (the writer gives no MFU above 1, Note [A plausible device's peak] in device_peak.h,

@@ -128,9 +128,9 @@ Totals evaluate(ResNet& model, const DeviceSplit& test, const TrainOptions& opti
 // --save-model writes the checkpoint format (checkpoint.h: safetensors, "dptrain.kind": "model")
 // at the run's final position: plain tensors under the names of the book's PyTorch model, read
 // back by a strict reader that runs nothing, and by safetensors.torch.load_file in any Python.
-// It used to be torch::save's TorchScript archive, which torch::load compiles and runs: a
-// crafted file's code (its __setstate__ included) hung `eval`, allocated gigabytes or printed
-// a forged result line.
+// Not torch::save's TorchScript archive, which torch::load compiles and runs: a crafted file's
+// code (its __setstate__ included) can hang `eval`, allocate gigabytes or print a forged result
+// line.
 void save_model_atomically(ResNet& model, const CheckpointConfig& config, int64_t epochs_done,
                            int64_t step_in_epoch, int64_t global_step,
                            const std::vector<EpochStats>& history, const std::string& path) {

@@ -60,8 +60,8 @@ double median_or_nan(std::vector<double> values) {
 // seconds when the GPU is the bound: their sum is reported beside them (gpu_spin_ms). Only
 // kGpuTimedStepsPerEpoch steps an epoch are timed, and their events are read at the epoch's end,
 // after the synchronize that the epoch's wall time needs anyway: no step waits for the host.
-// Measured against: nothing yet, as no GPU has run it (docs/gpu-check.md); the GPU check sets it
-// beside nvidia-smi's utilisation.
+// How its figures compare with nvidia-smi's utilisation is the GPU check's to show
+// (docs/gpu-check.md, "GPU time against wall time").
 
 TimerSpin next_timer_spin(const TimerSpin& spin, double host_ms, bool kept) {
   TimerSpin next = spin;

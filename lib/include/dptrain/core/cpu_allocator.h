@@ -36,16 +36,15 @@ CpuAllocatorKind parse_cpu_allocator(const std::string& name);
 // repeats the shapes of the one before. glibc's malloc hands some of those blocks back to the
 // kernel and faults them in again, page by page, in the next step: with two replicas at width
 // 16, 1,500 to 23,000 minor faults a step, and 8,500 to 14,000 with its tunables
-// (M_MMAP_THRESHOLD, M_TRIM_THRESHOLD) at their largest. dptrain had a caching allocator of its
-// own against this, until the commit that added this Note. Set beside glibc, glibc tuned,
-// jemalloc with and without PyTorch's tuning-guide MALLOC_CONF, tcmalloc-minimal and mimalloc
-// on the same steps, with one replica and two, tcmalloc-minimal matched it -- under 800 faults
-// and no more system time a step, images/s within the noise -- at 0.8x its peak resident set;
-// jemalloc and mimalloc faulted 60,000 to 120,000 pages a step
-// (bench/results/2026-12-04-cpu-allocators.md). So the cache went, and the dptrain binary links
-// tcmalloc-minimal (Debian's libtcmalloc-minimal4, app/CMakeLists.txt), which then serves
-// LibTorch's allocations too, with nothing to set at run time. Sanitizer builds keep glibc's
-// malloc, which the sanitizer replaces anyway.
+// (M_MMAP_THRESHOLD, M_TRIM_THRESHOLD) at their largest. Set beside a caching allocator of our
+// own, glibc, glibc tuned, jemalloc with and without PyTorch's tuning-guide MALLOC_CONF and
+// mimalloc on the same steps, with one replica and two, tcmalloc-minimal matches the cache --
+// under 800 faults and no more system time a step, images/s within the noise -- at 0.8x its
+// peak resident set, where jemalloc and mimalloc fault 60,000 to 120,000 pages a step
+// (bench/results/2026-12-04-cpu-allocators.md). So dptrain keeps no cache of its own: the
+// binary links tcmalloc-minimal (Debian's libtcmalloc-minimal4, app/CMakeLists.txt), which then
+// serves LibTorch's allocations too, with nothing to set at run time. Sanitizer builds keep
+// glibc's malloc, which the sanitizer replaces anyway.
 
 // Every block is mapped on its own, its last byte against an inaccessible page, and unmapped
 // when freed: a write past the end of a tensor, or into a freed one, stops the process with
