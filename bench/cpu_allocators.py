@@ -28,9 +28,9 @@ bench/results/<date>-cpu-allocators.{md,json}. A contestant matches caching when
 are within the noise (median within 3% or ranges overlapping) and it spends at most 0.01 s a step
 more in the kernel.
 
-This bench decided that the dptrain binary links tcmalloc and has no caching allocator any more
+The dptrain binary links tcmalloc and keeps no caching allocator of its own, as this bench showed
 (Note [CPU memory: tcmalloc, not a cache of our own] in lib/include/dptrain/core/cpu_allocator.h),
-so it runs a dptrain built before that (a42204b):
+so the bench runs a dptrain built with that allocator (a42204b):
 
     /usr/bin/python3 bench/cpu_allocators.py --dptrain /tmp/bins/dptrain-a42204b \
         --width 16 --warmup 2 --steps 4 --repeats 4

@@ -1,9 +1,8 @@
 #!/usr/bin/env python3
 """What the per-step non-finite check of the gradients costs on the CPU, two ways: LibTorch's
-isfinite(g).all() (dptrain's check before 2026-12-01) and aminmax(g) (its check since:
-lib/src/train/finite.cpp), at the gradient counts of width 16 and width 64 (the book's 11,175,818).
-Medians of --repeats timed calls after one untimed call, in the Python of the LibTorch to
-measure:
+isfinite(g).all() and aminmax(g) (dptrain's check: lib/src/train/finite.cpp), at the gradient
+counts of width 16 and width 64 (the book's 11,175,818). Medians of --repeats timed calls after
+one untimed call, in the Python of the LibTorch to measure:
 
     /usr/bin/python3 bench/finite_check.py --threads 2
     .venv-torch/bin/python bench/finite_check.py --threads 2

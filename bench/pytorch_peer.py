@@ -93,7 +93,7 @@ def run(rank, args, port, results):
     for images, labels in loader:
         x = (images.float() / 255).contiguous(memory_format=memory_format)  # pixels to [0, 1]
         # --amp bf16 as PyTorch's AMP recipe writes it: the forward pass under autocast, the
-        # loss in fp32 (before 2026-12-04 this loop ignored --amp and ran fp32).
+        # loss in fp32.
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.amp == "bf16"):
             logits = model(x)
         loss = F.cross_entropy(logits.float(), labels)

@@ -265,7 +265,7 @@ TEST(CliParse, PeakTflopsIsAPositiveFiniteNumber) {
                        "--peak-tflops: '" + std::string(bad) + "' is not a finite number above 0");
   }
   expect_parse_error({"eval", "--model", "m.pt", "--peak-tflops", "1"}, "peak-tflops");
-  // Issue 51: 1e-308 gave an MFU of 3e306. A peak is some device's (Note [A plausible device's
+  // 1e-308 would give an MFU of 3e306. A peak is some device's (Note [A plausible device's
   // peak]): 1e-6 (1 MFLOP/s) to 1e5 (100 PFLOP/s) TFLOP/s, both edges included.
   EXPECT_EQ(parse({"train", "--peak-tflops", "1e-6"}).train.options.peak_tflops,
             std::optional<double>(1e-6));
@@ -364,7 +364,7 @@ TEST(CliParse, LongArgumentsParseWithoutRecursion) {
 }
 
 // Every flag that takes a value, of every command, given an empty one: a usage error naming it
-// (--data-dir= used to be taken as the current directory's sibling "" and failed at run time).
+// (--data-dir= is not the current directory's sibling "", which would fail only at run time).
 // The flags are read from the help, so that a flag added later is covered too.
 TEST(CliParse, EveryFlagGivenAnEmptyValueIsAUsageErrorNamingIt) {
   const std::regex flag_with_value(R"(--([a-z][a-z-]+) [A-Z|]+)");

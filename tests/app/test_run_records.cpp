@@ -29,8 +29,8 @@ EpochStats epoch_with_seconds(int64_t epoch, double seconds) {
   return s;
 }
 
-// Issue 26: a resumed run re-drew the plot and re-sorted the seconds for every history epoch
-// (quadratic: 91 s for 5,000 epochs). The running median must give the report's figure for
+// A resumed history is drawn once and its steady seconds are a running median, not re-sorted
+// for every history epoch (quadratic). The running median must give the report's figure for
 // every prefix, ties and even counts included.
 TEST(RunRecords, ResumedHistoryIsWrittenOnceWithTheReportsSteadySeconds) {
   testing::TempDir dir;

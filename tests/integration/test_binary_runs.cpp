@@ -272,8 +272,8 @@ const std::vector<ErrorCase> kErrorCases = {
      {"train", "--devices", "cpu,cpu", "--batch-size", "1", "--width", "1"},
      kUsage,
      "--batch-size 1"},
-    // Output paths, checked before the data are read (issue 11: they were first tried after the
-    // training, and /dev/full was replaced by a model file).
+    // Output paths, checked before the data are read (not first tried after the training, where
+    // a failure loses the weights, and /dev/full would be replaced by a model file).
     // --save-model's name must end in .safetensors, so a device or a directory is refused by
     // its name first; check_output_file's refusal of them is the same for --metrics and --plot.
     {"save_model_is_a_device",
@@ -661,8 +661,8 @@ TEST(CliRun, MaxStepsStopsEarly) {
   EXPECT_FALSE(contains(result.out, "epoch 2/5: ")) << describe(result);
 }
 
-// Issue 11: the path was first tried after the training, so the weights were lost. It is checked
-// before the first step now: a usage error, and no epoch runs.
+// The path is checked before the first step, not first tried after the training, where the
+// weights would be lost: a usage error, and no epoch runs.
 TEST(CliRun, UnwritableSaveModelIsAUsageErrorBeforeTraining) {
   const std::string model = "/nonexistent-dptrain-dir/model.safetensors";
   const auto result =
@@ -953,8 +953,8 @@ TEST(CliProgress, QuietPrintsOnlyTheFinalLine) {
 
 // ---- Hostile environments: small stacks, users without permission, launchers, outputs ------
 
-// Under `ulimit -s 1024` a 4,000-character "--data-dir=..." overflowed the stack in cxxopts'
-// regex (SIGSEGV, exit 139). Parsing no longer recurses per character: with a 1 MiB stack the
+// Under `ulimit -s 1024` a 4,000-character "--data-dir=..." would overflow the stack in cxxopts'
+// regex (SIGSEGV, exit 139). Parsing does not recurse per character: with a 1 MiB stack the
 // longest arguments the system passes are ordinary mistakes.
 TEST(CliStack, LongArgumentsUnderAOneMebibyteStackAreOrdinaryErrors) {
   testing::ChildSetup small_stack;
@@ -1156,7 +1156,7 @@ TEST(CliOutput, FullStdoutIsARunTimeError) {
   EXPECT_EQ(checkpoints_in(dir.path()).size(), 1u) << describe(loud);
 }
 
-// ---- Lost work (issue 11) -------------------------------------------------------------------
+// ---- Lost work ------------------------------------------------------------------------------
 
 // A resumed run prints the epochs it runs, then the final line.
 void expect_resumed_run(const CommandResult& result) {

@@ -219,7 +219,7 @@ Communicator nccl_world_of_one(std::chrono::milliseconds timeout) {
 }
 
 // The calls and their errors: a CPU tensor cannot start on NCCL, which is a CollectiveError
-// naming the rank (the checksum of --check-replicas used to be such a tensor), and the group is
+// naming the rank (a checksum left on the CPU would be such a tensor), and the group is
 // then aborted, so every later collective fails at once.
 TEST(NcclWorldOfOne, CollectivesRunAndFailuresAreCollectiveErrors) {
   SKIP_WITHOUT_NCCL();

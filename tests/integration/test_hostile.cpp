@@ -1,8 +1,8 @@
-// The second round of hostile use, against the dptrain binary: a weights file that would run
-// code, inputs far larger than they can be, closed standard descriptors, the environment's
-// thread count, stop requests before the first step, --fresh in a directory of strangers'
-// files, a connect that LibTorch would retry out loud, and the address-space limit.
-// Not here: the readers' own unit tests (test_checkpoint.cpp), the first round (test_binary_runs.cpp).
+// Hostile use against the dptrain binary: a weights file that would run code, inputs far larger
+// than they can be, closed standard descriptors, the environment's thread count, stop requests
+// before the first step, --fresh in a directory of strangers' files, a connect that LibTorch
+// would retry out loud, and the address-space limit. Not here: the readers' own unit tests
+// (test_checkpoint.cpp), the other hostile cases (test_binary_runs.cpp, test_hostile_*.cpp).
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <signal.h>
@@ -121,8 +121,8 @@ TEST(HostileWeights, ArchivesAreRefusedAndSavedModelsEvaluate) {
 // ---- 2. Inputs are bounded by what they can hold --------------------------------------------
 
 // A 20 GiB sparse file with a checkpoint's header (width 1) among the checkpoints: refused by
-// its size, unread (a resume used to read every such file whole; this one ended in
-// std::bad_alloc naming no file), and eval refuses it the same way.
+// its size, unread (read whole, at every resume, this one would end in std::bad_alloc naming
+// no file), and eval refuses it the same way.
 TEST(HostileInputs, OversizedCheckpointIsRefusedUnreadNamingTheFile) {
   TempDir dir;
   const std::string checkpoints = dir.file("ck");
@@ -150,10 +150,10 @@ TEST(HostileInputs, OversizedCheckpointIsRefusedUnreadNamingTheFile) {
   }
 }
 
-// eval --model of a file that claims width 4096 built the model (10.9 GB in 35 s) before any
-// check; now the memory estimate refuses it first, blaming the file's width, not a flag (since
-// issue 44 the reader's own bound, before the file's data is read: Note [A file is bounded by
-// what the run can use, not by its own word] in checkpoint.h).
+// eval --model of a file that claims width 4096 must not build the model (gigabytes) before any
+// check: the reader's own bound refuses it first, before the file's data is read, blaming the
+// file's width, not a flag (Note [A file is bounded by what the run can use, not by its own
+// word] in checkpoint.h).
 TEST(HostileInputs, EvalOfAHugeWidthIsRefusedByTheMemoryEstimate) {
   TempDir dir;
   const std::string wide = dir.file("wide.pt");

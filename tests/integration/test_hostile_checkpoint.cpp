@@ -1,5 +1,5 @@
-// The third and fourth rounds of hostile use (issues 44 and 51) against the checkpoint and data
-// readers, through the dptrain binary: a file whose header claims a model the run does not build
+// Hostile use of the checkpoint and data readers, through the dptrain binary: a file whose
+// header claims a model the run does not build
 // or a width no run has, weights and figures no run can have, a peak no device has, memory that
 // runs out while data is read, and names found in a checkpoint directory that hold escape
 // sequences. Not here: the readers' unit tests (test_checkpoint.cpp).
@@ -167,8 +167,8 @@ TEST(HostileCheckpoint, NamesFoundInTheCheckpointDirectoryAreEscaped) {
   }
 }
 
-// Issue 51: a history claiming -5 TFLOP/s, an MFU of 1e300 or a peak of -1 bytes was resumed,
-// and its figures republished in the new run's --metrics. The file is refused, naming the field.
+// A history claiming -5 TFLOP/s, an MFU of 1e300 or a peak of -1 bytes must not be resumed and
+// its figures republished in the new run's --metrics. The file is refused, naming the field.
 TEST(HostileCheckpoint, FiguresNoRunProducesAreRefusedNotRepublished) {
   TempDir dir;
   const std::string checkpoints = dir.file("ck");
@@ -207,9 +207,9 @@ TEST(HostileCheckpoint, FiguresNoRunProducesAreRefusedNotRepublished) {
   }
 }
 
-// Issue 51: width -4 said "ResNet options must be positive", naming no file; 2^63 - 1 said the
-// machine "cannot hold a width-9223372036854775807 model ... about 350.05 GiB". Either is a
-// corrupt file, named with the field, whatever reads it.
+// Width -4 is not "ResNet options must be positive", naming no file, nor 2^63 - 1 a machine that
+// "cannot hold a width-9223372036854775807 model ... about 350.05 GiB". Either is a corrupt
+// file, named with the field, whatever reads it.
 TEST(HostileCheckpoint, AWidthNoRunHasIsACorruptFileNamedWithTheField) {
   TempDir dir;
   const std::string checkpoints = dir.file("ck");
@@ -235,7 +235,7 @@ TEST(HostileCheckpoint, AWidthNoRunHasIsACorruptFileNamedWithTheField) {
   }
 }
 
-// Issue 51: --peak-tflops 1e-308 gave an MFU of 3e306. A peak is a device's (1e-6 to 1e5
+// --peak-tflops 1e-308 would give an MFU of 3e306. A peak is a device's (1e-6 to 1e5
 // TFLOP/s), and a run that outpaces the peak it was given gets no MFU rather than one above 1.
 TEST(HostileCheckpoint, APeakNoDeviceHasIsRefusedAndNoMfuExceedsOne) {
   TempDir dir;

@@ -1,5 +1,5 @@
-// The binary under hostile launches (issue 44), on tiny data: an sbatch batch step taken for a
-// launch, ranks on one host that each took every core, 256 in-process replicas, a serving rank
+// The binary under hostile launches, on tiny data: an sbatch batch step taken for a
+// launch, ranks on one host that each take every core, 256 in-process replicas, a serving rank
 // whose port is taken, one rank given to two processes. Not here: the parts one by one
 // (tests/parallel/test_distributed.cpp, test_world_plan.cpp, tests/core/test_devices.cpp).
 #include <arpa/inet.h>

@@ -1,8 +1,8 @@
-// The third round of hostile use, the run's life from start to end, against the dptrain binary: a
+// Hostile use of the run's life from start to end, against the dptrain binary: a
 // record that fails beside the checkpoint, a resume with nothing left to train, the signals a
 // scheduler sends besides SIGTERM, a stop while a peer is stalled, and `eval` ranks holding
 // different weights. Not here: the library's own halves of these (test_train.cpp,
-// test_distributed.cpp), the earlier rounds (test_hostile.cpp, test_binary_runs.cpp).
+// test_distributed.cpp), the other hostile classes (test_hostile*.cpp, test_binary_runs.cpp).
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/stat.h>

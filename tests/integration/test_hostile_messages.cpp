@@ -1,7 +1,6 @@
-// The third round of hostile use, the messages' own part: a path that holds a newline or an
-// escape sequence reaches the one error line whole and inert.
-// Not here: the other classes of the round (test_hostile_<area>.cpp), the earlier rounds
-// (test_hostile.cpp, test_binary_runs.cpp).
+// Hostile use of the messages: a path that holds a newline or an escape sequence reaches the
+// one error line whole and inert.
+// Not here: the other hostile classes (test_hostile*.cpp, test_binary_runs.cpp).
 #include <gtest/gtest.h>
 
 #include <string>

@@ -1,7 +1,7 @@
-// The third round of hostile use (issue 44), the outputs: an output that is another output, an
-// input or a checkpoint directory's own file (class 2), two writers of one output (class 5),
-// and a checkpoint directory that would fail only at its first save (class 14), against the
-// dptrain binary. Each is refused in one line before the data is read.
+// Hostile use of the outputs: an output that is another output, an input or a checkpoint
+// directory's own file, two writers of one output, and a checkpoint directory that would fail
+// only at its first save, against the dptrain binary. Each is refused in one line before the
+// data is read.
 // Not here: the checks' own unit tests (core/test_files.cpp, train/test_checkpoint_directory.cpp).
 #include <gtest/gtest.h>
 #include <unistd.h>

@@ -462,9 +462,9 @@ TEST_P(Resume, AnotherModelOrDataOrderIsAUsageError) {
             std::vector<std::string>{checkpoint_file_name(1, 0)});
 }
 
-// A stray file of another width among the checkpoints was read whole, however large its header
-// said it was (issue 44, class 3). A resume now reads at its own width: the stray is skipped,
-// named, before its data is read, and the run resumes from its own checkpoint.
+// A stray file of another width among the checkpoints is not read whole, however large its
+// header says it is: a resume reads at its own width, so the stray is skipped, named, before
+// its data is read, and the run resumes from its own checkpoint.
 TEST_P(Resume, AnOlderCheckpointOfAnotherWidthIsSkippedUnread) {
   auto options = resume_options(replicas(), dir_.path());
   options.epochs = 1;

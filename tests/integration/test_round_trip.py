@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The round trip of issue 43 (part 5): dptrain trains a few steps and saves the model; `dptrain
+"""The round trip: dptrain trains a few steps and saves the model; `dptrain
 eval` scores it and writes its logits; PyTorch loads the very same file with PyPI safetensors'
 load_file into the book's model (tests/support/pytorch_resnet.py, strict=True) and scores the same
 test images. Both must give the same accuracy and argmax, and logits within float32 rounding.

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""What a PyTorch user saves, dptrain evaluates (issue 51, class 3): the book's model trained a few
+"""What a PyTorch user saves, dptrain evaluates: the book's model trained a few
 steps in PyTorch (tests/support/pytorch_resnet.py), its state dict saved with PyPI safetensors'
 save_file in float32, float16, bfloat16 and float64 and without BatchNorm's num_batches_tracked,
 each scored by `dptrain eval --model` with --logits, and by PyTorch on the very weights dptrain

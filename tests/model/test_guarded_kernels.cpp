@@ -4,7 +4,7 @@
 // stop at the guard page. The AVX-512 kernels, which dptrain runs channels-last by default where
 // the CPU has them, must train the book's model at every width from 1 to 16 (and 64) at these
 // batches without a fault, in float32 and, at batch 96, in bf16. (The strided 1x1 convolution's
-// overrun at odd batches is not theirs to meet: dptrain no longer runs that kernel, Note [The
+// overrun at odd batches is not theirs to meet: dptrain does not run that kernel, Note [The
 // strided 1x1 convolution on the CPU].) Each case runs in a child process (a death test): the
 // allocator is process-wide, and oneDNN reads its ISA cap once.
 #include <gtest/gtest.h>

@@ -321,8 +321,8 @@ TEST(CheckpointFormat, FileNamesSortByPosition) {
 
 TEST(CheckpointFormat, ForeignFilesAreNotCheckpoints) {
   TempDir dir;
-  // A torch::save archive (a zip), as --save-model wrote before it wrote checkpoints: opening
-  // one would run the code it carries (issue 26), so it is named and refused.
+  // A torch::save archive (a zip), as PyTorch or an older dptrain's --save-model writes: opening
+  // one would run the code it carries, so it is named and refused.
   const std::string zip = dir.file("model.pt");
   torch::save(torch::ones({4}), zip);
   ASSERT_GT(file_size(zip), 0);
@@ -446,14 +446,14 @@ TEST(CheckpointFormat, LegacyNewerFormatVersionIsNamed) {
   bytes[11] = 0x80;  // version 2^31
   fix_crc(bytes);
   expect_data_error([&] { parse_checkpoint(bytes, "new.dpt"); }, {"format version 2147483648"});
-  // Version 0 is not newer: no dptrain wrote it (issue 26 called it "newer").
+  // Version 0 is not newer: no dptrain writes it.
   bytes[11] = 0;
   fix_crc(bytes);
   expect_data_error([&] { parse_checkpoint(bytes, "zero.dpt"); },
                     {"zero.dpt: format version 0, which no dptrain writes"});
 }
 
-// One flipped bit in the version field (issue 11: it read as "format version 257; this dptrain
+// One flipped bit in the version field (which would read as "format version 257; this dptrain
 // reads version 1"): the CRC covers the header, so the file reads as corrupt.
 TEST(CheckpointFormat, FlippedVersionBitReadsAsCorrupt) {
   const auto good = serialize_checkpoint(legacy(small_checkpoint()));
@@ -581,7 +581,7 @@ TEST(CheckpointFormat, LegacyConsistentCrcButAbsurdContentsAreDataErrors) {
   const Edit edits[] = {
       {"width 0", 0, 0, "impossible contents: width is 0 (dptrain writes 1 to 4096)"},
       {"negative epochs done", kPosition, uint64_t(-1), "the epochs done is -1"},
-      // Issue 26: CRC-valid files whose position no run can reach were accepted.
+      // CRC-valid files whose position no run can reach.
       {"step 10^6 of an 8-step epoch", kPosition + 8, 1000000,
        "the step in the epoch is 1000000 (an epoch of 256 images in batches of 32 has 8 steps)"},
       {"a global step of 2^63 - 1", kPosition + 16, uint64_t{INT64_MAX},
@@ -758,9 +758,9 @@ TEST(CheckpointFiles, FailedWriteOverFileSizeLimitKeepsTheOlderCheckpoint) {
   EXPECT_EQ(read_checkpoint(path).tensors.size(), 3u);
 }
 
-// Issue 11: a link planted at the old temporary name ("<path>.tmp" -> a victim) made the writer
-// write through it. Temporary names are now the writer's own and created exclusively: the link
-// and its target are left as they were.
+// A link planted at a guessable temporary name ("<path>.tmp" -> a victim) is never written
+// through: temporary names are the writer's own and created exclusively, so the link and its
+// target are left as they were.
 TEST(CheckpointFiles, PlantedLinkAtATemporaryNameIsNeverWrittenThrough) {
   TempDir dir;
   const std::string path = dir.file("checkpoint-e0001-s000000.dpt");
@@ -775,7 +775,7 @@ TEST(CheckpointFiles, PlantedLinkAtATemporaryNameIsNeverWrittenThrough) {
   expect_same_checkpoint(small_checkpoint(), read_checkpoint(path));
 }
 
-// Issue 11: `--save-model /dev/full` renamed a file over the device node. Only a regular file
+// `--save-model /dev/full` must not rename a file over the device node. Only a regular file
 // (or nothing) is replaced; anything else is an error naming it, and stays.
 TEST(CheckpointFiles, NonRegularTargetIsRefusedAndLeftInPlace) {
   TempDir dir;
@@ -795,7 +795,7 @@ TEST(CheckpointFiles, NonRegularTargetIsRefusedAndLeftInPlace) {
   EXPECT_EQ(temporary_files_in(dir.path()), std::vector<std::string>{});
 }
 
-// Issue 11: a FIFO named like a checkpoint hung the reader for ever. It is refused at once.
+// A FIFO named like a checkpoint would hang a blocking reader for ever. It is refused at once.
 TEST(CheckpointFiles, FifoIsRefusedWithoutWaitingForAWriter) {
   TempDir dir;
   const std::string fifo = dir.file("checkpoint-e0001-s000000.dpt");
@@ -891,8 +891,8 @@ TEST(NewestValidCheckpoint, OlderFormatFilesCountByTheirPosition) {
   EXPECT_TRUE(checkpoint_file_names(dir.path()).empty());
 }
 
-// Issue 11: the newest was picked by file name, so a copy of an epoch-1 checkpoint named
-// checkpoint-e0009-... won. The position stored inside decides.
+// Not the file name picks the newest (a copy of an epoch-1 checkpoint named checkpoint-e0009-...
+// would win): the position stored inside decides.
 TEST(NewestValidCheckpoint, PicksByTheStoredPositionNotTheName) {
   TempDir dir;
   write_checkpoint_atomically(checkpoint_at(1, 0), dir.file(checkpoint_file_name(1, 0)));
@@ -1074,10 +1074,10 @@ TEST(PrepareCheckpointDirectory, AFileInTheWayIsADataError) {
 }
 
 
-// ---- Issue 26: hostile files around the checkpoints --------------------------------------------
+// ---- Hostile files around the checkpoints -----------------------------------------------------
 
-// A hard link planted at the lock's name had the linked file truncated and overwritten with
-// the holder's line (O_NOFOLLOW stops only symbolic links).
+// A hard link planted at the lock's name must not have the linked file truncated and overwritten
+// with the holder's line (O_NOFOLLOW stops only symbolic links).
 TEST(CheckpointDirectoryLockFile, HardLinkAtTheLockNameIsRefusedAndTheFileKept) {
   TempDir dir;
   const std::string victim = dir.file("victim.txt");
@@ -1211,7 +1211,7 @@ TEST(FreshStart, StaleTemporariesOfDeadWritersAreRemoved) {
   EXPECT_TRUE(path_exists(odd));
 }
 
-// ---- Issue 44: bounds from what the run can use; contents no run can have -------------------
+// ---- Bounds from what the run can use; contents no run can have ----------------------------
 
 // A real model's checkpoint of width `width`, at small_checkpoint's position.
 Checkpoint model_checkpoint(int64_t width) {
@@ -1475,10 +1475,10 @@ TEST(CheckpointFormat, WeightsNoRunCanHaveAreRefusedNamingTheTensor) {
   EXPECT_EQ(parse_checkpoint(serialize_checkpoint(fine), "fine").tensors.size(), 3u);
 }
 
-// ---- Issue 51: figures no run produces, metadata that contradicts the run state -----------
+// ---- Figures no run produces, metadata that contradicts the run state ---------------------
 
-// A history claiming -5 TFLOP/s, an MFU of 1e300 or a peak of -1 bytes was resumed and its
-// figures republished in the new run's metrics. Every figure has the range a run gives it.
+// A history claiming -5 TFLOP/s, an MFU of 1e300 or a peak of -1 bytes must not be resumed and
+// its figures republished in the new run's metrics. Every figure has the range a run gives it.
 TEST(CheckpointFormat, EfficiencyFiguresNoRunCanProduceAreRefused) {
   const auto refused = [](const char* what, const std::function<void(EpochStats&)>& edit,
                           const std::string& phrase) {

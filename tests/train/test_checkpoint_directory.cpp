@@ -1,4 +1,4 @@
-// Tests of checkpoint_directory.h added in issue 44: the trial checkpoint temporary that
+// Tests of checkpoint_directory.h: the trial checkpoint temporary that
 // prepare_checkpoint_directory makes, and the outputs it refuses to share with the directory.
 // Not here: the directory's older tests (creation, the lock, --fresh, the search for the newest
 // checkpoint), which live in test_checkpoint.cpp beside the format's.
@@ -39,8 +39,8 @@ std::string nearly_path_max_directory(const TempDir& dir, size_t length) {
   return path;
 }
 
-// Issue 44, class 14: the checkpoint's temporary was longer than PATH_MAX and failed after the
-// training; the trial temporary fails now, naming its length, and leaves nothing.
+// A checkpoint's temporary longer than PATH_MAX would fail only after the training; the trial
+// temporary fails first, naming its length, and leaves nothing.
 TEST(PrepareCheckpointDirectory, APathTooLongForItsTemporariesIsRefusedNow) {
   TempDir dir;
   const std::string deep = nearly_path_max_directory(dir, PATH_MAX - 40);
@@ -66,8 +66,8 @@ TEST(PrepareCheckpointDirectory, APseudoFileSystemIsRefusedNow) {
                      ::geteuid() == 0 ? "cannot create a checkpoint there" : "not writable"});
 }
 
-// Issue 44, class 2: --save-model (or --metrics, ...) onto the directory's lock file broke the
-// lock, onto a checkpoint name replaced it, and a hard link to a checkpoint had it truncated.
+// --save-model (or --metrics, ...) onto the directory's lock file would break the lock, onto a
+// checkpoint name replace it, and a hard link to a checkpoint have it truncated.
 TEST(CheckOutputsApartFromCheckpoints, TheDirectorysOwnFilesAreRefused) {
   TempDir dir;
   const std::string ck = dir.file("ck");

@@ -66,7 +66,7 @@ TEST(DevicePeak, TheCpuHasNoneUnlessTheFlagGivesIt) {
   EXPECT_EQ(device_peak_tflops(options, torch::kCPU), 2.5);
 }
 
-// Issue 51: --peak-tflops 1e-308 gave an MFU of 3e306. An MFU is a fraction of the devices'
+// --peak-tflops 1e-308 would give an MFU of 3e306. An MFU is a fraction of the devices'
 // summed peak; a run that outpaces the peak it was given has none (Note [A plausible device's
 // peak]).
 TEST(DevicePeak, AnMfuIsAFractionFromZeroToOneOrNone) {

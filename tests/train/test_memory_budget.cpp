@@ -42,8 +42,8 @@ TEST(MemoryBudget, RefusesWhatDoesNotFitNamingBothFlags) {
   EXPECT_THROW(check_host_memory(16, 1000, 2, one + 1), UsageError);
 }
 
-// Issue 51: the estimate saturated at 2^63 - 1 bytes, and the message then named 8589934592.0
-// GiB whatever the sizes. The figure is the estimate's own, however large.
+// An estimate saturated at 2^63 - 1 bytes would name 8589934592.0 GiB whatever the sizes. The
+// figure is the estimate's own, however large.
 TEST(MemoryBudget, TheNeededFigureIsTheEstimateNeverASaturatedOne) {
   try {
     check_host_memory(int64_t{1} << 20, int64_t{1} << 40, 1, 24 * kGiB);

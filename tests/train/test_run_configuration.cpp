@@ -52,7 +52,7 @@ TEST(RunSettings, EachDifferenceIsNamedWithBothValues) {
       {[](TrainOptions& o) { o.bucket_bytes = 1024 * 1024; }, "--bucket-mb 1, rank 0 with"},
       {[](TrainOptions& o) { o.on_nonfinite = NonFinite::kSkip; }, "--on-nonfinite skip"},
       {[](TrainOptions& o) { o.resume = true; }, "--resume on, rank 0 with --resume off"},
-      // Issue 26: outputs only rank 0 writes, given to another rank alone, were ignored.
+      // Outputs only rank 0 writes, given to another rank alone, are not ignored.
       {[](TrainOptions& o) { o.save_model = "m.pt"; },
        "--save-model given, rank 0 with --save-model none"},
       {[](TrainOptions& o) { o.driver_outputs = {"--metrics"}; },

@@ -436,7 +436,7 @@ TEST(Replicas, GlobalBatchSmallerThanWorldStillSteps) {
 // ---- What the world and the data must be ----------------------------------------------------
 
 // The checkpoint flags that need a directory, or exclude each other: check_world's first check
-// (it used to be the parser's, which parse_command_line no longer repeats), before any data load.
+// (parse_command_line does not repeat it), before any data load.
 TEST(CheckWorld, CheckpointFlagsWithoutADirectoryAreUsageErrors) {
   auto options = small_options();
   options.resume = true;
@@ -845,9 +845,9 @@ TEST_F(MultiProcess, WrongWorldSizeOnOneRankIsNamed) {
   EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(40));
 }
 
-// Issue 11: ranks started with different flags were not compared (another --width aborted rank 0
-// inside Gloo, another --lr trained diverging replicas and exited 0, another --batch-size read
-// as a timeout). Every rank now names the first difference from rank 0, at the rendezvous.
+// Ranks started with different flags are compared (uncompared, another --width aborts rank 0
+// inside Gloo, another --lr trains diverging replicas and exits 0, another --batch-size reads
+// as a timeout). Every rank names the first difference from rank 0, at the rendezvous.
 struct SettingCase {
   const char* name;
   std::vector<std::string> rank1_flags;  // appended to rank 1's command line
