@@ -296,7 +296,7 @@ std::string describe_run(const dptrain::FashionMnist& data, const std::string& d
                 data_dir.c_str(), static_cast<long long>(options.width), world.first_rank,
                 world.world_size, dptrain::device_name(device).c_str());
   // The threads, and where the figure came from: ranks on one host that each took every core
-  // ran 5.3 times slower, and nothing said why.
+  // would run several times slower, with nothing to say why.
   return header +
          dptrain::describe_arithmetic(device, layout, options.amp, options.cudnn_benchmark, cpu) +
          "; " + dptrain::intra_op_threads(options, world).reason;

@@ -340,8 +340,8 @@ TEST(CliParse, FlagIsNotTakenAsTheValueOfAnother) {
 }
 
 // cxxopts matches each argument it takes for a flag with a std::regex whose matcher recurses
-// once per character: a "--flag=value" of 50000 characters crashed dptrain with a stack
-// overflow (4000 under `ulimit -s 1024`, see CliStack). Arguments now reach the regex only as
+// once per character: a "--flag=value" of 50000 characters would crash dptrain with a stack
+// overflow (4000 under `ulimit -s 1024`, see CliStack). Arguments reach the regex only as
 // our own short flag names, so any length parses, in linear time; a path longer than the system
 // takes is refused by name, and an unknown flag of any length is named, cut short.
 TEST(CliParse, LongArgumentsParseWithoutRecursion) {

@@ -62,9 +62,9 @@ TEST(RunRecords, ResumedHistoryIsWrittenOnceWithTheReportsSteadySeconds) {
   EXPECT_NE(testing::read_text(dir.file("p.svg")).find("</svg>"), std::string::npos);
 }
 
-// A failed --plot write (here its path became a directory; on a full disk the same) threw out
-// of the epoch's callback and ended the run before its checkpoint. Now it is reported once, the
-// plot is dropped, and the metrics go on being written (Note [A failed record costs only
+// A failed --plot write (here its path became a directory; on a full disk the same) must not
+// throw out of the epoch's callback and end the run before its checkpoint. It is reported once,
+// the plot is dropped, and the metrics go on being written (Note [A failed record costs only
 // itself] in run_records.cpp).
 TEST(RunRecords, AFailedWriteDropsThatOutputAloneAndIsReportedOnce) {
   testing::TempDir dir;

@@ -17,9 +17,9 @@ bool has(const std::vector<int>& signals, int signal_number) {
   return std::find(signals.begin(), signals.end(), signal_number) != signals.end();
 }
 
-// Slurm's --signal (SIGUSR1), SIGUSR2, SIGALRM, SIGVTALRM, SIGXCPU and SIGPWR ended a training
-// with no line and no checkpoint. Every signal whose default ends the process is a stop request
-// now, but for the faults, the uncatchable ones, and the write failures SIGPIPE and SIGXFSZ.
+// Slurm's --signal (SIGUSR1), SIGUSR2, SIGALRM, SIGVTALRM, SIGXCPU and SIGPWR would end a
+// training with no line and no checkpoint. Every signal whose default ends the process is a stop
+// request, but for the faults, the uncatchable ones, and the write failures SIGPIPE and SIGXFSZ.
 TEST(StopSignals, EverySignalThatWouldEndTheProcessButTheFaultsIsAStopRequest) {
   const auto signals = stop_request_signals();
   for (const int expected : {SIGUSR1, SIGUSR2, SIGALRM, SIGVTALRM, SIGXCPU, SIGPWR, SIGPROF, SIGIO,

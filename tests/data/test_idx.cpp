@@ -165,9 +165,9 @@ ChildRead read_idx_in_child(const std::string& path) {
   return {std::stoll(report.substr(0, newline)), report.substr(newline + 1)};
 }
 
-// A gzip bomb: 16 images declared, 512 MiB of zeros behind them in half a megabyte. Before, the
-// whole stream was unpacked (10 GiB of zeros took 4 GB and ended in std::bad_alloc); now the
-// reader stops one byte past what the header declares, so reading it costs a few pages: the
+// A gzip bomb: 16 images declared, 512 MiB of zeros behind them in half a megabyte. Unpacking
+// the whole stream would hold it all (10 GiB of zeros end in std::bad_alloc); the reader
+// stops one byte past what the header declares, so reading it costs a few pages: the
 // bound is far below the 512 MiB that unpacking it all holds at once.
 TEST(IdxReader, GzipBombStopsAtTheDeclaredSize) {
   TempDir dir;

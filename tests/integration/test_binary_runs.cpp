@@ -1077,9 +1077,9 @@ TEST(CliErrorsEnvironment, UnresolvableMasterAddrFailsAtOnceNamingIt) {
   }
 }
 
-// A 0-image test set reported "test acc: 0.00" and exited 0; a 0-image training set failed
-// with "BatchAssembler needs a positive batch size". Each is a data error naming the file and
-// the count, for train and for eval.
+// A 0-image test set must not report "test acc: 0.00" and exit 0, nor a 0-image training set
+// fail with "BatchAssembler needs a positive batch size". Each is a data error naming the file
+// and the count, for train and for eval.
 TEST(CliEmptyData, ZeroImagesIsADataErrorNamingTheFile) {
   TempDir out;
   const std::string model = out.file("model.safetensors");
@@ -1104,9 +1104,9 @@ TEST(CliEmptyData, ZeroImagesIsADataErrorNamingTheFile) {
   }
 }
 
-// `dptrain ... | head -1` killed training by SIGPIPE (141) before it wrote a checkpoint. SIGPIPE
-// is now ignored: the failed write asks for a stop like SIGTERM, the checkpoint is written, and
-// the exit status is still 141, with one line saying why.
+// `dptrain ... | head -1` must not kill training by SIGPIPE (141) before it writes a checkpoint.
+// SIGPIPE is ignored: the failed write asks for a stop like SIGTERM, the checkpoint is written,
+// and the exit status is still 141, with one line saying why.
 TEST(CliOutput, ClosedStdoutPipeStopsTheTrainingWithACheckpoint) {
   TempDir dir;
   const std::string checkpoints = dir.file("checkpoints");
@@ -1131,7 +1131,7 @@ TEST(CliOutput, ClosedStdoutPipeStopsTheTrainingWithACheckpoint) {
   EXPECT_GT(read_checkpoint(newest).global_step, 0);
 }
 
-// With stdout on /dev/full the result line was lost and the exit status was 0. A failed write
+// With stdout on /dev/full the result line is lost, so the run must not exit 0. A failed write
 // to stdout is one line on stderr and exit status 1, for every command that prints.
 TEST(CliOutput, FullStdoutIsARunTimeError) {
   testing::ChildSetup full;
@@ -1216,8 +1216,8 @@ TEST(CliLostWork, WritesPastTheFileSizeLimitAreOneErrorLineAndLeaveNothing) {
   EXPECT_EQ(checkpoints_in(checkpoints), std::vector<std::string>{});
 }
 
-// A FIFO given as a file to read hung for ever (SIGTERM did not end it); as --metrics it would
-// hang the open. Each is refused at once, naming the FIFO.
+// A FIFO given as a file to read would hang a blocking open for ever (SIGTERM would not end it),
+// as --metrics too. Each is refused at once, naming the FIFO.
 TEST(CliLostWork, FifosAreRefusedAtOnce) {
   TempDir dir;
   const std::string fifo = dir.file("pipe");
@@ -1272,8 +1272,8 @@ TEST(CliLostWork, SecondRunInTheSameCheckpointDirectoryIsRefusedNamingTheHolder)
   EXPECT_EQ(checkpoints_in(checkpoints).size(), 1u) << describe(first_result);
 }
 
-// --resume with only unreadable checkpoints started from scratch, overwrote them and exited 0.
-// Now it refuses, naming the file and why; --fresh starts over and says what it removed. A
+// --resume with only unreadable checkpoints must not start from scratch and overwrite them: it
+// refuses, naming the file and why; --fresh starts over and says what it removed. A
 // directory holding checkpoints needs one of --resume and --fresh.
 TEST(CliLostWork, UnreadableCheckpointsAreNeverOverwrittenSilently) {
   TempDir dir;
@@ -1323,8 +1323,8 @@ TEST(CliLostWork, UnreadableCheckpointsAreNeverOverwrittenSilently) {
   EXPECT_EQ(read_text(older), junk_text);
 }
 
-// Resume compared only the size of the training set: another set of the same size continued the
-// run. The checkpoint holds the set's SHA-256 now.
+// The size of the training set is not enough: another set of the same size would continue the
+// run. The checkpoint holds the set's SHA-256.
 TEST(CliLostWork, ResumeOnAnotherTrainingSetOfTheSameSizeIsRefused) {
   TempDir data, other, dir;
   write_fake_data(data, 16, 8);

@@ -72,8 +72,8 @@ void write_hollow_checkpoint(const std::string& path, int64_t width) {
 
 // ---- 1. A weights file never runs code ----------------------------------------------------
 
-// `eval --model` compiled and ran the TorchScript inside a torch::save archive. An archive is
-// now refused, unopened, and a --save-model file (the checkpoint format) evaluates to the
+// `eval --model` must not compile and run the TorchScript inside a torch::save archive. An
+// archive is refused, unopened, and a --save-model file (the checkpoint format) evaluates to the
 // training's own test accuracy.
 TEST(HostileWeights, ArchivesAreRefusedAndSavedModelsEvaluate) {
   TempDir dir;
@@ -210,8 +210,8 @@ TEST(HostileDescriptors, ClosedStdoutOrStderrNeverReachesDptrainsFiles) {
 
 // ---- 4. The environment's thread count ---------------------------------------------------------
 
-// OMP_NUM_THREADS was taken as it came: 64 on 2 cores made a step 30 times slower, 100000 crashed
-// in libgomp, 0 printed a c10 backtrace. It gets --threads' checks, before the data is read.
+// OMP_NUM_THREADS taken as it comes: 64 on 2 cores makes a step 30 times slower, 100000 crashes
+// in libgomp, 0 prints a c10 backtrace. It gets --threads' checks, before the data is read.
 // (libgomp itself complains at start, before main, of a value it cannot parse.)
 TEST(HostileEnvironment, OmpNumThreadsIsCheckedLikeTheThreadsFlag) {
   for (const std::string value : {"100000", "0", "abc", "4,2", "-1"}) {
@@ -236,8 +236,8 @@ TEST(HostileEnvironment, OmpNumThreadsIsCheckedLikeTheThreadsFlag) {
 
 // ---- 5. A stop request before the first step -------------------------------------------------
 
-// SIGTERM while rank 0 waited for its peer was ignored for the whole --timeout (300 s), then
-// exit 1; a connecting rank called it a failure. Both now end within a second, 128 + 15.
+// SIGTERM while rank 0 waits for its peer is not left waiting for the whole --timeout, nor is it
+// a failure for a connecting rank. Both end within a second, 128 + 15.
 TEST(HostileStops, SigtermAtTheRendezvousEndsBothKindsOfRankAtOnce) {
   for (const int rank : {0, 1}) {
     SCOPED_TRACE("rank " + std::to_string(rank));
@@ -325,7 +325,7 @@ TEST(HostileFresh, ResumeRemovesTheTemporariesOfDeadWriters) {
 
 // ---- 16, 19: what the messages name, and when ------------------------------------------------
 
-// eval's errors said "checkpoint to evaluate" instead of the file.
+// eval's errors name the file, not "checkpoint to evaluate".
 TEST(HostileMessages, EvalErrorsNameTheFile) {
   TempDir dir;
   const std::string hollow = dir.file("hollow.dpt");
@@ -337,8 +337,8 @@ TEST(HostileMessages, EvalErrorsNameTheFile) {
                         "(nor 126 more); not read");
 }
 
-// A bad --checkpoint-dir was found only after the data was read (exit 1); like the other output
-// paths it is now a usage error before (here the data directory does not even exist).
+// A bad --checkpoint-dir is found before the data is read, not after: like the other output
+// paths it is a usage error before (here the data directory does not even exist).
 TEST(HostileMessages, BadCheckpointDirIsAUsageErrorBeforeTheData) {
   const auto result = run_dptrain(
       {"train", "--checkpoint-dir", "/proc/version/ck", "--data-dir", "/nonexistent"});

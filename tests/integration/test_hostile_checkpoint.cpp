@@ -53,9 +53,9 @@ std::string trained_checkpoint(const std::string& directory) {
   return names.empty() ? "" : directory + "/" + names.front();
 }
 
-// A sparse file whose header claimed width 4096 (4.4 GB long, a few KB on disk) was read whole
-// by a --width 1 resume (24 s), by eval, and again at every resume. The run's own width now
-// bounds it, before its data is read; eval refuses the width the memory cannot hold.
+// A sparse file whose header claims width 4096 (4.4 GB long, a few KB on disk) must not be read
+// whole by a --width 1 resume, by eval, and again at every resume. The run's own width bounds
+// it, before its data is read; eval refuses the width the memory cannot hold.
 TEST(HostileCheckpoint, AClaimedWidthTheRunCannotUseIsRefusedUnread) {
   TempDir dir;
   const std::string checkpoints = dir.file("ck");
@@ -83,8 +83,8 @@ TEST(HostileCheckpoint, AClaimedWidthTheRunCannotUseIsRefusedUnread) {
   EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(15));
 }
 
-// Non-finite weights and a negative running variance resumed, and the run then failed with
-// advice about --lr; now the file is refused, naming the tensor and the file.
+// Non-finite weights and a negative running variance, resumed, would fail the run with advice
+// about --lr; the file is refused, naming the tensor and the file.
 TEST(HostileCheckpoint, WeightsNoRunCanHaveAreRefusedNamingTheTensorAndTheFile) {
   TempDir dir;
   const std::string checkpoints = dir.file("ck");
@@ -120,9 +120,9 @@ TEST(HostileCheckpoint, WeightsNoRunCanHaveAreRefusedNamingTheTensorAndTheFile) 
                             "'1.running_var' (a BatchNorm running variance) holds -1");
 }
 
-// Under `ulimit -v` a data file too large for the memory ended in a bare "error: std::bad_alloc"
-// naming no phase and no file. A sparse IDX file of 5,000,000 images (3.9 GB) under a 3 GiB
-// limit now gives one line naming the file, the phase and what to do.
+// Under `ulimit -v` a data file too large for the memory must not end in a bare "error:
+// std::bad_alloc" naming no phase and no file. A sparse IDX file of 5,000,000 images (3.9 GB)
+// under a 3 GiB limit gives one line naming the file, the phase and what to do.
 TEST(HostileCheckpoint, OutOfMemoryWhileLoadingDataNamesTheFile) {
   TempDir dir;
   testing::write_fake_data(dir, 16, 8);
@@ -150,8 +150,8 @@ TEST(HostileCheckpoint, OutOfMemoryWhileLoadingDataNamesTheFile) {
   EXPECT_TRUE(contains(result.err, "ulimit -v")) << describe(result);
 }
 
-// A name found in the checkpoint directory reached the terminal raw: an escape sequence in it
-// drove the terminal. Every message now shows it escaped.
+// A name found in the checkpoint directory must not reach the terminal raw, where an escape
+// sequence in it would drive the terminal. Every message shows it escaped.
 TEST(HostileCheckpoint, NamesFoundInTheCheckpointDirectoryAreEscaped) {
   TempDir dir;
   const std::string checkpoints = dir.file("ck");

@@ -37,8 +37,8 @@ std::map<std::string, std::string> torchrun_env(int rank, int world_size, int po
 }
 
 // Inside an sbatch script, outside srun: SLURM_PROCID=0 and SLURM_NTASKS=4 belong to the batch
-// step. A plain run there was rank 0 of 4 and refused for want of MASTER_ADDR (or waited out
-// --timeout for ranks that never came); now it is the plain run it is.
+// step. A plain run there is not rank 0 of 4, refused for want of MASTER_ADDR (or waiting out
+// --timeout for ranks that never come): it is the plain run it is.
 TEST(HostileLaunch, SlurmBatchStepIsAPlainRun) {
   const auto result = run_dptrain(tiny_run(), {{"SLURM_JOB_ID", "77"},
                                                {"SLURM_PROCID", "0"},
@@ -62,8 +62,8 @@ TEST(HostileLaunch, TooManyInProcessReplicasIsOneErrorLineAtOnce) {
   EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(10));
 }
 
-// Ranks on one host each took every core (dptrain-launch 2: 5.3 times slower than one thread
-// each), and nothing said so. A rank of a launch whose host holds two ranks takes half, and the
+// Ranks on one host that each take every core run several times slower than one thread each,
+// with nothing to say so. A rank of a launch whose host holds two ranks takes half, and the
 // first line says where the figure came from.
 TEST(HostileLaunch, FirstLineSaysTheThreadsAndWhereTheyCameFrom) {
   auto env = torchrun_env(0, 1, free_port());

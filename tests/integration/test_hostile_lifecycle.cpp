@@ -133,8 +133,8 @@ TEST(HostileLifecycle, AResumeWithNothingLeftPrintsNoResultAndSaysWhy) {
 
 // ---- 10. Every signal that would end the run is a stop request -------------------------------
 
-// Slurm's --signal warning (SIGUSR1), SIGUSR2, SIGALRM, SIGVTALRM, SIGXCPU and SIGPWR ended a
-// training at once: no line, no checkpoint. Each is now a stop request, as SIGTERM is.
+// Slurm's --signal warning (SIGUSR1), SIGUSR2, SIGALRM, SIGVTALRM, SIGXCPU and SIGPWR would end
+// a training at once: no line, no checkpoint. Each is a stop request, as SIGTERM is.
 TEST(HostileLifecycle, SchedulersOtherSignalsAreStopRequests) {
   for (const int signal_number : {SIGUSR1, SIGUSR2, SIGALRM, SIGVTALRM, SIGXCPU, SIGPWR}) {
     testing::expect_signal_stops_and_saves(
@@ -142,7 +142,7 @@ TEST(HostileLifecycle, SchedulersOtherSignalsAreStopRequests) {
   }
 }
 
-// Without --checkpoint-dir a stop dropped --save-model in silence. The stop line now says that
+// Without --checkpoint-dir a stop must not drop --save-model in silence. The stop line says that
 // the model was not written, and that the run's weights are lost.
 TEST(HostileLifecycle, AStopSaysWhatBecameOfTheSavedModel) {
   TempDir dir;

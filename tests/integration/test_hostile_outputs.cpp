@@ -43,7 +43,7 @@ void expect_nothing_read(const CommandResult& result) {
   EXPECT_FALSE(contains(result.out, "images from")) << describe(result);
 }
 
-// Class 2: a data file that is a link to the --save-model path was replaced by the model (the
+// A data file that is a link to the --save-model path must not be replaced by the model (the
 // next run: "bad magic number").
 TEST(HostileOutputs, SaveModelOntoALinkedDataFileIsRefusedBeforeTheData) {
   TempDir dir;
@@ -72,7 +72,7 @@ TEST(HostileOutputs, SaveModelOntoALinkedDataFileIsRefusedBeforeTheData) {
   EXPECT_EQ(read_text(dir.file("labels.safetensors")), labels);
 }
 
-// Class 2: --save-model under a name the run gives its checkpoints replaced one of them.
+// --save-model under a name the run gives its checkpoints would replace one of them.
 TEST(HostileOutputs, SaveModelOntoACheckpointNameIsRefusedBeforeTheData) {
   TempDir dir;
   const auto result = run_dptrain(tiny_train(
@@ -83,7 +83,7 @@ TEST(HostileOutputs, SaveModelOntoACheckpointNameIsRefusedBeforeTheData) {
   EXPECT_EQ(testing::list_directory(dir.file("ck")), std::vector<std::string>{});
 }
 
-// Class 2: `eval --logits` onto its own --model replaced the weights it had just evaluated.
+// `eval --logits` onto its own --model would replace the weights it has just evaluated.
 TEST(HostileOutputs, EvalLogitsOntoItsModelIsRefusedBeforeReadingIt) {
   TempDir dir;
   testing::write_bytes(dir.file("m.safetensors"), {'k', 'e', 'e', 'p'});
@@ -94,7 +94,7 @@ TEST(HostileOutputs, EvalLogitsOntoItsModelIsRefusedBeforeReadingIt) {
   EXPECT_EQ(read_text(dir.file("m.safetensors")), "keep");
 }
 
-// Class 5: two runs given one output both exited 0, their records interleaved. While another
+// Two runs given one output would both exit 0, their records interleaved. While another
 // process holds the output (here: this test), a run is refused naming the holder.
 TEST(HostileOutputs, ASecondWriterOfOneOutputIsRefusedNamingTheHolder) {
   TempDir dir;
@@ -116,8 +116,8 @@ TEST(HostileOutputs, ASecondWriterOfOneOutputIsRefusedNamingTheHolder) {
   EXPECT_EQ(testing::list_directory(dir.path()), std::vector<std::string>{"m.csv"});
 }
 
-// Class 14: a directory whose checkpoints' temporaries exceed PATH_MAX passed the check and
-// failed at the first save, after the training.
+// A directory whose checkpoints' temporaries exceed PATH_MAX must not pass the check and fail
+// at the first save, after the training.
 TEST(HostileOutputs, ACheckpointDirTooLongForItsTemporariesIsRefusedBeforeTheData) {
   TempDir dir;
   std::string deep = dir.path();

@@ -449,7 +449,7 @@ TEST(LaunchEnvironment, Slurm) {
 }
 
 // Inside an sbatch script but outside srun, SLURM_PROCID=0 and SLURM_NTASKS=N describe the batch
-// step: a plain run there became rank 0 of N and waited for ranks that never came. It is no
+// step: a plain run there taken as rank 0 of N would wait for ranks that never come. It is no
 // launch, whatever the batch step's SLURM_STEP_ID says of it.
 TEST(LaunchEnvironment, SlurmBatchStepIsNoLaunch) {
   const std::map<std::string, std::string> batch{{"SLURM_JOB_ID", "77"},
@@ -477,7 +477,7 @@ TEST(LaunchEnvironment, SlurmBatchStepIsNoLaunch) {
   EXPECT_TRUE(read_launch_environment(legacy).has_value());
 }
 
-// No line named the variables that made a process a rank; now its errors do.
+// A launch's errors name the variables that made the process a rank.
 TEST(LaunchEnvironment, ErrorsNameTheVariablesThatMadeARank) {
   dptrain::testing::expect_throws<UsageError>(
       [] {

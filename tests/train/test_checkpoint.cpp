@@ -1222,9 +1222,9 @@ Checkpoint model_checkpoint(int64_t width) {
   return c;
 }
 
-// A sparse file whose header claimed width 4096 was read whole by a --width 8 resume (4.4 GB,
-// 24 s): the bound came from the file's own word. Now the run's width bounds it, and the header
-// is refused before the data is read (a read of 4.4 GB would take seconds here).
+// A sparse file whose header claims width 4096 must not be read whole by a --width 8 resume
+// (4.4 GB), as a bound from the file's own word would have it. The run's width bounds it, and
+// the header is refused before the data is read (a read of 4.4 GB would take seconds here).
 TEST(CheckpointBound, AClaimedWidthTheRunDoesNotBuildIsRefusedUnread) {
   TempDir dir;
   const std::string path = dir.file("wide.safetensors");
@@ -1582,8 +1582,8 @@ TEST(CheckpointFormat, FiguresTheWriterLeavesNanAndTheRangesEdgesAreRead) {
   }
 }
 
-// "dptrain.width" 64 over a width-4 run state, or "dptrain.test_acc" 0.9999, was accepted, and
-// PyPI safetensors' metadata view showed the false figures. Metadata that repeats the run state
+// "dptrain.width" 64 over a width-4 run state, or "dptrain.test_acc" 0.9999, accepted, would
+// show false figures in PyPI safetensors' metadata view. Metadata that repeats the run state
 // must agree with it (Note [Metadata that repeats the run state agrees with it]).
 TEST(CheckpointFormat, MetadataThatContradictsTheRunStateIsRefused) {
   const auto bytes = serialize_checkpoint(small_checkpoint());
@@ -1641,9 +1641,9 @@ TEST(CheckpointFormat, MetadataThatContradictsTheRunStateIsRefused) {
        "epoch is finished)"});
 }
 
-// A width of -4 built a model first and said "ResNet options must be positive", naming no file;
-// 2^63 - 1 blamed the machine ("cannot hold a width-9223372036854775807 model"). The width a
-// file claims is checked first, and a corrupt file is called corrupt, for every reader.
+// A width of -4 must not build a model first and say "ResNet options must be positive", naming
+// no file, nor 2^63 - 1 blame the machine ("cannot hold a width-9223372036854775807 model"). The
+// width a file claims is checked first, and a corrupt file is called corrupt, for every reader.
 TEST(CheckpointBound, AWidthNoRunHasIsCorruptBeforeAnyModelOrBoundIsMade) {
   TempDir dir;
   AcceptedModel small_machine = accepted_in_memory(/*model_tensors=*/true);

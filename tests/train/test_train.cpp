@@ -328,7 +328,7 @@ INSTANTIATE_TEST_SUITE_P(, PerReplicaBatchNorm, ::testing::Values(2, 3),
 // measured at width 4, seed 3, 31 real images, the stem's gradient was 2% off its float64 value
 // in channels-last and 3e-6 off in the contiguous layout (PyTorch 1.13 and 2.11 alike). dptrain's
 // fused BatchNorm, which runs in channels-last (fused_batch_norm.h), sums centred values too:
-// there the largest error is now 7e-5 on LibTorch 1.13, and the test holds channels-last to the
+// there the largest error is 7e-5 on LibTorch 1.13, and the test holds channels-last to the
 // contiguous layout's bound. The pinned first losses still use the contiguous layout.
 std::vector<torch::Tensor> gradients_of(const torch::Tensor& x, const torch::Tensor& y,
                                         bool channels_last, bool float64) {
@@ -450,8 +450,8 @@ TEST(CheckWorld, CheckpointFlagsWithoutADirectoryAreUsageErrors) {
   EXPECT_NO_THROW((void)check_world(options, cpu_world(1)));
 }
 
-// --threads 4096 on 2 cores was accepted and one step never finished (OpenMP's threads wait
-// for each other at every parallel region). At most the usable cores, or one per replica.
+// --threads 4096 on 2 cores, accepted, would never finish a step (OpenMP's threads wait for
+// each other at every parallel region). At most the usable cores, or one per replica.
 TEST(CheckWorld, MoreThreadsThanCoresIsAUsageError) {
   auto options = small_options();
   const int cores = usable_cpu_cores();

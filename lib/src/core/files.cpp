@@ -4,7 +4,7 @@
 // PyPI's libtorch_cpu.so (2.x) exports the std::filesystem symbols of the libstdc++ it was
 // statically linked with (pytorch/pytorch#133437, "PyTorch 2.5.0 exposes statically linked
 // libstdc++ CXX11 ABI symbols"). Linked into dptrain they stand in for the system libstdc++'s,
-// and calls compiled against our headers then ran their code on our objects and crashed. So
+// and calls compiled against our headers then run their code on our objects and crash. So
 // every file operation in dptrain is a POSIX call, here or beside its one user.
 #include "dptrain/core/files.h"
 

@@ -45,8 +45,8 @@ void check_sync_bn_devices(const std::vector<torch::Device>& devices) {
 
 // Note [OMP_NUM_THREADS is checked like --threads]
 // LibTorch sizes its OpenMP pool from OMP_NUM_THREADS at the first parallel region (the data
-// load), before any flag applies: 64 on 2 cores made a step 30 times slower, 100000 crashed
-// inside libgomp and 0 ended in a c10 backtrace. So the variable gets the checks of --threads
+// load), before any flag applies: 64 on 2 cores makes a step some 30 times slower, 100000 crashes
+// inside libgomp and 0 ends in a c10 backtrace. So the variable gets the checks of --threads
 // before anything runs in parallel, and start_intra_op_threads then sets the count itself.
 void check_omp_num_threads(const char* value, int cores, int64_t most_threads) {
   if (value == nullptr || *value == '\0') return;

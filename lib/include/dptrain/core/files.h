@@ -1,7 +1,7 @@
 // Files, the POSIX way, in one place: whole-file reads that refuse anything but a regular file,
 // mkdir -p, output paths checked before a run, writes that land whole or not at all, and
 // directory syncs. Not std::filesystem: PyPI's libtorch.so exports its own copy of those symbols,
-// which then stand in for ours and have crashed (Note [No std::filesystem] in files.cpp).
+// which then stand in for ours and crash (Note [No std::filesystem] in files.cpp).
 // Not here: what the files hold (checkpoint.h, plot.h, metrics.h, download.h, idx.h).
 #pragma once
 

@@ -38,8 +38,8 @@ std::optional<double> table_peak_tflops(const std::string& gpu_name, PeakPrecisi
 // TFLOP/s (1 MFLOP/s, the order of an 80387 coprocessor of 1987; every CPU LibTorch runs on,
 // x86-64 with SSE2 or AArch64 with NEON, does a GFLOP/s a core and more), to kMaxPeakTflops,
 // 10^5 TFLOP/s (100 PFLOP/s; the fastest GPUs listed today, NVIDIA's Blackwell, do about 2,500
-// TFLOP/s dense in bf16 and at most some 15,000 dense at any precision, FP4). 1e-308 gave an MFU
-// of 3e306. A run's TFLOP/s stays below kMaxPeakTflops a device too, which bounds what a
+// TFLOP/s dense in bf16 and at most some 15,000 dense at any precision, FP4). 1e-308 would give
+// an MFU of 3e306. A run's TFLOP/s stays below kMaxPeakTflops a device too, which bounds what a
 // checkpoint may claim (check_checkpoint_contents). An MFU is at most 1: a run whose counted
 // FLOPs a second exceed the peak (a --peak-tflops below the device's real one) measured against
 // no real peak, and gets no MFU (NaN, as where no peak is known) rather than a figure above 1.
