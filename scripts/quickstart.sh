@@ -28,8 +28,8 @@ fi
 
 bash scripts/build.sh -DBUILD_TESTING=OFF
 # The thread count and the layout the README's figures were measured with: two threads where there
-# are two cores, and contiguous (AVX-512 CPUs default to channels-last, whose whole-run accuracy
-# at width 8 is not measured yet).
+# are two cores, and contiguous (AVX-512 CPUs default to channels-last; the README's float32
+# runs are contiguous: bench/results/2026-12-01-cpu-book-runs.md).
 threads=$(( $(nproc) >= 2 ? 2 : 1 ))
 exec ./build/app/dptrain train --devices cpu --width 8 --batch-size 256 --lr 0.1 --epochs 10 \
   --threads "$threads" --memory-format contiguous "$@"
