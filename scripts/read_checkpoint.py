@@ -11,15 +11,12 @@ The weights alone need no script: `safetensors.torch.load_file(F)` is the state_
 tests/support/pytorch_resnet.py's model. In Python: `from read_checkpoint import read_checkpoint`,
 then `read_checkpoint(F)["state_dict"]`, ["global_step"], ["history"], ...: the tensors from PyPI
 safetensors where it is importable, else torch.frombuffer; --json and --tensor-digests need
-neither. A fault is one line, `error: checkpoint F: why`, exit status 1: a path that is not a
-regular file (a FIFO is never waited on), a zip archive, a header or data that does not fit (its
-JSON read as dptrain reads it: no NUL byte, no name twice), a width or a size the memory left
-cannot hold (refused before the data is read), tensors other than those of the model of the run
-state's width (names, dtypes, shapes: docs/checkpoints.md, "A valid file"), a digest that does
-not match, contents no run can have (weights included: NaN, an infinity, a negative running
-variance); Ctrl-C is one line too, exit status 130. With
---json a diverged run's nan or inf is the string "nan" or "inf"; names from the file are shown
-with every byte but printable ASCII as \\xNN. Tested by tests/integration/test_read_checkpoint.py.
+neither. A fault is one line, `error: checkpoint F: why`, exit status 1, for every file that is
+not a valid one (docs/checkpoints.md, "A valid file"); a file too large for the memory left is
+refused before its data is read, a FIFO never waited on; Ctrl-C is one line too, exit status 130.
+With --json a diverged run's nan or inf is the string "nan" or "inf"; names from the file are
+shown with every byte but printable ASCII as \\xNN. Tested by
+tests/integration/test_read_checkpoint.py.
 """
 import argparse
 import collections
@@ -42,11 +39,10 @@ MAX_SECONDS, MAX_IMAGES_PER_SECOND = 1e9, 1e12
 MAX_PEAK_TFLOPS, MAX_BYTES = 1e5, 2**50
 # A JSON number's spelling (RFC 8259): how "dptrain.test_acc" may give the run state's accuracy.
 JSON_NUMBER = r"-?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][+-]?[0-9]+)?"
-# A floating dtype's exponent bits, all set in an infinity or a NaN: (element bytes, mask).
-EXPONENT = {"F32": (4, 0x7F800000), "F64": (8, 0x7FF0000000000000), "BF16": (2, 0x7F80),
-            "F16": (2, 0x7C00)}
-DTYPES = {"F32": ("float32", 4), "F64": ("float64", 8), "I64": ("int64", 8),
-          "BF16": ("bfloat16", 2), "F16": ("float16", 2)}  # the dtypes a dptrain model holds
+# The dtypes a dptrain model holds: torch's name, the element's bytes, and for a floating dtype
+# its exponent bits, all set in an infinity or a NaN.
+DTYPES = {"F32": ("float32", 4, 0x7F800000), "F64": ("float64", 8, 0x7FF0000000000000),
+          "I64": ("int64", 8, None), "BF16": ("bfloat16", 2, 0x7F80), "F16": ("float16", 2, 0x7C00)}
 # The run state's fields, each with its kind, in the order the C++ reader reads them
 # (checkpoint.cpp: read_run_state); "later" are figures a later version added, NaN when absent.
 CONFIG = {"width": "int", "num_classes": "int", "in_channels": "int", "batch_size": "int",
@@ -55,10 +51,30 @@ CONFIG = {"width": "int", "num_classes": "int", "in_channels": "int", "batch_siz
 POSITION = {"epochs_done": "int", "step_in_epoch": "int", "global_step": "int",
             "partial_sums": "any"}
 SUMS = {"loss_sum": "real", "correct": "real", "count": "real"}
-STATS = {"epoch": "int", "epochs": "int", "train_loss": "real", "train_acc": "real",
-         "test_loss": "real", "test_acc": "real", "seconds": "real", "images_per_second": "real",
-         "steps": "int", "gpu_ms_per_step": "later", "tflops": "later", "mfu": "later",
-         "peak_host_bytes": "later", "peak_device_bytes": "later"}
+# An epoch's figures: the rows of the table every writer and reader of them is made from,
+# lib/include/dptrain/train/epoch_figures.def (its columns are named there).
+# Note [The table read as text]: this script reads the .def beside it in the repository rather
+# than holding a copy of its rows. It runs from a checkout (docs/checkpoints.md, the tests), where
+# the table always is; a copy would be a second place to add a figure, and a test would have to
+# find the two disagreeing after the fact. The rows are one macro call a line, so a regular
+# expression reads them whole; what the C++ compiler accepts this reads the same.
+EPOCH_FIGURES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "lib", "include",
+                             "dptrain", "train", "epoch_figures.def")
+
+
+def epoch_figures(path=EPOCH_FIGURES):
+    """The table's rows as dicts of its columns, in its order."""
+    columns = ("name", "of", "type", "initial", "unit", "kept", "written")
+    with open(path, encoding="utf-8") as f:
+        return [dict(zip(columns, (cell.strip() for cell in row.split(","))))
+                for row in re.findall(r"^DPTRAIN_EPOCH_FIGURE\((.*)\)\s*$", f.read(), re.M)]
+
+
+# Each history epoch's figures as the run state keeps them (kept since_v1: an integer or a real
+# every file has; since_v3: a real a file may lack), in the table's order, the C++ reader's.
+STATS = {f["name"]: "later" if f["kept"] == "since_v3" else
+         "int" if f["type"] == "int64_t" else "real"
+         for f in epoch_figures() if f["kept"] != "not_kept"}
 # What a file may claim of the run that wrote it, as (field, its name in messages, lowest,
 # highest): the command line's limits, and for the model's shape what any dptrain could build.
 CONFIG_RANGES = (("width", "width", 1, 4096), ("num_classes", "the class count", 1, 65536),
@@ -131,12 +147,18 @@ def check_claimed_width(metadata, size, fail):
     available = available_memory()
     if re.fullmatch(r"[0-9]{1,9}", text) and int(text) <= 4096 and available is not None:
         width = int(text)  # a wider claim is named by the run state's checks
-        need = 8 * (2800 * width * width + 64 * width * (16 + 10 + 1) + 40)
+        need = model_bytes(width, 10, 1)
         if need > available:
             fail(f"claims a model of width {width}, whose data needs about {need / 2**30:.2f} GiB,"
                  f" and {available / 2**30:.2f} GiB of memory is available; not read")
     if available is not None and size > available:
         fail(f"{size} bytes, more than the {available} bytes of memory available; not read")
+
+
+def model_bytes(w, k, c):
+    """8 bytes for each element of the ResNet-18 of width w, k classes, c input channels, bounded
+    as checkpoint.cpp's model_elements_bound bounds it."""
+    return 8 * (2800 * w * w + 64 * w * (16 + k + c) + 4 * k)
 
 
 def data_limit(metadata):
@@ -146,8 +168,8 @@ def data_limit(metadata):
     def claim(key, high):
         text = metadata.get("dptrain." + key, "")
         return min(max(int(text), 1), high) if re.fullmatch(r"[0-9]{1,9}", text) else high
-    w, k, c = claim("width", 4096), claim("num_classes", 65536), claim("in_channels", 65536)
-    return 8 * (2800 * w * w + 64 * w * (16 + k + c) + 4 * k)
+    return model_bytes(claim("width", 4096), claim("num_classes", 65536),
+                       claim("in_channels", 65536))
 
 
 def read_file(path, fail):
@@ -438,25 +460,34 @@ def value_text(value):
     return "nan" if math.isnan(value) else "%g" % value
 
 
+class ContentsCheck:
+    """The contents checks' one wording, as checkpoint_run_state.cpp's ContentsCheck: every
+    refusal names the field, its value and why."""
+    def __init__(self, fail):
+        self.fail = fail
+
+    def impossible(self, field, value, why, text=value_text):
+        self.fail(f"corrupt: impossible contents: {field} is {text(value)} ({why})")
+
+    def at_least_zero(self, field, value):
+        if not (math.isfinite(value) and value >= 0):
+            self.impossible(field, value, "a finite number >= 0")
+
+    def loss(self, field, value):
+        if not (math.isnan(value) or value >= 0):
+            self.impossible(field, value, "a loss: >= 0, inf or nan")
+
+    def figure(self, field, value, high, why):  # NaN where the writer has none, else 0 to high
+        if not (math.isnan(value) or 0 <= value <= high):
+            self.impossible(field, value, why)
+
+
 def check_contents(c, fail):
     """Note [A checkpoint's contents are checked, not only its digest] in checkpoint.cpp: a
     crafted file can carry a fitting digest, so every field must be one a run can have, checked
     in the C++ reader's order and words."""
-    def impossible(field, value, why, text=value_text):
-        fail(f"corrupt: impossible contents: {field} is {text(value)} ({why})")
-
-    def at_least_zero(field, value):
-        if not (math.isfinite(value) and value >= 0):
-            impossible(field, value, "a finite number >= 0")
-
-    def loss(field, value):
-        if not (math.isnan(value) or value >= 0):
-            impossible(field, value, "a loss: >= 0, inf or nan")
-
-    def figure(field, value, high, why):  # NaN where the writer has no figure, else 0 to high
-        if not (math.isnan(value) or 0 <= value <= high):
-            impossible(field, value, why)
-
+    check = ContentsCheck(fail)
+    impossible, at_least_zero, loss = check.impossible, check.at_least_zero, check.loss
     config, done, step = c["config"], c["epochs_done"], c["step_in_epoch"]
     for key, field, low, high in CONFIG_RANGES:  # an integer setting, named in full
         if not low <= config[key] <= high:
@@ -497,6 +528,14 @@ def check_contents(c, fail):
         fail(f"corrupt: impossible contents: the training set's digest is "
              f"'{shown(config['train_digest'][:80].encode())}' (a file of format version "
              f"{FORMAT_VERSION} carries the SHA-256 of its training set, 64 hex digits)")
+    check_history(c, check, steps, shape)
+
+
+def check_history(c, check, steps, shape):
+    """The finished epochs' figures, as checkpoint_run_state.cpp's check_history."""
+    impossible, at_least_zero, loss, figure = (check.impossible, check.at_least_zero, check.loss,
+                                               check.figure)
+    config, done = c["config"], c["epochs_done"]
     if len(c["history"]) != done:
         impossible("the history's length", len(c["history"]),
                    f"it holds the finished epochs, and {done} are done")
@@ -575,9 +614,9 @@ def check_tensors(entries, data, fail):
     infinity (an element whose exponent bits are all set), and a BatchNorm running variance (a
     name ending in "running_var") holds no number below 0 (its sign bit set, and not -0)."""
     for name, dtype, _, begin, end in entries:
-        if dtype not in EXPONENT or begin == end:
+        _, size, mask = DTYPES[dtype]
+        if mask is None or begin == end:
             continue
-        size, mask = EXPONENT[dtype]
         sign = 1 << (8 * size - 1)
         words = memoryview(data[begin:end]).cast({2: "H", 4: "I", 8: "Q"}[size])
         label = f"tensor '{shown(name.encode())}'"

@@ -19,17 +19,6 @@ namespace dptrain {
 
 namespace {
 
-// The columns, in file order; the JSON keys are the same names.
-// clang-format off
-const char* const kColumns[] = {
-    "epoch",          "train_loss",       "train_acc",         "test_loss",
-    "test_acc",       "seconds",          "images_per_second", "lr",
-    "steady_seconds", "wall_ms_per_step", "gpu_ms_per_step",   "tflops",
-    "mfu",            "peak_host_bytes",  "peak_device_bytes", "gpu_samples_dropped",
-    "gpu_spin_ms",    "devices"};
-// clang-format on
-constexpr size_t kColumnCount = sizeof kColumns / sizeof kColumns[0];
-
 std::string lowercase(std::string text) {
   for (char& c : text) {
     if (c >= 'A' && c <= 'Z') c = static_cast<char>(c - 'A' + 'a');
@@ -87,25 +76,34 @@ std::string json_string(const std::string& text) {
   return out + "\"";
 }
 
-// The record's values as text, in kColumns order, before CSV or JSON quoting.
-std::vector<std::string> record_numbers(const EpochRecord& r) {
-  return {std::to_string(r.epoch),
-          format_number(r.train_loss),
-          format_number(r.train_acc),
-          format_number(r.test_loss),
-          format_number(r.test_acc),
-          format_number(r.seconds),
-          format_number(r.images_per_second),
-          format_number(r.lr),
-          format_number(r.steady_seconds),
-          format_number(r.wall_ms_per_step),
-          format_number(r.gpu_ms_per_step),
-          format_number(r.tflops),
-          format_number(r.mfu),
-          format_number(r.peak_host_bytes),
-          format_number(r.peak_device_bytes),
-          format_number(r.gpu_samples_dropped),
-          format_number(r.gpu_spin_ms)};
+// One value of a record as the file holds it: a number's text ("" where it is missing), or text
+// that CSV and JSON quote.
+struct Cell {
+  std::string text;
+  bool quoted;
+};
+
+Cell cell(int64_t value) { return {std::to_string(value), false}; }
+Cell cell(double value) { return {format_number(value), false}; }
+Cell cell(const std::string& value) { return {value, true}; }
+
+// The rows of epoch_figures.def written to the metrics file, in its order: their names, and their
+// values in `record`.
+std::vector<const char*> metrics_columns() {
+  std::vector<const char*> names;
+  for (const EpochFigure& figure : kEpochFigures) {
+    if (writes_metrics(figure.written)) names.push_back(figure.name);
+  }
+  return names;
+}
+
+std::vector<Cell> metrics_cells(const EpochRecord& record) {
+  std::vector<Cell> cells;
+#define DPTRAIN_EPOCH_FIGURE(name, of, type, initial, unit, kept, written) \
+  if (writes_metrics(EpochFigureWritten::written)) cells.push_back(cell(record.name));
+#include "dptrain/train/epoch_figures.def"
+#undef DPTRAIN_EPOCH_FIGURE
+  return cells;
 }
 
 // ============================================================================================
@@ -126,25 +124,13 @@ void write_all(int fd, const std::string& text, const std::string& path) {
 // ============================================================================================
 // Public functions
 
+EpochRecord::EpochRecord(const EpochStats& stats)
+    : EpochStats(stats), wall_ms_per_step(dptrain::wall_ms_per_step(stats)) {}
+
 EpochRecord make_epoch_record(const EpochStats& stats, double lr,
                               const std::vector<std::string>& devices) {
-  EpochRecord record;
-  record.epoch = stats.epoch;
-  record.train_loss = stats.train_loss;
-  record.train_acc = stats.train_acc;
-  record.test_loss = stats.test_loss;
-  record.test_acc = stats.test_acc;
-  record.seconds = stats.seconds;
-  record.images_per_second = stats.images_per_second;
+  EpochRecord record(stats);
   record.lr = lr;
-  record.wall_ms_per_step = wall_ms_per_step(stats);
-  record.gpu_ms_per_step = stats.gpu_ms_per_step;
-  record.tflops = stats.tflops;
-  record.mfu = stats.mfu;
-  record.peak_host_bytes = stats.peak_host_bytes;
-  record.peak_device_bytes = stats.peak_device_bytes;
-  record.gpu_samples_dropped = stats.gpu_samples_dropped;
-  record.gpu_spin_ms = stats.gpu_spin_ms;
   for (size_t i = 0; i < devices.size(); ++i) record.devices += (i ? "," : "") + devices[i];
   return record;
 }
@@ -165,22 +151,28 @@ MetricsFormat check_metrics_path(const std::string& path) {
 
 std::string metrics_csv_header() {
   std::string header;
-  for (size_t i = 0; i < kColumnCount; ++i) header += std::string(i ? "," : "") + kColumns[i];
+  for (const char* name : metrics_columns()) {
+    header += std::string(header.empty() ? "" : ",") + name;
+  }
   return header;
 }
 
 std::string format_metrics_record(const EpochRecord& record, MetricsFormat format) {
-  const std::vector<std::string> numbers = record_numbers(record);
+  static const std::vector<const char*> names = metrics_columns();
+  const std::vector<Cell> cells = metrics_cells(record);
   std::string line;
-  if (format == MetricsFormat::kCsv) {
-    for (const std::string& number : numbers) line += number + ",";
-    return line + csv_field(record.devices) + "\n";
+  for (size_t i = 0; i < cells.size(); ++i) {
+    const Cell& c = cells[i];
+    line += i ? "," : "";
+    if (format == MetricsFormat::kCsv) {
+      line += c.quoted ? csv_field(c.text) : c.text;
+    } else if (c.quoted) {
+      line += json_string(names[i]) + ":" + json_string(c.text);
+    } else {
+      line += json_string(names[i]) + ":" + (c.text.empty() ? "null" : c.text);
+    }
   }
-  line = "{";
-  for (size_t i = 0; i < numbers.size(); ++i) {
-    line += json_string(kColumns[i]) + ":" + (numbers[i].empty() ? "null" : numbers[i]) + ",";
-  }
-  return line + json_string("devices") + ":" + json_string(record.devices) + "}\n";
+  return format == MetricsFormat::kCsv ? line + "\n" : "{" + line + "}\n";
 }
 
 MetricsWriter::MetricsWriter(const std::string& path)

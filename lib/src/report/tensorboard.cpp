@@ -18,9 +18,12 @@
 #include <cstdlib>
 #include <cstring>
 #include <ctime>
+#include <string_view>
+#include <type_traits>
 
 #include "dptrain/core/errors.h"
 #include "dptrain/core/files.h"
+#include "dptrain/report/metrics.h"
 #include "dptrain/train/epoch_stats.h"
 
 #if defined(DPTRAIN_WITH_TENSORBOARD)
@@ -370,27 +373,33 @@ void TensorBoardWriter::sync() {
 // ============================================================================================
 // What a training run logs
 
+namespace {
+
+// A figure as a scalar where it is finite (a text figure is never one: epoch_scalars' check).
+std::optional<double> scalar_value(double value) {
+  return std::isfinite(value) ? std::optional<double>(value) : std::nullopt;
+}
+std::optional<double> scalar_value(int64_t value) { return static_cast<double>(value); }
+std::optional<double> scalar_value(const std::string&) { return std::nullopt; }
+
+}  // namespace
+
 std::vector<TensorBoardScalar> epoch_scalars(const EpochStats& stats) {
-  const TensorBoardScalar all[] = {
-      {"epoch/train_loss", stats.train_loss},
-      {"epoch/train_acc", stats.train_acc},
-      {"epoch/test_loss", stats.test_loss},
-      {"epoch/test_acc", stats.test_acc},
-      {"epoch/seconds", stats.seconds},
-      {"epoch/images_per_second", stats.images_per_second},
-      {"epoch/wall_ms_per_step", wall_ms_per_step(stats)},
-      {"epoch/gpu_ms_per_step", stats.gpu_ms_per_step},
-      {"epoch/tflops", stats.tflops},
-      {"epoch/mfu", stats.mfu},
-      {"epoch/peak_host_bytes", stats.peak_host_bytes},
-      {"epoch/peak_device_bytes", stats.peak_device_bytes},
-  };
-  // A figure unknown here is NaN (the CPU has no GPU time or device memory; no peak is known
-  // for an MFU): left out rather than drawn as a value, as the metrics file leaves it empty.
+  // The rows of epoch_figures.def written to TensorBoard, in its order. A figure unknown here is
+  // NaN (the CPU has no GPU time or device memory; no peak is known for an MFU): left out rather
+  // than drawn as a value, as the metrics file leaves it empty.
+  const EpochRecord record(stats);
   std::vector<TensorBoardScalar> known;
-  for (const auto& scalar : all) {
-    if (std::isfinite(scalar.value)) known.push_back(scalar);
+#define DPTRAIN_EPOCH_FIGURE(name, of, type, initial, unit, kept, written)          \
+  static_assert(!writes_tensorboard(EpochFigureWritten::written) ||                 \
+                    (std::is_arithmetic_v<type> && std::string_view(#of) != "run"), \
+                "TensorBoard logs numbers the epoch's stats give alone: " #name);  \
+  if (const auto value = scalar_value(record.name);                                 \
+      value && writes_tensorboard(EpochFigureWritten::written)) {                   \
+    known.push_back({"epoch/" #name, *value});                                      \
   }
+#include "dptrain/train/epoch_figures.def"
+#undef DPTRAIN_EPOCH_FIGURE
   return known;
 }
 

@@ -15,6 +15,7 @@
 #include "dptrain/core/files.h"
 #include "dptrain/core/safetensors.h"
 #include "dptrain/train/device_peak.h"
+#include "dptrain/train/epoch_stats.h"
 
 namespace dptrain {
 namespace {
@@ -320,22 +321,25 @@ Json number(double value) {
   return std::isnan(value) ? "nan" : (value > 0 ? "inf" : "-inf");
 }
 
+Json figure_json(int64_t value) { return value; }
+Json figure_json(double value) { return number(value); }
+
+// The rows of epoch_figures.def kept in a checkpoint, under their names (nlohmann's objects sort
+// their keys: the table's order is not the file's).
+#define DPTRAIN_EPOCH_FIGURE(name, of, type, initial, unit, kept, written) \
+  DPTRAIN_RUN_STATE_##kept(name)
+#define DPTRAIN_RUN_STATE_since_v1(name) json[#name] = figure_json(s.name);
+#define DPTRAIN_RUN_STATE_since_v3(name) json[#name] = figure_json(s.name);
+#define DPTRAIN_RUN_STATE_not_kept(name)
 Json stats_json(const EpochStats& s) {
-  return {{"epoch", s.epoch},
-          {"epochs", s.epochs},
-          {"train_loss", number(s.train_loss)},
-          {"train_acc", number(s.train_acc)},
-          {"test_loss", number(s.test_loss)},
-          {"test_acc", number(s.test_acc)},
-          {"seconds", number(s.seconds)},
-          {"images_per_second", number(s.images_per_second)},
-          {"steps", s.steps},
-          {"gpu_ms_per_step", number(s.gpu_ms_per_step)},
-          {"tflops", number(s.tflops)},
-          {"mfu", number(s.mfu)},
-          {"peak_host_bytes", number(s.peak_host_bytes)},
-          {"peak_device_bytes", number(s.peak_device_bytes)}};
+  Json json = Json::object();
+#include "dptrain/train/epoch_figures.def"
+  return json;
 }
+#undef DPTRAIN_RUN_STATE_not_kept
+#undef DPTRAIN_RUN_STATE_since_v3
+#undef DPTRAIN_RUN_STATE_since_v1
+#undef DPTRAIN_EPOCH_FIGURE
 
 Json run_state_json(const Checkpoint& c) {
   const auto& config = c.config;
@@ -422,24 +426,34 @@ class RunStateReader {
   const std::string& label_;
 };
 
+// A figure every format version keeps, and one added to version 3: NaN where a file lacks it.
+void read_figure(const RunStateReader& r, const Json& s, const char* key, const std::string& at,
+                 EpochFigureKept kept, int64_t& value) {
+  if (kept == EpochFigureKept::since_v1 || s.contains(key)) value = r.integer(s, key, at);
+}
+void read_figure(const RunStateReader& r, const Json& s, const char* key, const std::string& at,
+                 EpochFigureKept kept, double& value) {
+  value = kept == EpochFigureKept::since_v1 ? r.real(s, key, at) : r.optional_real(s, key, at);
+}
+
+// The rows of epoch_figures.def kept in a checkpoint, in the table's order: the first fault
+// named is the first row's.
+#define DPTRAIN_EPOCH_FIGURE(name, of, type, initial, unit, kept, written) \
+  DPTRAIN_RUN_STATE_##kept(name)
+#define DPTRAIN_RUN_STATE_since_v1(name) \
+  read_figure(r, s, #name, at, EpochFigureKept::since_v1, stats.name);
+#define DPTRAIN_RUN_STATE_since_v3(name) \
+  read_figure(r, s, #name, at, EpochFigureKept::since_v3, stats.name);
+#define DPTRAIN_RUN_STATE_not_kept(name)
 EpochStats read_stats(const RunStateReader& r, const Json& s, const std::string& at) {
   EpochStats stats;
-  stats.epoch = r.integer(s, "epoch", at);
-  stats.epochs = r.integer(s, "epochs", at);
-  stats.train_loss = r.real(s, "train_loss", at);
-  stats.train_acc = r.real(s, "train_acc", at);
-  stats.test_loss = r.real(s, "test_loss", at);
-  stats.test_acc = r.real(s, "test_acc", at);
-  stats.seconds = r.real(s, "seconds", at);
-  stats.images_per_second = r.real(s, "images_per_second", at);
-  stats.steps = r.integer(s, "steps", at);
-  stats.gpu_ms_per_step = r.optional_real(s, "gpu_ms_per_step", at);
-  stats.tflops = r.optional_real(s, "tflops", at);
-  stats.mfu = r.optional_real(s, "mfu", at);
-  stats.peak_host_bytes = r.optional_real(s, "peak_host_bytes", at);
-  stats.peak_device_bytes = r.optional_real(s, "peak_device_bytes", at);
+#include "dptrain/train/epoch_figures.def"
   return stats;
 }
+#undef DPTRAIN_RUN_STATE_not_kept
+#undef DPTRAIN_RUN_STATE_since_v3
+#undef DPTRAIN_RUN_STATE_since_v1
+#undef DPTRAIN_EPOCH_FIGURE
 
 CheckpointConfig read_config(const RunStateReader& r, const Json& state) {
   const Json& c = r.object(state, "config", "");

@@ -13,37 +13,28 @@
 
 namespace dptrain {
 
-// One epoch as the metrics file holds it. Non-finite figures are written as missing values
-// (an empty CSV field, JSON null).
-struct EpochRecord {
-  int64_t epoch = 0;  // 1-based
-  double train_loss = 0;
-  double train_acc = 0;
-  double test_loss = 0;
-  double test_acc = 0;
-  double seconds = 0;  // training only, as EpochStats::seconds
-  double images_per_second = 0;
-  double lr = 0;
-  // The median seconds of epochs 2 to this one (steady_epoch_seconds in report.h): the pace
-  // without the first epoch's warm-up. Missing (NaN) for the first epoch.
-  double steady_seconds = std::numeric_limits<double>::quiet_NaN();
-  // The epoch's training seconds per step, in milliseconds, and beside it the median GPU
-  // milliseconds of its timed steps (EpochStats::gpu_ms_per_step; missing on the CPU).
-  double wall_ms_per_step = std::numeric_limits<double>::quiet_NaN();
-  double gpu_ms_per_step = std::numeric_limits<double>::quiet_NaN();
-  // The epoch's efficiency, as EpochStats has it: achieved TFLOP/s over all ranks, MFU (a
-  // fraction; missing where no peak is known), the process's peak resident set in bytes, and on
-  // CUDA the allocator's peak bytes on the reporting rank's GPU (missing on the CPU). All four are
-  // missing for a resumed run's earlier epochs.
-  double tflops = std::numeric_limits<double>::quiet_NaN();
-  double mfu = std::numeric_limits<double>::quiet_NaN();
-  double peak_host_bytes = std::numeric_limits<double>::quiet_NaN();
-  double peak_device_bytes = std::numeric_limits<double>::quiet_NaN();
-  // The step timer's dropped samples and its spins' milliseconds in the epoch, as EpochStats
-  // has them (missing where nothing is timed).
-  double gpu_samples_dropped = std::numeric_limits<double>::quiet_NaN();
-  double gpu_spin_ms = std::numeric_limits<double>::quiet_NaN();
-  std::string devices;  // every rank's device in rank order, comma-separated: "cuda:0,cuda:1"
+// One epoch as the metrics file and TensorBoard hold it: its EpochStats and the rows of
+// epoch_figures.def that are not (`of` derived or run), in the table's order: the learning rate;
+// the median seconds of epochs 2 to this one (steady_epoch_seconds in report.h), the pace without
+// the first epoch's warm-up, missing for the first epoch; the epoch's training seconds per step
+// in milliseconds, beside EpochStats::gpu_ms_per_step; every rank's device in rank order,
+// comma-separated ("cuda:0,cuda:1"). Non-finite figures are written as missing values (an empty
+// CSV field, JSON null).
+struct EpochRecord : EpochStats {
+  EpochRecord() = default;
+  // `stats` and the figures derived from them alone; those the run adds keep their initial values.
+  explicit EpochRecord(const EpochStats& stats);
+
+#define DPTRAIN_EPOCH_FIGURE(name, of, type, initial, unit, kept, written) \
+  DPTRAIN_EPOCH_RECORD_MEMBER_##of(type, name, initial)
+#define DPTRAIN_EPOCH_RECORD_MEMBER_stats(type, name, initial)
+#define DPTRAIN_EPOCH_RECORD_MEMBER_derived(type, name, initial) type name = initial;
+#define DPTRAIN_EPOCH_RECORD_MEMBER_run(type, name, initial) type name = initial;
+#include "dptrain/train/epoch_figures.def"
+#undef DPTRAIN_EPOCH_RECORD_MEMBER_run
+#undef DPTRAIN_EPOCH_RECORD_MEMBER_derived
+#undef DPTRAIN_EPOCH_RECORD_MEMBER_stats
+#undef DPTRAIN_EPOCH_FIGURE
 };
 
 // The record for `stats`, trained at learning rate `lr` on `devices` (rank order).

@@ -117,9 +117,8 @@ class TensorBoardWriter {
 
 // ---- What a training run logs ----------------------------------------------------------------
 
-// The scalars of an epoch, tagged "epoch/<the metrics file's column>": train_loss, train_acc,
-// test_loss, test_acc, seconds, images_per_second, wall_ms_per_step, and where they are finite
-// gpu_ms_per_step, tflops, mfu, peak_host_bytes, peak_device_bytes.
+// The scalars of an epoch: each row of train/epoch_figures.def written to TensorBoard
+// (metrics_tensorboard), tagged "epoch/<name>", in the table's order, where it is finite.
 std::vector<TensorBoardScalar> epoch_scalars(const EpochStats& stats);
 
 // The settings as a markdown table, "| setting | value |", for the text summary.

@@ -1,6 +1,7 @@
 // The figures a run produces: each epoch's (printed, recorded in metrics files, kept in
-// checkpoints), the progress inside one, the whole run's and an evaluation's. Plain data, free of
-// LibTorch: who computes them is train.h, who formats them is report.h and metrics.h.
+// checkpoints; epoch_figures.def lists them and says where each goes), the progress inside one,
+// the whole run's and an evaluation's. Plain data, free of LibTorch: who computes them is
+// train.h, who formats them is report.h and metrics.h.
 #pragma once
 
 #include <cstdint>
@@ -30,44 +31,73 @@ inline Means means_of(const Totals& totals) {
   return {totals.loss_sum / count, totals.correct / count, totals.count};
 }
 
+// "No figure": a figure that could not be measured (written as a missing value, left out of
+// TensorBoard).
+constexpr double kNoFigure = std::numeric_limits<double>::quiet_NaN();
+
+// The columns of epoch_figures.def that say where a figure goes; the enumerators are the
+// table's own words.
+enum class EpochFigureKept { since_v1, since_v3, not_kept };
+enum class EpochFigureWritten { nowhere, metrics, metrics_tensorboard };
+
+constexpr bool writes_metrics(EpochFigureWritten written) {
+  return written != EpochFigureWritten::nowhere;
+}
+constexpr bool writes_tensorboard(EpochFigureWritten written) {
+  return written == EpochFigureWritten::metrics_tensorboard;
+}
+
+// A row of epoch_figures.def, for code that walks the table rather than a struct.
+struct EpochFigure {
+  const char* name;
+  const char* of;  // "stats", "derived" or "run"
+  const char* type;
+  const char* unit;
+  EpochFigureKept kept;
+  EpochFigureWritten written;
+};
+
+inline constexpr EpochFigure kEpochFigures[] = {
+#define DPTRAIN_EPOCH_FIGURE(name, of, type, initial, unit, kept, written) \
+  {#name, #of, #type, unit, EpochFigureKept::kept, EpochFigureWritten::written},
+#include "dptrain/train/epoch_figures.def"
+#undef DPTRAIN_EPOCH_FIGURE
+};
+
+// One epoch's figures as train measures them: the rows of epoch_figures.def whose `of` is
+// stats, in its order, with its initial values. What they mean:
+// - epoch (1-based) of epochs; the steps trained in it (a step skipped as non-finite counts);
+// - the mean cross-entropy and the accuracy over the examples of the epoch's trained steps (a
+//   step skipped as non-finite adds none), and those examples per training second: all three
+//   NaN for an epoch in which no step trained, 0/0 being no figure (Note [An epoch without a
+//   trained step] in rank.cpp); the test loss and accuracy;
+// - seconds: training only, devices synchronised;
+// - skipped_steps: of `steps`, those skipped with a non-finite gradient (--on-nonfinite skip) in
+//   this run: a resumed epoch's steps before its checkpoint are not known (the epoch line shows
+//   it);
+// - gpu_ms_per_step: the median GPU milliseconds of the epoch's timed steps on the reporting
+//   rank, from CUDA events (step_gpu_time.h); NaN on the CPU, or when no step could be timed;
+// - gpu_samples_dropped, gpu_spin_ms: where the steps were timed, the epoch's samples dropped
+//   (the GPU began the step before the host had queued it, or the timer was off after two drops
+//   in a row) and the milliseconds of spin queued before the timed steps, which are inside
+//   `seconds` when the GPU is the bound; NaN where nothing is timed (the CPU, several ranks,
+//   --on-nonfinite skip, Gloo);
+// - how well the epoch used the machine (model/flops.h): tflops, the model's training FLOPs for
+//   the epoch's images over its training seconds, summed over all ranks; mfu, that figure over
+//   the devices' summed peak (--peak-tflops, or the table for known GPUs), NaN where no peak is
+//   known; peak_host_bytes, the process's peak resident set so far; peak_device_bytes, on CUDA
+//   the caching allocator's peak bytes on the reporting rank's device (NaN on the CPU).
 struct EpochStats {
-  int64_t epoch = 0;  // 1-based
-  int64_t epochs = 0;
-  // The mean cross-entropy and the accuracy over the examples of the epoch's trained steps (a
-  // step skipped as non-finite adds none), and those examples per training second. All three
-  // NaN for an epoch in which no step trained: 0/0 is no figure (Note [An epoch without a
-  // trained step] in rank.cpp).
-  double train_loss = 0;
-  double train_acc = 0;
-  double test_loss = 0;
-  double test_acc = 0;
-  double seconds = 0;  // training only, devices synchronised
-  double images_per_second = 0;
-  int64_t steps = 0;
-  // Of `steps`, those skipped with a non-finite gradient (--on-nonfinite skip) in this run: a
-  // resumed epoch's steps before its checkpoint are not known. Not kept in checkpoints or in
-  // the metrics file (the epoch line shows it).
-  int64_t skipped_steps = 0;
-  // The median GPU milliseconds of the epoch's timed steps on the reporting rank, from CUDA
-  // events (step_gpu_time.h); NaN on the CPU, or when no step could be timed. Not kept in
-  // checkpoints: a resumed run's earlier epochs have NaN.
-  double gpu_ms_per_step = std::numeric_limits<double>::quiet_NaN();
-  // Where the steps were timed: the epoch's samples dropped (the GPU began the step before the
-  // host had queued it, or the timer was off after two drops in a row), and the milliseconds of
-  // spin queued before the timed steps, which are inside `seconds` when the GPU is the bound.
-  // NaN where nothing is timed (the CPU, several ranks, --on-nonfinite skip, Gloo); not kept in
-  // checkpoints.
-  double gpu_samples_dropped = std::numeric_limits<double>::quiet_NaN();
-  double gpu_spin_ms = std::numeric_limits<double>::quiet_NaN();
-  // How well the epoch used the machine (model/flops.h): the model's training FLOPs for the
-  // epoch's images over its training seconds, in TFLOP/s summed over all ranks; that figure over
-  // the devices' summed peak (--peak-tflops, or the table for known GPUs), NaN where no peak is
-  // known; the process's peak resident set so far, and on CUDA the caching allocator's peak
-  // bytes on the reporting rank's device (NaN on the CPU).
-  double tflops = std::numeric_limits<double>::quiet_NaN();
-  double mfu = std::numeric_limits<double>::quiet_NaN();
-  double peak_host_bytes = std::numeric_limits<double>::quiet_NaN();
-  double peak_device_bytes = std::numeric_limits<double>::quiet_NaN();
+#define DPTRAIN_EPOCH_FIGURE(name, of, type, initial, unit, kept, written) \
+  DPTRAIN_EPOCH_STATS_MEMBER_##of(type, name, initial)
+#define DPTRAIN_EPOCH_STATS_MEMBER_stats(type, name, initial) type name = initial;
+#define DPTRAIN_EPOCH_STATS_MEMBER_derived(type, name, initial)
+#define DPTRAIN_EPOCH_STATS_MEMBER_run(type, name, initial)
+#include "dptrain/train/epoch_figures.def"
+#undef DPTRAIN_EPOCH_STATS_MEMBER_run
+#undef DPTRAIN_EPOCH_STATS_MEMBER_derived
+#undef DPTRAIN_EPOCH_STATS_MEMBER_stats
+#undef DPTRAIN_EPOCH_FIGURE
 };
 
 // The epoch's training milliseconds per step, the wall-clock pace set beside gpu_ms_per_step;
