@@ -2,6 +2,11 @@
 """Compares two models written by `dptrain train --save-model`: prints the largest absolute
 difference over all parameters (and which), and exits 1 when it exceeds --tolerance.
 
+Exit status: 0, the models are equal within --tolerance; 1, they differ (the max line says by
+how much); 2, they could not be compared: one `error:` line on stderr says why (a file dptrain
+cannot have written, models of other parameters or shapes, a bad flag, or a fault of this script
+itself), so that a caller never reads a crash as "they differ".
+
     python3 scripts/compare_models.py a.safetensors b.safetensors --tolerance 1e-6 [--buffers]
 
 The files are dptrain's safetensors files, read by read_checkpoint.py beside this script, which
@@ -76,31 +81,29 @@ def tolerance(text):
     return value
 
 
-def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("first")
-    parser.add_argument("second")
-    parser.add_argument("--tolerance", type=tolerance, default=0.0,
-                        help="the largest |difference| still counted equal (finite, >= 0)")
-    parser.add_argument("--buffers", action="store_true",
-                        help="the BatchNorm buffers too (running statistics, batch counts)")
-    args = parser.parse_args()
+# The exit statuses (the docstring): argparse's own usage error is COULD_NOT_COMPARE too.
+EQUAL, DIFFER, COULD_NOT_COMPARE = 0, 1, 2
+
+
+def compare(args):
+    """Prints the largest difference and returns EQUAL or DIFFER, or prints one error line and
+    returns COULD_NOT_COMPARE."""
     try:
         first, second = parameters(args.first, args.buffers), parameters(args.second, args.buffers)
     except CheckpointError as e:
         print(f"error: {e}", file=sys.stderr)
-        return 1
+        return COULD_NOT_COMPARE
     if first.keys() != second.keys():
         print("error: the models have different parameters", file=sys.stderr)
-        return 1
+        return COULD_NOT_COMPARE
     if not first:
         print("error: the models hold no parameters", file=sys.stderr)
-        return 1
+        return COULD_NOT_COMPARE
     shape = differing_shape(first, second)
     if shape is not None:
         print(f"error: the models' {shown(shape)} differ in shape: {list(first[shape].shape)} "
               f"and {list(second[shape].shape)}", file=sys.stderr)
-        return 1
+        return COULD_NOT_COMPARE
     # The first of the largest, in the files' order: no NaN can reach the comparison.
     worst, where = 0.0, next(iter(first))
     for name in first:
@@ -113,7 +116,24 @@ def main():
         count = nonfinite_count(tensors)
         if count:  # equal non-finite values are no difference, but never pass unmentioned
             print(f"note: the {label} model holds {count} non-finite value(s)")
-    return 0 if worst <= args.tolerance else 1
+    return EQUAL if worst <= args.tolerance else DIFFER
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("first")
+    parser.add_argument("second")
+    parser.add_argument("--tolerance", type=tolerance, default=0.0,
+                        help="the largest |difference| still counted equal (finite, >= 0)")
+    parser.add_argument("--buffers", action="store_true",
+                        help="the BatchNorm buffers too (running statistics, batch counts)")
+    args = parser.parse_args()
+    try:
+        return compare(args)
+    except Exception as e:  # noqa: BLE001  (a fault of this script is no verdict on the models)
+        print(f"error: compare_models.py could not compare {args.first} and {args.second}: "
+              f"{type(e).__name__}: {' '.join(str(e).split())}", file=sys.stderr)
+        return COULD_NOT_COMPARE
 
 
 if __name__ == "__main__":

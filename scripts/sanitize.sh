@@ -30,4 +30,6 @@ ctest -L quick --output-on-failure --timeout 900 --no-tests=error \
   -j "${DPTRAIN_SANITIZE_TEST_JOBS:-$(nproc)}" --output-junit "$PWD/Testing/ctest-junit.xml"
 DPTRAIN_SANITIZED_RUN=1 python3 ../tests/check_skips.py --expected ../tests/expected_skips.txt \
   --results Testing/gtest --ctest-junit Testing/ctest-junit.xml
+python3 ../tests/check_executed.py --build-dir . --results Testing/gtest \
+  --ctest-junit Testing/ctest-junit.xml
 echo "sanitize: the quick tests pass under AddressSanitizer and UBSan"

@@ -24,3 +24,8 @@ ctest --output-on-failure --timeout 900 --no-tests=error -j "${DPTRAIN_TEST_JOBS
 # this machine (no GPU, not root, no AVX-512, ...), or the run fails naming it.
 python3 "$root/tests/check_skips.py" --expected "$root/tests/expected_skips.txt" \
   --results Testing/gtest --ctest-junit Testing/ctest-junit.xml
+# A test compiled out or never registered leaves no result to count: the names of the tests that
+# ran must be the list of this build's flavour (tests/expected_tests/), or the run fails naming
+# each one missing or new.
+python3 "$root/tests/check_executed.py" --build-dir . --results Testing/gtest \
+  --ctest-junit Testing/ctest-junit.xml

@@ -168,9 +168,19 @@ start_two_hosts() {
   agent_b=$!
 }
 
+# compare_models.py exits 0 for bit-identical models, 1 for models that differ (its max line
+# says by how much) and 2 where it could not compare them (its error line says why).
 compare_with_reference() {
+  local status=0
   "$python" "$here/compare_models.py" --buffers "$work/reference/model.safetensors" \
-    "$1/model.safetensors"
+    "$1/model.safetensors" || status=$?
+  case "$status" in
+    0) ;;
+    1) echo "error: two-hosts: the model of $1 is not bit-identical to the reference" >&2 ;;
+    *) echo "error: two-hosts: the model of $1 could not be compared with the reference" \
+         "(compare_models.py exit $status)" >&2 ;;
+  esac
+  return "$status"
 }
 
 # ---- The scenarios --------------------------------------------------------------------------

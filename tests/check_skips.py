@@ -133,11 +133,13 @@ def collect_skips(results_dir, ctest_junit):
     if results_dir:
         if not os.path.isdir(results_dir):
             raise SystemExit(f"error: {results_dir}: no test results (did the tests run?)")
-        files = sorted(f for f in os.listdir(results_dir) if f.endswith(".xml"))
+        # A parameterised integration test's file lies in a folder named by the '/' in its name.
+        files = sorted(os.path.join(folder, f) for folder, _, names in os.walk(results_dir)
+                       for f in names if f.endswith(".xml"))
         if not files:
             raise SystemExit(f"error: {results_dir}: no test results (did the tests run?)")
-        for name in files:
-            skipped.update(skipped_in_xml(os.path.join(results_dir, name)))
+        for path in files:
+            skipped.update(skipped_in_xml(path))
     if ctest_junit:
         for name, reason in skipped_in_xml(ctest_junit, ctest=True).items():
             # CTest's names carry the integration binary's prefix and, for a parameterised test,

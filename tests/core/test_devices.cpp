@@ -4,6 +4,8 @@
 // against the real machine (tests/parallel/test_world_plan.cpp).
 #include <gtest/gtest.h>
 
+#include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <optional>
 #include <string>
@@ -111,10 +113,17 @@ TEST(ShareCores, DividesTheSmallerOfCoresAndQuotaAmongTheLocalRanks) {
 
 // OMP_NUM_THREADS is the user's (or torchrun's) choice: it is taken as LibTorch applied it,
 // whatever the local ranks.
+// OMP_NUM_THREADS=3, set before the process starts as a user or torchrun sets it: 3 threads,
+// whatever the cores and the local ranks here, and the reason says where the count came from.
 TEST(ShareCores, OmpNumThreadsIsTakenAsItIs) {
-  const auto chosen = default_intra_op_threads("3", 4);
-  EXPECT_GE(chosen.threads, 1);
-  EXPECT_NE(chosen.reason.find("(OMP_NUM_THREADS)"), std::string::npos) << chosen.reason;
+  const testing::FreshChildEnvironment omp("OMP_NUM_THREADS", "3");
+  EXPECT_EXIT(
+      {
+        const auto chosen = default_intra_op_threads(std::getenv("OMP_NUM_THREADS"), 4);
+        std::fprintf(stderr, "chosen: %s\n", chosen.reason.c_str());
+        std::_Exit(chosen.threads);
+      },
+      ::testing::ExitedWithCode(3), "chosen: 3 threads \\(OMP_NUM_THREADS\\)");
 }
 
 }  // namespace

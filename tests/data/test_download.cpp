@@ -550,7 +550,8 @@ TEST_F(DownloadTest, FileOfAnotherSizeAtATargetNameIsReplacedUnread) {
 }
 
 // A file of the published size is hashed in pieces: a stop request ends that within a second,
-// and the deadline too, even for a (sparse) 4 GiB file that takes seconds to hash.
+// and the deadline too, even for a (sparse) 4 GiB file that takes seconds to hash. The stop comes
+// once the hash has read its first 64 MiB (this process's bytes read), not after a guessed sleep.
 class DownloadLongHash : public DownloadTest, public ::testing::WithParamInterface<std::string> {};
 
 TEST_P(DownloadLongHash, EndsOnAStopRequestOrTheDeadline) {
@@ -565,9 +566,17 @@ TEST_P(DownloadLongHash, EndsOnAStopRequestOrTheDeadline) {
   options_.stop_signal = &stop;
   options_.deadline = std::chrono::seconds(GetParam() == "deadline" ? 1 : 60);
   std::thread stopper;
+  std::chrono::steady_clock::time_point stopped_at{};
   if (GetParam() == "stop") {
-    stopper = std::thread([&] {
-      std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    const int64_t read_before = testing::bytes_read_by("self");
+    ASSERT_GE(read_before, 0) << "no /proc/self/io to see the hash reading";
+    stopper = std::thread([&, read_before] {
+      const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+      while (testing::bytes_read_by("self") - read_before < (int64_t{64} << 20) &&
+             std::chrono::steady_clock::now() < give_up) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(5));
+      }
+      stopped_at = std::chrono::steady_clock::now();
       stop = SIGTERM;
     });
   }
@@ -579,9 +588,13 @@ TEST_P(DownloadLongHash, EndsOnAStopRequestOrTheDeadline) {
         [&] { download_fashion_mnist(options_); },
         {"download: checking " + sparse + ": the download's deadline of 1 s passed"});
   }
-  const auto took = std::chrono::steady_clock::now() - start;
+  const auto ended_at = std::chrono::steady_clock::now();
   if (stopper.joinable()) stopper.join();
-  EXPECT_LT(took, std::chrono::milliseconds(GetParam() == "stop" ? 1300 : 2000));
+  if (GetParam() == "stop") {
+    EXPECT_LT(ended_at - stopped_at, std::chrono::seconds(1));
+  } else {
+    EXPECT_LT(ended_at - start, std::chrono::seconds(2));
+  }
   EXPECT_EQ(testing::file_size(sparse), size);  // untouched
   EXPECT_EQ(testing::list_directory(options_.directory), std::vector<std::string>{kTestImagesFile});
 }

@@ -8,10 +8,15 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+
 #include <chrono>
 #include <cstdlib>
+#include <exception>
 #include <map>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "dptrain/core/devices.h"
@@ -112,6 +117,29 @@ TEST(HostileLaunch, ServingRankWhosePortIsTakenIsOneLine) {
                             "twice?)");
 }
 
+// Whether a process has claimed `rank` in the rendezvous served at `port` within `timeout`: read
+// from the store as a client of it, under the key the ranks count their claims by
+// (lib/src/parallel/rendezvous.cpp, claim_rank; first attempt).
+bool rank_claimed(int port, int rank, std::chrono::seconds timeout) {
+  c10d::TCPStoreOptions options;
+  options.port = static_cast<uint16_t>(port);
+  options.isServer = false;
+  options.waitWorkers = false;
+  options.timeout = timeout;
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  try {
+    c10d::PrefixStore store("dptrain/attempt0",
+                            c10::make_intrusive<c10d::TCPStore>("127.0.0.1", options));
+    while (std::chrono::steady_clock::now() < deadline) {
+      if (store.add("dptrain/claim/rank/" + std::to_string(rank), 0) >= 1) return true;
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+  } catch (const std::exception& e) {
+    ADD_FAILURE() << "cannot read the rendezvous store at port " << port << ": " << e.what();
+  }
+  return false;
+}
+
 // Two processes started as rank 1 of 3: the second was a rank that "never arrived" to the
 // others after the whole timeout, and nothing named the duplicate. Now it is told at once, and
 // rank 0's timeout names the rank started twice.
@@ -132,7 +160,8 @@ TEST(HostileLaunch, DuplicateRankIsNamed) {
         return args;
       }(),
       torchrun_env(1, 3, port), logs.file("first1"));
-  ::usleep(1500 * 1000);  // the first rank 1 claims its rank first
+  ASSERT_TRUE(rank_claimed(port, 1, std::chrono::seconds(30)))  // the first rank 1 claims first
+      << read_text(logs.file("first1.err"));
   const auto start = std::chrono::steady_clock::now();
   const auto second =
       run_dptrain(tiny_run({"--batch-size", "9", "--timeout", "5"}), torchrun_env(1, 3, port), 30);

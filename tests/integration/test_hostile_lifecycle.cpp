@@ -12,7 +12,6 @@
 #include <filesystem>
 #include <map>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "dptrain/train/checkpoint_directory.h"
@@ -176,7 +175,8 @@ TEST(HostileLifecycle, SigtermWhileAPeerIsStalledEndsTheWaitWithinSeconds) {
   }
   ASSERT_TRUE(wait_for_text(ranks[0].err_path, " step ")) << read_text(ranks[0].err_path);
   ASSERT_EQ(kill(ranks[1].pid, SIGSTOP), 0);
-  std::this_thread::sleep_for(std::chrono::milliseconds(300));  // rank 0 now waits for it
+  // Rank 0 waits for it once every thread of rank 0 sleeps (it trains on the CPU until then).
+  EXPECT_TRUE(testing::wait_until_blocked(ranks[0].pid, 20000)) << "rank 0 never waited";
   const auto start = std::chrono::steady_clock::now();
   ASSERT_EQ(kill(ranks[0].pid, SIGTERM), 0);
   const auto result = testing::wait_command(ranks[0], 60);

@@ -6,6 +6,7 @@
 #include <dirent.h>
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
@@ -464,7 +465,8 @@ TEST_P(Resume, AnotherModelOrDataOrderIsAUsageError) {
 
 // A stray file of another width among the checkpoints is not read whole, however large its
 // header says it is: a resume reads at its own width, so the stray is skipped, named, before
-// its data is read, and the run resumes from its own checkpoint.
+// its data is read, and the run resumes from its own checkpoint. The stray claims 4.4 GB of data
+// (a sparse file): the bytes this process reads show that none of it was read.
 TEST_P(Resume, AnOlderCheckpointOfAnotherWidthIsSkippedUnread) {
   auto options = resume_options(replicas(), dir_.path());
   options.epochs = 1;
@@ -473,13 +475,20 @@ TEST_P(Resume, AnOlderCheckpointOfAnotherWidthIsSkippedUnread) {
   Checkpoint stray = read_checkpoint(saved);
   stray.config.width = 8;
   const std::string stray_path = dir_.file(checkpoint_file_name(0, 3));  // named before `saved`
-  write_checkpoint_atomically(stray, stray_path);
+  const uint64_t data = uint64_t{4400} << 20;
+  const auto header = header_claiming(stray, data);
+  write_bytes(stray_path, header);
+  ASSERT_EQ(::truncate(stray_path.c_str(), static_cast<off_t>(header.size() + data)), 0);
   options.epochs = 2;
   options.resume = true;
   std::vector<std::string> notices;
   TrainCallbacks callbacks;
   callbacks.on_notice = [&](const std::string& text) { notices.push_back(text); };
+  const int64_t read_before = bytes_read_by("self");
+  ASSERT_GE(read_before, 0) << "no /proc/self/io to count the bytes read";
   const auto resumed = train(synthetic_data(), options, cpu_world(replicas()), callbacks);
+  // The resume read its own checkpoint (a few KB at width 4) and the stray's header, no more.
+  EXPECT_LT(bytes_read_by("self") - read_before, int64_t{64} << 20);
   EXPECT_EQ(resumed.resumed_from, saved);
   EXPECT_EQ(resumed.epochs.size(), 2u);  // the checkpoint's epoch and this run's
   const std::string expected = "--resume: skipped checkpoint " + stray_path +

@@ -5,6 +5,7 @@
 #include <netinet/in.h>
 #include <signal.h>
 #include <sys/socket.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -81,7 +82,9 @@ TEST(Communicator, MissingPeerTimesOutWithRankInMessage) {
 
 // A stop request (SIGTERM) while a peer stalled waited out the whole collective timeout (300 s
 // by default, past a scheduler's 30 s grace). Now the wait ends kStopGrace after the request,
-// with an error that says the stop ended it; a collective that finishes is not disturbed.
+// with an error that says the stop ended it; a collective that finishes is not disturbed. The
+// request comes once rank 0's thread sleeps inside the stalled wait, so a wait that looked at the
+// request only as it began would run into the 30 s timeout instead.
 TEST(Communicator, StopRequestEndsAWaitForAStalledPeerWithinTheGrace) {
   struct IgnoredSigpipe {
     void (*previous)(int) = signal(SIGPIPE, SIG_IGN);
@@ -90,8 +93,9 @@ TEST(Communicator, StopRequestEndsAWaitForAStalledPeerWithinTheGrace) {
   auto store = make_in_process_store(30s);
   std::atomic<int> stop{0};
   std::atomic<bool> rank0_done{false};
+  std::atomic<int> rank0_thread{0};  // its gettid(), once it starts the stalled all-reduce
   std::string error;
-  std::chrono::steady_clock::duration waited{};
+  std::chrono::steady_clock::time_point stopped_at{}, ended_at{};
   std::vector<std::thread> threads;
   for (int rank = 0; rank < 2; ++rank) {
     threads.emplace_back([&, rank] {
@@ -106,25 +110,32 @@ TEST(Communicator, StopRequestEndsAWaitForAStalledPeerWithinTheGrace) {
         while (!rank0_done) std::this_thread::sleep_for(10ms);
         return;
       }
-      stop = SIGTERM;
-      const auto start = std::chrono::steady_clock::now();
+      rank0_thread = static_cast<int>(::syscall(SYS_gettid));
       try {
         auto t = torch::ones({3});
         communicator.allreduce_sum(t, "the stalled all-reduce");
-      } catch (const StopEndedTheWait& e) {
+      } catch (const CollectiveError& e) {  // StopEndedTheWait, or the timeout's error
         error = e.what();
       }
-      waited = std::chrono::steady_clock::now() - start;
+      ended_at = std::chrono::steady_clock::now();
       rank0_done = true;
     });
   }
+  std::thread stopper([&] {
+    while (rank0_thread == 0) std::this_thread::sleep_for(1ms);
+    EXPECT_TRUE(dptrain::testing::wait_until_thread_blocked(rank0_thread, 20000))
+        << "rank 0 never slept in the stalled all-reduce";
+    stopped_at = std::chrono::steady_clock::now();
+    stop = SIGTERM;
+  });
+  stopper.join();
   for (auto& thread : threads) thread.join();
   EXPECT_EQ(error,
             "rank 0 of 2: the stop request (signal 15) ended the wait for the stalled all-reduce, "
             "which had not finished 1 s after it (a peer stalled or died); no checkpoint was "
             "written for this stop");
-  EXPECT_GE(waited, kStopGrace);
-  EXPECT_LT(waited, kStopGrace + 2s);
+  EXPECT_GE(ended_at - stopped_at, kStopGrace);
+  EXPECT_LT(ended_at - stopped_at, kStopGrace + 2s);
 }
 
 TEST(Communicator, DiagnosisBudgetIsAFifthOfTheTimeoutAtMostThreeSeconds) {

@@ -7,6 +7,7 @@
 #include <sched.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <fstream>
 #include <map>
 #include <optional>
@@ -20,6 +21,7 @@
 #include "dptrain/core/devices.h"
 #include "dptrain/parallel/rendezvous.h"
 #include "dptrain/parallel/world_plan.h"
+#include "support/test_support.h"
 
 namespace dptrain {
 namespace {
@@ -194,10 +196,17 @@ int physical_cores_counted_from_siblings() {
 // user's (or torchrun's) choice and LibTorch has applied it; otherwise one per physical core.
 // LibTorch's own count is one while the default is asked for, whatever this LibTorch starts
 // with: a default that follows LibTorch's then fails wherever the process may use two physical
-// cores or more (the one-core runner cannot tell them apart).
+// cores or more (the one-core runner cannot tell them apart). OMP_NUM_THREADS is set before a
+// fresh process starts, as a user sets it, to two more threads than this machine has CPUs: no
+// count of cores can pass for it.
 TEST(DefaultIntraOpThreads, OmpNumThreadsWinsElseThePhysicalCoresThisThreadMayUse) {
-  EXPECT_EQ(default_intra_op_threads("3").threads, at::get_num_threads());
   const int cores = usable_cpu_cores();
+  {
+    const int asked = cores + 2;
+    const testing::FreshChildEnvironment omp("OMP_NUM_THREADS", std::to_string(asked));
+    EXPECT_EXIT(std::_Exit(default_intra_op_threads(std::getenv("OMP_NUM_THREADS")).threads),
+                ::testing::ExitedWithCode(asked), "");
+  }
   // Within the cgroup's CPU quota, where one is set (docker --cpus): tests/core/test_devices.cpp.
   const auto quota = cgroup_cpu_quota();
   const int physical = quota ? std::max(1, std::min(physical_cores_counted_from_siblings(), *quota))

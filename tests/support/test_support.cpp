@@ -364,10 +364,94 @@ CommandResult run_command(const std::vector<std::string>& args,
       close(fd.fd);
     }
   }
+  // Its I/O counts are read while it is a zombie: once reaped, /proc/PID is gone.
+  siginfo_t exited{};
+  if (waitid(P_PID, static_cast<id_t>(pid), &exited, WEXITED | WNOWAIT) == 0) {
+    result.bytes_read = bytes_read_by(std::to_string(pid));
+  }
   int status = 0;
   waitpid(pid, &status, 0);
   result.exit_code = exit_code_of(status);
   return result;
+}
+
+FreshChildEnvironment::FreshChildEnvironment(const std::string& name, const std::string& value)
+    : name_(name), style_(GTEST_FLAG_GET(death_test_style)) {
+  if (const char* old = std::getenv(name.c_str())) {
+    had_value_ = true;
+    old_value_ = old;
+  }
+  ::setenv(name.c_str(), value.c_str(), 1);
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+}
+
+FreshChildEnvironment::~FreshChildEnvironment() {
+  GTEST_FLAG_SET(death_test_style, style_);
+  if (had_value_) {
+    ::setenv(name_.c_str(), old_value_.c_str(), 1);
+  } else {
+    ::unsetenv(name_.c_str());
+  }
+}
+
+int64_t bytes_read_by(const std::string& pid) {
+  std::ifstream io("/proc/" + pid + "/io");
+  std::string key;
+  int64_t value = 0;
+  while (io >> key >> value) {
+    if (key == "rchar:") return value;
+  }
+  return -1;
+}
+
+namespace {
+
+// Whether the thread whose stat file this is sleeps (S, or D in the kernel). "tid (comm) S ...":
+// the state follows the last ')', since comm may hold spaces and ')'.
+bool sleeps(const std::string& stat_path) {
+  const std::string stat = read_text(stat_path);
+  const auto close = stat.rfind(')');
+  if (close == std::string::npos || close + 2 >= stat.size()) return false;
+  return stat[close + 2] == 'S' || stat[close + 2] == 'D';
+}
+
+// Whether every one of the threads `stat_paths` lists sleeps, in two looks 50 ms apart, within
+// `timeout_ms`.
+bool wait_until_asleep(const std::function<std::vector<std::string>()>& stat_paths,
+                       int timeout_ms) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+  bool slept_before = false;
+  while (std::chrono::steady_clock::now() < deadline) {
+    const auto paths = stat_paths();
+    const bool asleep =
+        !paths.empty() && std::all_of(paths.begin(), paths.end(), [](const std::string& path) {
+          return sleeps(path);
+        });
+    if (asleep && slept_before) return true;
+    slept_before = asleep;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  return false;
+}
+
+}  // namespace
+
+bool wait_until_blocked(int pid, int timeout_ms) {
+  const std::string tasks = "/proc/" + std::to_string(pid) + "/task";
+  return wait_until_asleep(
+      [&] {
+        std::vector<std::string> paths;
+        for (const auto& thread : list_directory(tasks)) {
+          paths.push_back(tasks + "/" + thread + "/stat");
+        }
+        return paths;
+      },
+      timeout_ms);
+}
+
+bool wait_until_thread_blocked(int tid, int timeout_ms) {
+  const std::string path = "/proc/self/task/" + std::to_string(tid) + "/stat";
+  return wait_until_asleep([&] { return std::vector<std::string>{path}; }, timeout_ms);
 }
 
 std::string dptrain_binary() { return DPTRAIN_BINARY; }

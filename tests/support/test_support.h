@@ -116,7 +116,39 @@ struct CommandResult {
   bool timed_out = false;
   std::string out;  // standard output
   std::string err;  // standard error
+  // The bytes the child read through read(2) and its kin, its threads' included (rchar of
+  // /proc/PID/io, taken before it is reaped); -1 where that file cannot be read. What proves a
+  // file "refused unread": a sparse file reads fast, so wall time cannot.
+  int64_t bytes_read = -1;
 };
+
+// For the EXPECT_EXIT or EXPECT_DEATH in its scope: the child is this test binary started afresh
+// (a "threadsafe" death test) with `name`=`value` in its environment, so that what reads the
+// environment as the process starts (LibTorch's OpenMP runtime reads OMP_NUM_THREADS) sees it, as
+// in a user's process. Restores the style and the variable on destruction.
+class FreshChildEnvironment {
+ public:
+  FreshChildEnvironment(const std::string& name, const std::string& value);
+  ~FreshChildEnvironment();
+  FreshChildEnvironment(const FreshChildEnvironment&) = delete;
+  FreshChildEnvironment& operator=(const FreshChildEnvironment&) = delete;
+
+ private:
+  std::string name_;
+  std::string style_;
+  bool had_value_ = false;
+  std::string old_value_;
+};
+
+// rchar of /proc/<pid>/io ("self" for this process): the bytes read so far; -1 where unreadable.
+int64_t bytes_read_by(const std::string& pid);
+
+// Whether every thread of process `pid` sleeps (state S or D in /proc/PID/task/*/stat) in two
+// looks 50 ms apart, within `timeout_ms`: a process blocked in a wait, not one between steps or
+// only descheduled (state R).
+bool wait_until_blocked(int pid, int timeout_ms);
+// The same for one thread of this process (its gettid()): a thread inside a wait.
+bool wait_until_thread_blocked(int tid, int timeout_ms);
 
 // What a child gets besides its arguments and environment, set between fork and exec.
 struct ChildSetup {
