@@ -27,6 +27,7 @@
 #include "dptrain/core/errors.h"
 #include "dptrain/core/files.h"
 #include "dptrain/data/data.h"
+#include "dptrain/model/model.h"
 
 namespace dptrain {
 namespace {

@@ -9,7 +9,8 @@
 #include <vector>
 
 #include "dptrain/core/files.h"
-#include "dptrain/train/checkpoint.h"
+#include "dptrain/train/accepted_model.h"
+#include "dptrain/train/checkpoint_types.h"
 
 namespace dptrain {
 
@@ -25,7 +26,7 @@ Checkpoint parse_legacy_checkpoint(const uint8_t* bytes, size_t size, const std:
 
 // The file, its configuration checked against what the run accepts and its size bounded by that
 // model before the rest is read (Note [A file is bounded by what the run can use, not by its own
-// word] in checkpoint.h).
+// word] in accepted_model.h).
 Checkpoint read_legacy_checkpoint(const RegularFile& file, const AcceptedModel& accepted);
 
 }  // namespace dptrain
