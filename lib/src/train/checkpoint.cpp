@@ -477,9 +477,8 @@ int64_t stem_width(const SafetensorsHeader& header, const std::string& label) {
 // ---- Serialisation ---------------------------------------------------------------------
 
 std::vector<uint8_t> serialize_checkpoint(const Checkpoint& c) {
-  if (c.format_version < kCheckpointFormatVersion) return serialize_legacy_checkpoint(c);
   TORCH_CHECK(c.format_version == kCheckpointFormatVersion, "checkpoint: cannot write format version ",
-              c.format_version);
+              c.format_version, " (versions 1 and 2 are read, never written)");
   NamedTensors tensors;
   std::vector<std::vector<int64_t>> shapes;  // beside the tensors, for the digest's pointers
   for (const auto& [name, tensor] : c.tensors) {
