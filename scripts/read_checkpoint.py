@@ -53,11 +53,13 @@ POSITION = {"epochs_done": "int", "step_in_epoch": "int", "global_step": "int",
 SUMS = {"loss_sum": "real", "correct": "real", "count": "real"}
 # An epoch's figures: the rows of the table every writer and reader of them is made from,
 # lib/include/dptrain/train/epoch_figures.def (its columns are named there).
-# Note [The table read as text]: this script reads the .def beside it in the repository rather
-# than holding a copy of its rows. It runs from a checkout (docs/checkpoints.md, the tests), where
-# the table always is; a copy would be a second place to add a figure, and a test would have to
-# find the two disagreeing after the fact. The rows are one macro call a line, so a regular
-# expression reads them whole; what the C++ compiler accepts this reads the same.
+#
+# Note [The table read as text]
+# This script reads the .def beside it in the repository rather than holding a copy of its rows. It
+# runs from a checkout (docs/checkpoints.md, the tests), where the table always is; a copy would be
+# a second place to add a figure, and a test would have to find the two disagreeing after the fact.
+# The rows are one macro call a line, so a regular expression reads them whole; what the C++
+# compiler accepts this reads the same.
 EPOCH_FIGURES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "lib", "include",
                              "dptrain", "train", "epoch_figures.def")
 
@@ -140,7 +142,7 @@ def available_memory():
 
 
 def check_claimed_width(metadata, size, fail):
-    """Note [A file is bounded by what the run can use, not by its own word] in checkpoint.h:
+    """Note [A file is bounded by what the run can use, not by its own word] in accepted_model.h:
     the width the metadata claims must be one whose data this process can hold (its file at 8
     bytes an element), and the file no larger than the memory left, before the data is read."""
     text = metadata.get("dptrain.width", "")

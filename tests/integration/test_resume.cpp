@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "dptrain/core/errors.h"
+#include "dptrain/core/files.h"
 #include "dptrain/train/checkpoint.h"
 #include "dptrain/train/checkpoint_directory.h"
 #include "dptrain/train/train.h"
@@ -151,22 +152,25 @@ TEST_P(Resume, AtAnEpochBoundaryEndsBitIdentical) {
             (std::vector<std::string>{checkpoint_file_name(1, 0), checkpoint_file_name(2, 0)}));
 }
 
-// A directory an older dptrain wrote (format version 2, ".dpt") resumes, says so once, ends
-// bit-identical, and gains version 3 files beside the old one.
+// A directory an older dptrain wrote (format version 2, ".dpt": this run's epoch-1 checkpoint as
+// that dptrain wrote it, tests/fixtures/checkpoints) resumes, says so once, gains version 3 files
+// beside the old one, and ends bit-identical to the resume from the same checkpoint in version 3
+// (which the tests above hold to the uninterrupted run).
 TEST_P(Resume, FromAnOlderFormatCheckpointEndsBitIdentical) {
-  ASSERT_NO_FATAL_FAILURE(run_straight());
-  auto options = resume_options(replicas(), dir_.path());
-  options.epochs = 1;
-  const auto first = train(synthetic_data(), options, cpu_world(replicas()));
-  ASSERT_TRUE(first.last_checkpoint.has_value());
-  auto old = read_checkpoint(*first.last_checkpoint);
-  old.format_version = 2;
-  const std::string old_path = dir_.file("checkpoint-e0001-s000000.dpt");
-  write_checkpoint_atomically(old, old_path);
-  remove_path(*first.last_checkpoint);
-
-  options.epochs = 2;
+  const std::string fixture = std::string(DPTRAIN_TEST_DATA_DIR) + "/checkpoints/resume-" +
+                              std::to_string(replicas()) + "-replica-e0001-s000000.dpt";
+  auto same = read_checkpoint(fixture);
+  ASSERT_EQ(same.format_version, 2u);
+  same.format_version = kCheckpointFormatVersion;
+  write_checkpoint_atomically(same, straight_dir_.file(checkpoint_file_name(1, 0)));
+  auto options = resume_options(replicas(), straight_dir_.path());
   options.resume = true;
+  const auto from_version_3 = train(synthetic_data(), options, cpu_world(replicas()));
+  ASSERT_EQ(from_version_3.resumed_from, straight_dir_.file(checkpoint_file_name(1, 0)));
+  const std::string old_path = dir_.file("checkpoint-e0001-s000000.dpt");
+  write_bytes(old_path, read_regular_file(fixture, "fixture"));
+
+  options.checkpoint_dir = dir_.path();
   std::vector<std::string> notices;
   TrainCallbacks callbacks;
   callbacks.on_notice = [&](const std::string& text) { notices.push_back(text); };
@@ -179,8 +183,8 @@ TEST_P(Resume, FromAnOlderFormatCheckpointEndsBitIdentical) {
   ASSERT_EQ(second.last_checkpoint, dir_.file(checkpoint_file_name(2, 0)));
   const auto final_checkpoint = read_checkpoint(*second.last_checkpoint);
   EXPECT_EQ(final_checkpoint.format_version, kCheckpointFormatVersion);
-  expect_same_tensors(straight_final_, final_checkpoint);
-  expect_same_epochs(straight_.epochs, second.epochs, 0);
+  expect_same_tensors(read_checkpoint(*from_version_3.last_checkpoint), final_checkpoint);
+  expect_same_epochs(from_version_3.epochs, second.epochs, 0);
   EXPECT_EQ(checkpoint_file_names(dir_.path()),
             (std::vector<std::string>{"checkpoint-e0001-s000000.dpt", checkpoint_file_name(2, 0)}));
 }

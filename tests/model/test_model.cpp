@@ -1,9 +1,12 @@
 // Tests of the book's ResNet-18 (model.h): shapes, parameter counts against an independent
-// count from the architecture, the book's layer names, and the reference initialisation.
+// count from the architecture, the book's layer names, the reference initialisation, and what a
+// file of the model holds (its tensor table, element bound and stem).
 #include <gtest/gtest.h>
 
 #include <cstdint>
 #include <set>
+#include <string>
+#include <vector>
 
 #include "dptrain/model/model.h"
 
@@ -170,6 +173,40 @@ TEST(ReferenceInit, PinnedFirstWeights) {
   const auto expected =
       torch::tensor({-1.883908361e-02f, 8.645068854e-03f, 2.276079264e-03f, -4.211268388e-04f});
   EXPECT_TRUE(torch::equal(first.narrow(0, 0, 4), expected)) << first.narrow(0, 0, 4);
+}
+
+// ---- What a file of the model holds -------------------------------------------------------
+
+// The tensor table is the model's own, in its order; the element bound holds every width's
+// tensors (and the book model's 11,175,818 parameters within 4%); the stem's weight gives the
+// width.
+TEST(ModelTensorSpecs, AreTheModelsTensorsAndTheBoundHoldsThem) {
+  for (const int64_t width : {int64_t{1}, int64_t{4}, int64_t{8}, int64_t{64}}) {
+    SCOPED_TRACE("width " + std::to_string(width));
+    const ResNetOptions options{10, 1, width};
+    const auto specs = model_tensor_specs(options);
+    ResNet model(options);
+    std::vector<std::string> names;
+    int64_t elements = 0;
+    for (const auto& item : model->named_parameters()) names.push_back(item.key());
+    for (const auto& item : model->named_buffers()) names.push_back(item.key());
+    ASSERT_EQ(specs->tensors.size(), names.size());
+    for (size_t i = 0; i < names.size(); ++i) {
+      const auto& spec = specs->tensors[i];
+      EXPECT_EQ(spec.name, names[i]);
+      EXPECT_EQ(specs->by_name.at(names[i]), &spec);
+      int64_t numel = 1;
+      for (const int64_t d : spec.shape) numel *= d;
+      elements += numel;
+    }
+    EXPECT_LE(static_cast<uint64_t>(elements), model_elements_bound(width, 10, 1));
+    EXPECT_EQ(specs->by_name.at(kStemWeight)->shape, (std::vector<int64_t>{width, 1, 3, 3}));
+    EXPECT_EQ(model_tensor_specs(options), specs);  // kept, not built again
+  }
+  EXPECT_LE(model_elements_bound(64, 10, 1), uint64_t{11175818} * 104 / 100);
+  // Arguments past what any dptrain builds are clamped, so the bound never overflows.
+  EXPECT_EQ(model_elements_bound(INT64_MAX, INT64_MAX, INT64_MAX),
+            model_elements_bound(kMaxWidth, kMaxClassesOrChannels, kMaxClassesOrChannels));
 }
 
 }  // namespace

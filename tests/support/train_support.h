@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "dptrain/model/model.h"
-#include "dptrain/train/checkpoint.h"
+#include "dptrain/train/checkpoint_types.h"
 #include "dptrain/train/train.h"
 #include "support/data_support.h"
 #include "support/parallel_support.h"

@@ -109,12 +109,6 @@ Checkpoint small_checkpoint() {
   return c;
 }
 
-// The same checkpoint in dptrain's older format (DPTRNCKP, version 2), for its reader's tests.
-Checkpoint legacy(Checkpoint c) {
-  c.format_version = 2;
-  return c;
-}
-
 // A version 3 file's header (the JSON after the 8-byte length) and the file rebuilt around an
 // edited one, its data kept: for the tests that change what a header says.
 std::string header_of(const std::vector<uint8_t>& file) {
@@ -203,6 +197,105 @@ std::vector<uint8_t> read_bytes(const std::string& path) {
   return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
 }
 
+// ---- dptrain's older files (DPTRNCKP, versions 1 and 2) -------------------------------------
+
+// Files of format versions 1 and 2 as the last dptrain that wrote them wrote them
+// (tests/fixtures/checkpoints/README.md says what each holds): small-v2.dpt is small_checkpoint
+// in version 2, small-v1.dpt the same in version 1, without a training set's digest.
+std::string legacy_fixture_path(const std::string& name) {
+  return std::string(DPTRAIN_TEST_DATA_DIR) + "/checkpoints/" + name;
+}
+std::vector<uint8_t> legacy_fixture(const std::string& name) {
+  auto bytes = read_bytes(legacy_fixture_path(name));
+  EXPECT_GT(bytes.size(), 24u) << legacy_fixture_path(name);
+  return bytes;
+}
+Checkpoint small_checkpoint_in_version(uint32_t version) {
+  auto c = small_checkpoint();
+  c.format_version = version;
+  if (version == 1) c.config.train_digest.clear();
+  return c;
+}
+
+// Where small-v2.dpt's fields lie in its payload, after the 24-byte header: 8 config fields, the
+// digest (its length, then its 64 characters), 3 position fields, 3 sums, seconds, the history's
+// count, its one epoch (9 fields of 8 bytes), the tensor count, then the tensors, "w" first.
+constexpr size_t kLegacyHeaderBytes = 24;
+constexpr size_t kDigestAt = 8 * 8;
+constexpr size_t kPosition = kDigestAt + 8 + 64;  // epochs done, step, global step
+constexpr size_t kSums = kPosition + 3 * 8;         // loss sum, correct, count
+constexpr size_t kSeconds = kSums + 3 * 8;
+constexpr size_t kHistoryCount = kPosition + 7 * 8;
+constexpr size_t kHistory = kHistoryCount + 8;  // epoch, epochs, train loss, train acc, test
+                                                 // loss, test acc, seconds, img/s, steps
+constexpr size_t kTensorCount = kHistory + 9 * 8;
+constexpr size_t kFirstNameSize = kTensorCount + 8;
+// The first tensor "w": name (8 + 1 bytes), dtype code, rank, one dimension, byte count, data.
+constexpr size_t kFirstDtype = kFirstNameSize + 8 + 1;
+constexpr size_t kFirstRank = kFirstDtype + 4;
+constexpr size_t kFirstDim = kFirstRank + 8;
+constexpr size_t kFirstStored = kFirstDim + 8;
+constexpr size_t kFirstData = kFirstStored + 8;  // 3 float32
+
+void put_u64(std::vector<uint8_t>& bytes, size_t at, uint64_t v) {
+  for (int i = 0; i < 8; ++i) bytes[at + i] = static_cast<uint8_t>(v >> (8 * i));
+}
+void put_f64(std::vector<uint8_t>& bytes, size_t at, double v) {
+  uint64_t bits;
+  std::memcpy(&bits, &v, 8);
+  put_u64(bytes, at, bits);
+}
+void put_f32(std::vector<uint8_t>& bytes, size_t at, float v) {
+  uint32_t bits;
+  std::memcpy(&bits, &v, 4);
+  for (int i = 0; i < 4; ++i) bytes[at + i] = static_cast<uint8_t>(bits >> (8 * i));
+}
+
+// The CRC-32 a version-2 header carries: over the 20 header bytes before it, then the payload.
+void fix_crc(std::vector<uint8_t>& file) {
+  uLong crc = ::crc32(0L, Z_NULL, 0);
+  crc = ::crc32(crc, file.data(), 20);
+  crc = ::crc32(crc, file.data() + 24, static_cast<uInt>(file.size() - 24));
+  for (int i = 0; i < 4; ++i) file[20 + i] = static_cast<uint8_t>(crc >> (8 * i));
+}
+
+// `payload` under small-v2.dpt's header, the header's payload size and CRC refitted: the file a
+// writer of that payload wrote.
+std::vector<uint8_t> legacy_with_payload(const std::vector<uint8_t>& payload) {
+  auto file = legacy_fixture("small-v2.dpt");
+  file.resize(kLegacyHeaderBytes);
+  put_u64(file, 12, payload.size());
+  file.insert(file.end(), payload.begin(), payload.end());
+  fix_crc(file);
+  return file;
+}
+// small-v2.dpt with `edit` made to its payload, its CRC refitted.
+std::vector<uint8_t> legacy_edited(const std::function<void(std::vector<uint8_t>&)>& edit) {
+  const auto original = legacy_fixture("small-v2.dpt");
+  std::vector<uint8_t> payload(original.begin() + kLegacyHeaderBytes, original.end());
+  edit(payload);
+  return legacy_with_payload(payload);
+}
+// An edit made to small_checkpoint and the same edit made to small-v2.dpt's payload: the
+// version 3 file written from the one and the version 2 file made by the other, for the tests
+// that every version's reader refuses the same contents.
+using PayloadEdit = std::function<void(std::vector<uint8_t>&)>;
+std::vector<std::pair<uint32_t, std::vector<uint8_t>>> edited_in_both_versions(
+    const std::function<void(Checkpoint&)>& edit, const PayloadEdit& payload_edit) {
+  auto c = small_checkpoint();
+  edit(c);
+  return {{kCheckpointFormatVersion, serialize_checkpoint(c)}, {2u, legacy_edited(payload_edit)}};
+}
+
+// The training set's digest replaced by `digest` (its length and its bytes).
+void put_digest(std::vector<uint8_t>& payload, const std::string& digest) {
+  std::vector<uint8_t> field(8);
+  put_u64(field, 0, digest.size());
+  field.insert(field.end(), digest.begin(), digest.end());
+  payload.erase(payload.begin() + kDigestAt, payload.begin() + kPosition);
+  payload.insert(payload.begin() + kDigestAt, field.begin(), field.end());
+}
+
 // Holds a soft RLIMIT_FSIZE of `bytes` for this process, with SIGXFSZ ignored, so that writing
 // past it fails with EFBIG; restores both on destruction.
 class FileSizeLimit {
@@ -284,7 +377,7 @@ TEST(CheckpointFormat, FileIsSafetensorsWithTheRunInItsMetadata) {
 }
 
 TEST(CheckpointFormat, LegacyHeaderLayoutIsAsDocumented) {
-  const auto bytes = serialize_checkpoint(legacy(small_checkpoint()));
+  const auto bytes = legacy_fixture("small-v2.dpt");
   ASSERT_GE(bytes.size(), 24u);
   EXPECT_EQ(std::string(bytes.begin(), bytes.begin() + 8), "DPTRNCKP");
   uint32_t version = 0;
@@ -386,7 +479,7 @@ TEST(CheckpointFormat, EverySingleByteChangeIsADataError) {
 }
 
 TEST(CheckpointFormat, LegacyEverySingleByteChangeIsADataError) {
-  const auto bytes = serialize_checkpoint(legacy(small_checkpoint()));
+  const auto bytes = legacy_fixture("small-v2.dpt");
   for (size_t i = 0; i < bytes.size(); ++i) {
     for (uint8_t mask : {uint8_t{0x01}, uint8_t{0x80}, uint8_t{0xFF}}) {
       SCOPED_TRACE("byte " + std::to_string(i) + " ^ " + std::to_string(mask));
@@ -398,14 +491,6 @@ TEST(CheckpointFormat, LegacyEverySingleByteChangeIsADataError) {
       expect_data_error([&] { parse_checkpoint(changed, "flipped.dpt"); }, phrases);
     }
   }
-}
-
-// The CRC-32 a version-2 header carries: over the 20 header bytes before it, then the payload.
-void fix_crc(std::vector<uint8_t>& file) {
-  uLong crc = ::crc32(0L, Z_NULL, 0);
-  crc = ::crc32(crc, file.data(), 20);
-  crc = ::crc32(crc, file.data() + 24, static_cast<uInt>(file.size() - 24));
-  for (int i = 0; i < 4; ++i) file[20 + i] = static_cast<uint8_t>(crc >> (8 * i));
 }
 
 // A file from a later dptrain: named as newer, not as corrupt; a version 3 the reader cannot
@@ -436,7 +521,7 @@ TEST(CheckpointFormat, NewerFormatVersionIsNamed) {
 
 // A version-2 file from a later dptrain, intact (its CRC fits its header): named as newer.
 TEST(CheckpointFormat, LegacyNewerFormatVersionIsNamed) {
-  auto bytes = serialize_checkpoint(legacy(small_checkpoint()));
+  auto bytes = legacy_fixture("small-v2.dpt");
   bytes[8] = 3;
   fix_crc(bytes);
   expect_data_error([&] { parse_checkpoint(bytes, "new.dpt"); },
@@ -455,7 +540,7 @@ TEST(CheckpointFormat, LegacyNewerFormatVersionIsNamed) {
 // One flipped bit in the version field (which would read as "format version 257; this dptrain
 // reads version 1"): the CRC covers the header, so the file reads as corrupt.
 TEST(CheckpointFormat, FlippedVersionBitReadsAsCorrupt) {
-  const auto good = serialize_checkpoint(legacy(small_checkpoint()));
+  const auto good = legacy_fixture("small-v2.dpt");
   for (size_t byte = 8; byte < 12; ++byte) {
     for (int bit = 0; bit < 8; ++bit) {
       SCOPED_TRACE("byte " + std::to_string(byte) + " bit " + std::to_string(bit));
@@ -473,12 +558,11 @@ TEST(CheckpointFormat, FlippedVersionBitReadsAsCorrupt) {
   }
 }
 
-// Files of format version 1 (before the digest) still read, and write back byte for byte.
+// Files of format version 1 (before the digest) and 2 still read, field for field as the
+// checkpoint they were written from.
 TEST(CheckpointFormat, VersionOneFilesStillReadAndRoundTrip) {
-  auto c = small_checkpoint();
-  c.format_version = 1;
-  c.config.train_digest.clear();
-  const auto bytes = serialize_checkpoint(c);
+  const auto c = small_checkpoint_in_version(1);
+  const auto bytes = legacy_fixture("small-v1.dpt");
   EXPECT_EQ(bytes[8], 1);
   // Version 1's CRC covers the payload alone.
   EXPECT_EQ(uint32_t{bytes[20]} | uint32_t{bytes[21]} << 8 | uint32_t{bytes[22]} << 16 |
@@ -488,7 +572,8 @@ TEST(CheckpointFormat, VersionOneFilesStillReadAndRoundTrip) {
   EXPECT_EQ(read.format_version, 1u);
   EXPECT_TRUE(read.config.train_digest.empty());
   expect_same_checkpoint(c, read);
-  EXPECT_EQ(serialize_checkpoint(read), bytes);
+  expect_same_checkpoint(small_checkpoint_in_version(2),
+                         parse_checkpoint(legacy_fixture("small-v2.dpt"), "v2.dpt"));
 }
 
 // A payload with a valid CRC but absurd contents: the reader still refuses, never allocates
@@ -545,32 +630,20 @@ TEST(CheckpointFormat, ConsistentDigestButAbsurdContentsAreDataErrors) {
 }
 
 TEST(CheckpointFormat, LegacyConsistentCrcButAbsurdContentsAreDataErrors) {
-  const auto c = legacy(small_checkpoint());
+  const auto c = small_checkpoint_in_version(2);
   // Rebuild the header around an edited payload, with the edited payload's own CRC.
-  const auto with_payload = [](std::vector<uint8_t> payload) {
-    auto file = serialize_checkpoint(legacy(Checkpoint{}));
-    file.resize(24);
-    for (int i = 0; i < 8; ++i) file[12 + i] = static_cast<uint8_t>(payload.size() >> (8 * i));
-    file.insert(file.end(), payload.begin(), payload.end());
-    fix_crc(file);
-    return file;
-  };
-  const auto original = serialize_checkpoint(c);
+  const auto with_payload = legacy_with_payload;
+  const auto original = legacy_fixture("small-v2.dpt");
   const std::vector<uint8_t> payload(original.begin() + 24, original.end());
   // Sanity: rebuilding the unedited payload gives a readable file.
   EXPECT_NO_THROW(parse_checkpoint(with_payload(payload), "same.dpt"));
 
-  // Offsets in the payload: 8 config fields, the digest (its length, then its 64 characters), 3
-  // position fields, 3 sums, seconds = 15 * 8 + 8 + 64 bytes, then the history count.
+  // Offsets in the payload: kPosition and the rest above, for small_checkpoint's one epoch.
   ASSERT_EQ(c.config.train_digest.size(), 64u);
-  constexpr size_t kPosition = 8 * 8 + 8 + 64;
-  constexpr size_t kHistoryCount = kPosition + 7 * 8;
   const size_t history_bytes = 9 * 8 * c.history.size();
   const size_t tensor_count = kHistoryCount + 8 + history_bytes;
+  ASSERT_EQ(tensor_count, kTensorCount);
   const size_t first_name_size = tensor_count + 8;
-  const auto put_u64 = [](std::vector<uint8_t>& bytes, size_t at, uint64_t v) {
-    for (int i = 0; i < 8; ++i) bytes[at + i] = static_cast<uint8_t>(v >> (8 * i));
-  };
   struct Edit {
     const char* what;
     size_t at;
@@ -616,10 +689,10 @@ TEST(CheckpointFormat, LegacyConsistentCrcButAbsurdContentsAreDataErrors) {
                       {"edited.dpt", "the history's length is 1"});
   }
   // The first tensor "w": name (8 + 1 bytes), dtype code, rank, one dimension, byte count.
-  const size_t dtype_at = first_name_size + 8 + 1;
-  const size_t rank_at = dtype_at + 4;
-  const size_t dim_at = rank_at + 8;
-  const size_t stored_at = dim_at + 8;
+  const size_t dtype_at = kFirstDtype;
+  const size_t rank_at = kFirstRank;
+  const size_t dim_at = kFirstDim;
+  const size_t stored_at = kFirstStored;
   {
     auto edited = payload;
     edited[dtype_at] = 99;
@@ -879,7 +952,8 @@ TEST(NewestValidCheckpoint, PicksTheLatestPosition) {
 TEST(NewestValidCheckpoint, OlderFormatFilesCountByTheirPosition) {
   TempDir dir;
   write_checkpoint_atomically(checkpoint_at(1, 0), dir.file(checkpoint_file_name(1, 0)));
-  write_checkpoint_atomically(legacy(checkpoint_at(2, 0)), dir.file("checkpoint-e0002-s000000.dpt"));
+  write_bytes(dir.file("checkpoint-e0002-s000000.dpt"),
+              legacy_fixture("checkpoint-e0002-s000000.dpt"));  // checkpoint_at(2, 0)
   const auto found = newest_valid_checkpoint(dir.path(), nullptr);
   ASSERT_TRUE(found.has_value());
   EXPECT_EQ(found->first, dir.file("checkpoint-e0002-s000000.dpt"));
@@ -1126,10 +1200,9 @@ TEST(CheckpointFormat, TensorNamesInMessagesAreEscaped) {
 }
 
 TEST(CheckpointFormat, LegacyTensorNamesInMessagesAreEscaped) {
-  auto c = legacy(small_checkpoint());
+  // small_checkpoint and a tensor named `evil`, zeros({1}).
   const std::string evil = "\x1b]0;evil\x07";
-  c.tensors.emplace_back(evil, torch::zeros({1}));
-  auto bytes = serialize_checkpoint(c);
+  auto bytes = legacy_fixture("small-v2-escaped-name.dpt");
   // The last tensor: name length and name, dtype code (4), rank (8), one dimension, byte count,
   // 4 bytes of data.
   const size_t dtype_at = bytes.size() - 4 - 8 - 8 - 8 - 4;
@@ -1255,7 +1328,7 @@ TEST(CheckpointBound, AClaimedWidthTheRunDoesNotBuildIsRefusedUnread) {
       << "three refusals read more than a header's worth of " << path;
   // The legacy reader takes the same bound from the run.
   const std::string old = dir.file("old.dpt");
-  write_bytes(old, serialize_checkpoint(legacy(small_checkpoint())));
+  write_bytes(old, legacy_fixture("small-v2.dpt"));
   expect_data_error([&] { read_checkpoint(old, "checkpoint", accepted_run_model(8)); },
                     {"checkpoint " + old + " was written for another model: --width 4 (this run: "
                      "8); not read"});
@@ -1392,23 +1465,24 @@ TEST(ModelWeights, AStateDictFromPyTorchIsReadAsPyTorchReadsIt) {
 
 TEST(CheckpointFormat, PartialSumsAndSecondsNoRunCanHaveAreRefused) {
   const auto refused = [](const char* what, const std::function<void(Checkpoint&)>& edit,
-                          const std::string& phrase) {
+                          const PayloadEdit& payload_edit, const std::string& phrase) {
     SCOPED_TRACE(what);
-    for (const uint32_t version : {kCheckpointFormatVersion, 2u}) {
-      auto c = small_checkpoint();
-      c.format_version = version;
-      edit(c);
-      expect_data_error([&] { parse_checkpoint(serialize_checkpoint(c), "edited"); },
+    for (const auto& [version, bytes] : edited_in_both_versions(edit, payload_edit)) {
+      SCOPED_TRACE("version " + std::to_string(version));
+      expect_data_error([&, &bytes = bytes] { parse_checkpoint(bytes, "edited"); },
                         {"edited: corrupt: impossible contents: " + phrase});
     }
   };
+  using Bytes = std::vector<uint8_t>;
   // small_checkpoint: step 3 of 8, batches of 32, so at most 96 examples so far.
   refused("97 examples after 3 steps", [](Checkpoint& c) { c.partial_sums.count = 97; },
+          [](Bytes& p) { put_f64(p, kSums + 16, 97); },
           "the epoch's example count is 97 (a whole number of at most 96: 3 steps of batches of "
           "32 into the epoch)");
   refused("half an example", [](Checkpoint& c) { c.partial_sums.count = 95.5; },
-          "the epoch's example count is 95.5");
+          [](Bytes& p) { put_f64(p, kSums + 16, 95.5); }, "the epoch's example count is 95.5");
   refused("half a correct one", [](Checkpoint& c) { c.partial_sums.correct = 39.5; },
+          [](Bytes& p) { put_f64(p, kSums + 8, 39.5); },
           "the epoch's correct count is 39.5 (a whole number)");
   refused("a loss over no examples",
           [](Checkpoint& c) {
@@ -1416,61 +1490,78 @@ TEST(CheckpointFormat, PartialSumsAndSecondsNoRunCanHaveAreRefused) {
             c.global_step = 8;
             c.partial_sums = {2.5, 0, 0};
           },
+          [](Bytes& p) {
+            put_u64(p, kPosition + 8, 0);
+            put_u64(p, kPosition + 16, 8);
+            put_f64(p, kSums, 2.5);
+            put_f64(p, kSums + 8, 0);
+            put_f64(p, kSums + 16, 0);
+          },
           "the epoch's loss sum is 2.5 (over no examples: 0)");
   refused("1e300 s into the epoch", [](Checkpoint& c) { c.partial_seconds = 1e300; },
+          [](Bytes& p) { put_f64(p, kSeconds, 1e300); },
           "the epoch's seconds is 1e+300 (at most 1000000000");
   refused("an epoch of 1e300 s", [](Checkpoint& c) { c.history[0].seconds = 1e300; },
+          [](Bytes& p) { put_f64(p, kHistory + 6 * 8, 1e300); },
           "epoch 1 of the history: seconds is 1e+300");
   refused("1e300 images a second", [](Checkpoint& c) { c.history[0].images_per_second = 1e300; },
+          [](Bytes& p) { put_f64(p, kHistory + 7 * 8, 1e300); },
           "epoch 1 of the history: images per second is 1e+300");
   refused("9 steps of an 8-step epoch", [](Checkpoint& c) { c.history[0].steps = 9; },
+          [](Bytes& p) { put_u64(p, kHistory + 8 * 8, 9); },
           "epoch 1 of the history: steps is 9 (an epoch of 256 images in batches of 32 has 8 "
           "steps)");
   // A version 2 or 3 file without its training set's digest passed for version 1 (which has
   // none) and skipped the comparison on resume.
   refused("an emptied digest", [](Checkpoint& c) { c.config.train_digest.clear(); },
+          [](Bytes& p) { put_digest(p, ""); },
           "the training set's digest is '' (a file of format version");
   refused("a digest of another form", [](Checkpoint& c) { c.config.train_digest = "\x1b[0m"; },
-          "the training set's digest is '\\x1b[0m'");
+          [](Bytes& p) { put_digest(p, "\x1b[0m"); }, "the training set's digest is '\\x1b[0m'");
   // Version 1 has none, and is still read.
-  auto v1 = small_checkpoint();
-  v1.format_version = 1;
-  v1.config.train_digest.clear();
-  EXPECT_EQ(parse_checkpoint(serialize_checkpoint(v1), "v1").format_version, 1u);
+  EXPECT_EQ(parse_checkpoint(legacy_fixture("small-v1.dpt"), "v1").format_version, 1u);
 }
 
 // Non-finite weights or a negative running variance resumed, and failed later with advice about
 // --lr; no run saves them.
 TEST(CheckpointFormat, WeightsNoRunCanHaveAreRefusedNamingTheTensor) {
   TempDir dir;
+  // The version 2 file: small-v2.dpt edited, or a fixture holding the same tensor.
   const auto refused = [&](const char* what, const std::function<void(Checkpoint&)>& edit,
-                           const std::string& phrase) {
+                           const std::vector<uint8_t>& legacy_file, const std::string& phrase) {
     SCOPED_TRACE(what);
-    for (const uint32_t version : {kCheckpointFormatVersion, 2u}) {
-      auto c = small_checkpoint();
-      c.format_version = version;
-      edit(c);
+    auto c = small_checkpoint();
+    edit(c);
+    for (const auto& [version, bytes] : {std::pair{kCheckpointFormatVersion,
+                                                   serialize_checkpoint(c)},
+                                         std::pair{2u, legacy_file}}) {
       const std::string path = dir.file(version == 2 ? "c.dpt" : "c.safetensors");
-      write_bytes(path, serialize_checkpoint(c));
+      write_bytes(path, bytes);
       expect_data_error([&] { read_checkpoint(path); },
                         {"checkpoint " + path + ": corrupt: impossible contents: " + phrase});
     }
   };
   const double nan = std::numeric_limits<double>::quiet_NaN();
   const double inf = std::numeric_limits<double>::infinity();
+  using Bytes = std::vector<uint8_t>;
+  const float nan32 = std::numeric_limits<float>::quiet_NaN();
+  const float inf32 = std::numeric_limits<float>::infinity();
   refused("a NaN weight", [&](Checkpoint& c) { c.tensors[0].second[1] = nan; },
+          legacy_edited([&](Bytes& p) { put_f32(p, kFirstData + 4, nan32); }),
           "tensor 'w' holds NaN or an infinity");
   refused("an infinite weight", [&](Checkpoint& c) { c.tensors[0].second[2] = -inf; },
+          legacy_edited([&](Bytes& p) { put_f32(p, kFirstData + 8, -inf32); }),
           "tensor 'w' holds NaN or an infinity");
   refused("a bfloat16 NaN",
           [&](Checkpoint& c) {
             c.tensors.emplace_back("b", torch::full({3}, nan, torch::kBFloat16));
           },
-          "tensor 'b' holds NaN");
+          legacy_fixture("small-v2-bf16-nan.dpt"), "tensor 'b' holds NaN");
   refused("a negative running variance",
           [](Checkpoint& c) {
             c.tensors.emplace_back("1.running_var", torch::tensor({1.0f, -0.5f}));
           },
+          legacy_fixture("small-v2-negative-running-var.dpt"),
           "tensor '1.running_var' (a BatchNorm running variance) holds -0.5 (a variance is >= 0)");
   // A running mean may be negative; an integer tensor is left alone.
   auto fine = small_checkpoint();
@@ -1534,13 +1625,14 @@ TEST(CheckpointFormat, EfficiencyFiguresNoRunCanProduceAreRefused) {
   refused("an infinite speed", [&](EpochStats& s) { s.images_per_second = inf; },
           "images per second is inf");
   // The epoch inside its run, in both formats (version 2 keeps the run's epochs too).
-  for (const uint32_t version : {kCheckpointFormatVersion, 2u}) {
-    SCOPED_TRACE("version " + std::to_string(version));
-    for (const int64_t epochs : {int64_t{0}, int64_t{-3}, int64_t{1000001}}) {
-      auto c = small_checkpoint();
-      c.format_version = version;
-      c.history[0].epochs = epochs;
-      expect_data_error([&] { parse_checkpoint(serialize_checkpoint(c), "edited"); },
+  for (const int64_t epochs : {int64_t{0}, int64_t{-3}, int64_t{1000001}}) {
+    const auto run_epochs = [&](std::vector<uint8_t>& p) {
+      put_u64(p, kHistory + 8, static_cast<uint64_t>(epochs));
+    };
+    for (const auto& [version, bytes] : edited_in_both_versions(
+             [&](Checkpoint& c) { c.history[0].epochs = epochs; }, run_epochs)) {
+      SCOPED_TRACE("version " + std::to_string(version));
+      expect_data_error([&, &bytes = bytes] { parse_checkpoint(bytes, "edited"); },
                         {"edited: corrupt: impossible contents: epoch 1 of the history: the run's "
                          "epochs is " + std::to_string(epochs) + " (from its number, 1, to "
                          "1000000)"});
@@ -1552,13 +1644,16 @@ TEST(CheckpointFormat, EfficiencyFiguresNoRunCanProduceAreRefused) {
 // whose every step was skipped) reads back as NaN; the figures' edges read back exactly.
 TEST(CheckpointFormat, FiguresTheWriterLeavesNanAndTheRangesEdgesAreRead) {
   const double nan = std::numeric_limits<double>::quiet_NaN();
-  for (const uint32_t version : {kCheckpointFormatVersion, 2u}) {
-    SCOPED_TRACE("version " + std::to_string(version));
-    auto none = small_checkpoint();
-    none.format_version = version;
-    auto& s = none.history[0];
+  const auto no_training = [&](Checkpoint& c) {
+    auto& s = c.history[0];
     s.train_loss = s.train_acc = s.images_per_second = nan;
-    const auto back = parse_checkpoint(serialize_checkpoint(none), "none").history[0];
+  };
+  const auto no_training_payload = [&](std::vector<uint8_t>& p) {
+    for (const size_t field : {2, 3, 7}) put_f64(p, kHistory + field * 8, nan);  // loss, acc, img/s
+  };
+  for (const auto& [version, bytes] : edited_in_both_versions(no_training, no_training_payload)) {
+    SCOPED_TRACE("version " + std::to_string(version));
+    const auto back = parse_checkpoint(bytes, "none").history[0];
     EXPECT_TRUE(std::isnan(back.train_loss) && std::isnan(back.train_acc) &&
                 std::isnan(back.images_per_second));
   }
@@ -1674,8 +1769,11 @@ TEST(CheckpointBound, AWidthNoRunHasIsCorruptBeforeAnyModelOrBoundIsMade) {
     expect_data_error(
         [&] { read_model_weights(path, "--model", accepted_run_model(1, true)); },
         {"--model " + path + phrase});
+    // small-v2.dpt claiming that width: the same words before its tensors are read.
     const std::string old = dir.file("w.dpt");
-    write_bytes(old, serialize_checkpoint(legacy(c)));
+    write_bytes(old, legacy_edited([&](std::vector<uint8_t>& p) {
+                  put_u64(p, 0, static_cast<uint64_t>(width));
+                }));
     expect_data_error([&] { read_checkpoint(old, "checkpoint", small_machine); },
                       {"checkpoint " + old + phrase});
   }

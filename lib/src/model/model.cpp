@@ -7,6 +7,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <mutex>
 #include <stdexcept>
 #include <string>
 #include <utility>
@@ -191,6 +192,32 @@ void convert_to_channels_last(torch::nn::Module& model) {
   for (auto& b : model.buffers()) {
     if (b.dim() == 4) b.set_data(b.data().contiguous(at::MemoryFormat::ChannelsLast));
   }
+}
+
+// ---- What a file of the model holds ------------------------------------------------------
+
+std::shared_ptr<const ModelTensorSpecs> model_tensor_specs(const ResNetOptions& options) {
+  static std::mutex mutex;
+  static std::pair<ResNetOptions, std::shared_ptr<const ModelTensorSpecs>> last{{}, nullptr};
+  const std::lock_guard<std::mutex> lock(mutex);
+  const ResNetOptions& had = last.first;
+  if (last.second != nullptr && had.width == options.width &&
+      had.num_classes == options.num_classes && had.in_channels == options.in_channels &&
+      had.fused_batch_norm == options.fused_batch_norm) {
+    return last.second;
+  }
+  torch::NoGradGuard no_grad;
+  ResNet model(options);
+  auto specs = std::make_shared<ModelTensorSpecs>();
+  for (const auto& item : model->named_parameters()) {
+    specs->tensors.push_back({item.key(), item.value().scalar_type(), item.value().sizes().vec()});
+  }
+  for (const auto& item : model->named_buffers()) {
+    specs->tensors.push_back({item.key(), item.value().scalar_type(), item.value().sizes().vec()});
+  }
+  for (const auto& t : specs->tensors) specs->by_name[t.name] = &t;
+  last = {options, specs};
+  return specs;
 }
 
 }  // namespace dptrain

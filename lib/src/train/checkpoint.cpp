@@ -10,14 +10,12 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <limits>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <new>
 #include <set>
 #include <sstream>
@@ -29,7 +27,6 @@
 #include "dptrain/core/sha256.h"
 #include "dptrain/data/data.h"
 #include "dptrain/model/model.h"
-#include "dptrain/train/memory_budget.h"
 #include "dptrain/train/options.h"
 
 namespace dptrain {
@@ -44,8 +41,6 @@ constexpr char kKindKey[] = "dptrain.kind";
 constexpr char kRunStateKey[] = "dptrain.run_state";
 constexpr char kDigestKey[] = "dptrain.digest";
 constexpr char kDigestPrefix[] = "sha256:";
-// The name of the stem convolution's weight, (width, in_channels, 3, 3): a plain file's width.
-constexpr char kStemWeight[] = "0.weight";
 
 }  // namespace
 
@@ -263,36 +258,9 @@ std::vector<uint8_t> allocate_for(uint64_t bytes, const std::string& label, cons
   }
 }
 
-// The tensors of a model of `width` as the file must hold them (model_tensors' names, shapes and
-// dtypes, in the model's order: its parameters, then its buffers), from a model built once per
-// width: the names are the model's own, never a copy.
-struct TensorSpec {
-  std::string name;
-  torch::ScalarType dtype;
-  std::vector<int64_t> shape;
-};
-struct ModelSpec {
-  std::vector<TensorSpec> tensors;
-  std::map<std::string, const TensorSpec*> by_name;
-};
-
-std::shared_ptr<const ModelSpec> model_tensor_specs(int64_t width) {
-  static std::mutex mutex;
-  static std::pair<int64_t, std::shared_ptr<const ModelSpec>> last{0, nullptr};
-  const std::lock_guard<std::mutex> lock(mutex);
-  if (last.second != nullptr && last.first == width) return last.second;
-  torch::NoGradGuard no_grad;
-  ResNet model(ResNetOptions{kNumClasses, /*in_channels=*/1, width});
-  auto spec = std::make_shared<ModelSpec>();
-  for (const auto& item : model->named_parameters()) {
-    spec->tensors.push_back({item.key(), item.value().scalar_type(), item.value().sizes().vec()});
-  }
-  for (const auto& item : model->named_buffers()) {
-    spec->tensors.push_back({item.key(), item.value().scalar_type(), item.value().sizes().vec()});
-  }
-  for (const auto& t : spec->tensors) spec->by_name[t.name] = &t;
-  last = {width, spec};
-  return spec;
+// The tensors a file of the model of `width` must hold: the model's (model_tensor_specs).
+std::shared_ptr<const ModelTensorSpecs> model_specs(int64_t width) {
+  return model_tensor_specs(ResNetOptions{kNumClasses, /*in_channels=*/1, width});
 }
 
 // Note [A state dict from PyTorch is read as PyTorch reads it]
@@ -335,7 +303,7 @@ std::string extra_tensor_hint(const std::string& name) {
 // the file's order, else the first the file lacks, in the model's.
 void check_model_tensors(const SafetensorsHeader& header, int64_t width, TensorRules rules,
                          const std::string& label) {
-  const auto spec = model_tensor_specs(width);
+  const auto spec = model_specs(width);
   const std::string model = "the width-" + std::to_string(width) + " model";
   // What to do is said for a plain file; in dptrain's own file a difference is damage.
   const bool state_dict = rules == TensorRules::kStateDict;
@@ -382,7 +350,7 @@ void check_model_tensors(const SafetensorsHeader& header, int64_t width, TensorR
 // read as PyTorch reads it]): floating-point ones in the model's dtype, absent optional buffers
 // as 0; what was done, for ModelWeights::notice ("" when nothing).
 std::string as_model_tensors(NamedTensors& tensors, int64_t width, const std::string& label) {
-  const auto spec = model_tensor_specs(width);
+  const auto spec = model_specs(width);
   std::set<std::string> converted;  // the files's dtypes that were converted, by name
   std::set<std::string> present;
   for (auto& [name, tensor] : tensors) {
@@ -441,7 +409,7 @@ Checkpoint checkpoint_from(const SafetensorsHeader& header, const uint8_t* data,
 }
 
 // A version 3 file opened: its header read and checked against what the run accepts (Note [A
-// file is bounded by what the run can use, not by its own word] in checkpoint.h), and its size
+// file is bounded by what the run can use, not by its own word] in accepted_model.h), and its size
 // checked against that model before the data is read.
 struct OpenedFile {
   SafetensorsHeader header;
@@ -509,9 +477,8 @@ int64_t stem_width(const SafetensorsHeader& header, const std::string& label) {
 // ---- Serialisation ---------------------------------------------------------------------
 
 std::vector<uint8_t> serialize_checkpoint(const Checkpoint& c) {
-  if (c.format_version < kCheckpointFormatVersion) return serialize_legacy_checkpoint(c);
   TORCH_CHECK(c.format_version == kCheckpointFormatVersion, "checkpoint: cannot write format version ",
-              c.format_version);
+              c.format_version, " (versions 1 and 2 are read, never written)");
   NamedTensors tensors;
   std::vector<std::vector<int64_t>> shapes;  // beside the tensors, for the digest's pointers
   for (const auto& [name, tensor] : c.tensors) {
@@ -569,67 +536,6 @@ struct FirstBytes {
 };
 
 }  // namespace
-
-AcceptedModel accepted_run_model(int64_t width, bool width_from_flag) {
-  AcceptedModel accepted;
-  accepted.width = width;
-  accepted.max_width = width;
-  accepted.model_tensors = true;
-  accepted.width_from_flag = width_from_flag;
-  return accepted;
-}
-
-int64_t accepted_width(int64_t claimed, const AcceptedModel& accepted, const std::string& label) {
-  check_claimed_width(claimed, label);  // a corrupt file is called so, not a machine too small
-  const std::string w = std::to_string(claimed);
-  if (accepted.width > 0 && claimed != accepted.width) {
-    if (accepted.width_from_flag) {
-      throw UsageError("--width " + std::to_string(accepted.width) + ": " + label +
-                       " holds a model of width " + w +
-                       " (leave --width out: the file records it); not read");
-    }
-    throw DataError(label + " was written for another model: --width " + w + " (this run: " +
-                    std::to_string(accepted.width) + "); not read");
-  }
-  if (claimed <= accepted.max_width) return claimed;
-  if (accepted.available_bytes > 0) {  // claimed <= kMaxWidth: the bound below is its own
-    const auto gib = [](double bytes) {
-      char text[32];
-      std::snprintf(text, sizeof text, "%.2f GiB", bytes / (1 << 30));
-      return std::string(text);
-    };
-    throw UsageError(
-        label + ": this machine cannot hold a width-" + w + " model: its file and weights need " +
-        "about " + gib(8.0 * static_cast<double>(model_elements_bound(claimed, kNumClasses, 1))) +
-        ", and " + gib(static_cast<double>(accepted.available_bytes)) + " of memory is available" +
-        (accepted.address_space_limit ? " under ulimit -v" : "") + " (at most width " +
-        std::to_string(accepted.max_width) + "); not read");
-  }
-  throw DataError(label + ": claims a model of width " + w + ", wider than this run reads (" +
-                  std::to_string(accepted.max_width) + "); not read");
-}
-
-AcceptedModel accepted_in_memory(bool model_tensors) {
-  AcceptedModel accepted;
-  accepted.max_width = kMaxWidth;
-  accepted.model_tensors = model_tensors;
-  const auto available = available_host_memory();
-  if (!available) return accepted;
-  // The file's data and the model built from it, float32 both: 8 bytes an element.
-  const auto fits = [&](int64_t w) {
-    return 8 * model_elements_bound(w, kNumClasses, 1) <= static_cast<uint64_t>(available->bytes);
-  };
-  if (fits(kMaxWidth)) return accepted;
-  int64_t low = 1, high = kMaxWidth;  // the widest that fits lies in [low, high)
-  while (high - low > 1) {
-    const int64_t mid = low + (high - low) / 2;
-    (fits(mid) ? low : high) = mid;
-  }
-  accepted.max_width = low;
-  accepted.available_bytes = available->bytes;
-  accepted.address_space_limit = available->address_space_limit;
-  return accepted;
-}
 
 Checkpoint read_checkpoint(const std::string& path, const std::string& what) {
   return read_checkpoint(path, what, accepted_in_memory(/*model_tensors=*/false));

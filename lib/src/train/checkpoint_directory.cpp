@@ -18,6 +18,7 @@
 
 #include "dptrain/core/errors.h"
 #include "dptrain/core/files.h"
+#include "dptrain/train/checkpoint.h"
 #include "dptrain/train/options.h"
 
 namespace dptrain {

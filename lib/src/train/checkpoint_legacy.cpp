@@ -1,7 +1,8 @@
 // dptrain's own checkpoint format of versions 1 and 2 (DPTRNCKP), which dptrain wrote before its
 // checkpoints became safetensors files (version 3, checkpoint.cpp): still read, so that a run
-// can resume from them, and still written for the tests of that reader. Not here: the checks of
-// a checkpoint's contents, which every version shares (checkpoint_run_state.h).
+// can resume from them, and never written (tests/fixtures/checkpoints holds such files for the
+// reader's tests). Not here: the checks of a checkpoint's contents, which every version shares
+// (checkpoint_run_state.h).
 //
 // File layout, little-endian:
 //   8 bytes  magic "DPTRNCKP"
@@ -27,6 +28,7 @@
 #include "dptrain/core/errors.h"
 #include "dptrain/core/files.h"
 #include "dptrain/data/data.h"
+#include "dptrain/model/model.h"
 
 namespace dptrain {
 namespace {
@@ -43,34 +45,7 @@ constexpr size_t kStatsBytes = 9 * 8;   // one epoch of history
 // A zip archive's first bytes: TorchScript and torch::save files, which dptrain never opens.
 constexpr uint8_t kZipMagic[4] = {'P', 'K', 3, 4};
 
-// ---- Little-endian encoding --------------------------------------------------------------
-
-class ByteWriter {
- public:
-  void u32(uint32_t v) { put(v, 4); }
-  void u64(uint64_t v) { put(v, 8); }
-  void i64(int64_t v) { put(static_cast<uint64_t>(v), 8); }
-  void f64(double v) {
-    uint64_t bits;
-    std::memcpy(&bits, &v, 8);
-    put(bits, 8);
-  }
-  void text(const std::string& s) {
-    u64(s.size());
-    bytes_.insert(bytes_.end(), s.begin(), s.end());
-  }
-  void raw(const void* data, size_t size) {
-    const auto* p = static_cast<const uint8_t*>(data);
-    bytes_.insert(bytes_.end(), p, p + size);
-  }
-  std::vector<uint8_t>& bytes() { return bytes_; }
-
- private:
-  void put(uint64_t v, int n) {
-    for (int i = 0; i < n; ++i) bytes_.push_back(static_cast<uint8_t>(v >> (8 * i)));
-  }
-  std::vector<uint8_t> bytes_;
-};
+// ---- Little-endian reading -----------------------------------------------------------------
 
 // Every read is bounds-checked; running off the end is a DataError naming the file.
 class ByteReader {
@@ -128,23 +103,6 @@ class ByteReader {
 };
 
 // The dtypes a model of ours holds; the codes are part of the file format.
-uint32_t dtype_code(torch::ScalarType type) {
-  switch (type) {
-    case torch::kFloat32:
-      return 1;
-    case torch::kFloat64:
-      return 2;
-    case torch::kInt64:
-      return 3;
-    case torch::kBFloat16:
-      return 4;
-    case torch::kFloat16:
-      return 5;
-    default:
-      TORCH_CHECK(false, "checkpoint: no code for dtype ", type);
-  }
-}
-
 std::optional<torch::ScalarType> dtype_of_code(uint32_t code) {
   switch (code) {
     case 1:
@@ -160,18 +118,6 @@ std::optional<torch::ScalarType> dtype_of_code(uint32_t code) {
     default:
       return std::nullopt;
   }
-}
-
-void write_stats(ByteWriter& w, const EpochStats& s) {
-  w.i64(s.epoch);
-  w.i64(s.epochs);
-  w.f64(s.train_loss);
-  w.f64(s.train_acc);
-  w.f64(s.test_loss);
-  w.f64(s.test_acc);
-  w.f64(s.seconds);
-  w.f64(s.images_per_second);
-  w.i64(s.steps);
 }
 
 EpochStats read_stats(ByteReader& r) {
@@ -251,54 +197,6 @@ uint64_t legacy_size_limit(int64_t width, int64_t num_classes, int64_t in_channe
 bool is_legacy_checkpoint(const uint8_t* first, size_t available) {
   return (available >= sizeof kZipMagic && std::memcmp(first, kZipMagic, sizeof kZipMagic) == 0) ||
          (available >= sizeof kMagic && std::memcmp(first, kMagic, sizeof kMagic) == 0);
-}
-
-// ---- Serialisation ---------------------------------------------------------------------
-
-std::vector<uint8_t> serialize_legacy_checkpoint(const Checkpoint& c) {
-  ByteWriter payload;
-  payload.i64(c.config.width);
-  payload.i64(c.config.num_classes);
-  payload.i64(c.config.in_channels);
-  payload.i64(c.config.batch_size);
-  payload.f64(c.config.lr);
-  payload.u64(c.config.seed);
-  payload.i64(c.config.train_size);
-  payload.i64(c.config.world_size);
-  if (c.format_version >= 2) payload.text(c.config.train_digest);
-  payload.i64(c.epochs_done);
-  payload.i64(c.step_in_epoch);
-  payload.i64(c.global_step);
-  payload.f64(c.partial_sums.loss_sum);
-  payload.f64(c.partial_sums.correct);
-  payload.f64(c.partial_sums.count);
-  payload.f64(c.partial_seconds);
-  payload.u64(c.history.size());
-  for (const auto& s : c.history) write_stats(payload, s);
-  payload.u64(c.tensors.size());
-  for (const auto& [name, tensor] : c.tensors) {
-    const auto t = tensor.detach().to(torch::kCPU).contiguous();
-    payload.text(name);
-    payload.u32(dtype_code(t.scalar_type()));
-    payload.u64(static_cast<uint64_t>(t.dim()));
-    for (int64_t d : t.sizes()) payload.i64(d);
-    const auto size = static_cast<uint64_t>(t.numel()) * t.element_size();
-    payload.u64(size);
-    payload.raw(t.data_ptr(), size);
-  }
-
-  TORCH_CHECK(c.format_version == 1 || c.format_version == 2,
-              "checkpoint: cannot write format version ", c.format_version);
-  ByteWriter file;
-  file.raw(kMagic, sizeof kMagic);
-  file.u32(c.format_version);
-  file.u64(payload.bytes().size());
-  file.u32(0);  // the CRC-32, filled in below
-  file.raw(payload.bytes().data(), payload.bytes().size());
-  auto& bytes = file.bytes();
-  const uint32_t crc = file_crc(c.format_version, bytes.data(), payload.bytes().size());
-  for (int i = 0; i < 4; ++i) bytes[kHeaderBytes - 4 + i] = static_cast<uint8_t>(crc >> (8 * i));
-  return std::move(bytes);
 }
 
 namespace {

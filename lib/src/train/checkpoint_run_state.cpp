@@ -14,6 +14,7 @@
 #include "dptrain/core/errors.h"
 #include "dptrain/core/files.h"
 #include "dptrain/core/safetensors.h"
+#include "dptrain/model/model.h"
 #include "dptrain/train/device_peak.h"
 #include "dptrain/train/epoch_stats.h"
 

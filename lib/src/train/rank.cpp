@@ -31,6 +31,7 @@
 #include "dptrain/model/model.h"
 #include "dptrain/parallel/reducer.h"
 #include "dptrain/parallel/replicas.h"
+#include "dptrain/train/checkpoint.h"
 #include "dptrain/train/checkpoint_directory.h"
 #include "dptrain/train/cuda_graph_step.h"
 #include "dptrain/train/device_peak.h"

@@ -17,7 +17,7 @@
 #include "dptrain/model/memory_format.h"
 #include "dptrain/parallel/joined_world.h"
 #include "dptrain/train/callbacks.h"
-#include "dptrain/train/checkpoint.h"
+#include "dptrain/train/checkpoint_types.h"
 #include "dptrain/train/epoch_stats.h"
 #include "dptrain/train/options.h"
 

@@ -9,7 +9,9 @@
 #include <torch/nn/modules/conv.h>
 #include <torch/nn/modules/linear.h>
 
+#include <algorithm>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -100,5 +102,43 @@ int64_t forward_flops_per_image(const ResNetImpl& model, int64_t in_height, int6
 // values unchanged. Convolutions on channels-last tensors run faster on CPU (oneDNN) and on
 // tensor-core GPUs; the results differ from contiguous ones by float rounding only.
 void convert_to_channels_last(torch::nn::Module& model);
+
+// ---- What a file of the model holds -----------------------------------------------------
+// The facts a reader of checkpoints and model files needs before it builds a model: how wide a
+// model can be, how many elements it has at most, its tensors' table and its stem's name.
+
+// What any dptrain could build: a file claiming more is refused (checkpoint.cpp bounds a file's
+// size by the model it claims, and reads a plain file's width from its stem).
+constexpr int64_t kMaxWidth = 4096;
+constexpr int64_t kMaxClassesOrChannels = 65536;
+
+// The elements of the book's ResNet-18 at width w: about 2729 w^2 in the convolutions
+// (11,175,818 at w = 64), plus terms linear in w (BatchNorm, the stem, the linear layer), bounded
+// generously; each argument clamped to what any dptrain could build. A checkpoint's size bounds
+// start from it.
+inline uint64_t model_elements_bound(int64_t width, int64_t num_classes, int64_t in_channels) {
+  const auto w = static_cast<uint64_t>(std::clamp<int64_t>(width, 1, kMaxWidth));
+  const auto k = static_cast<uint64_t>(std::clamp<int64_t>(num_classes, 1, kMaxClassesOrChannels));
+  const auto c = static_cast<uint64_t>(std::clamp<int64_t>(in_channels, 1, kMaxClassesOrChannels));
+  return 2800 * w * w + 64 * w * (16 + k + c) + 4 * k;
+}
+
+// The stem convolution's weight, (width, in_channels, 3, 3), by its book name: a plain state
+// dict's width is its first dimension.
+constexpr char kStemWeight[] = "0.weight";
+
+// One tensor of the model: its name (named_parameters, then named_buffers), dtype and shape.
+struct TensorSpec {
+  std::string name;
+  torch::ScalarType dtype;
+  std::vector<int64_t> shape;
+};
+struct ModelTensorSpecs {
+  std::vector<TensorSpec> tensors;  // the model's order: its parameters, then its buffers
+  std::map<std::string, const TensorSpec*> by_name;
+};
+// The tensors of the model of `options`, from a model built once (the last options asked for are
+// kept): the names are the model's own, never a copy. Safe to call from several threads.
+std::shared_ptr<const ModelTensorSpecs> model_tensor_specs(const ResNetOptions& options);
 
 }  // namespace dptrain

@@ -2,8 +2,10 @@
 // the figures so far, the configuration) as a safetensors file (core/safetensors.h) whose
 // metadata holds the run state as JSON and a digest of the content, written atomically, and a
 // strict reader that refuses anything else with one clear line. Files of dptrain's own format of
-// versions 1 and 2 (DPTRNCKP) are still read. Not here: when to save (RankTraining::run in
-// lib/src/train/rank.cpp), the directory of checkpoints (checkpoint_directory.h).
+// versions 1 and 2 (DPTRNCKP) are still read. Not here: what a checkpoint holds, as plain data
+// (checkpoint_types.h), what a run accepts to read (accepted_model.h), when to save
+// (RankTraining::run in lib/src/train/rank.cpp), the directory of checkpoints
+// (checkpoint_directory.h).
 //
 // Version 3: a safetensors file of the model's parameters and buffers under the names of the
 // book's PyTorch model, whose "__metadata__" holds "dptrain.format_version" ("3"),
@@ -24,33 +26,10 @@
 
 #include "dptrain/core/files.h"
 #include "dptrain/core/safetensors.h"
-#include "dptrain/train/epoch_stats.h"
+#include "dptrain/train/accepted_model.h"
+#include "dptrain/train/checkpoint_types.h"
 
 namespace dptrain {
-
-// Version 3 made checkpoints safetensors files; versions 1 and 2 (DPTRNCKP) are still read, and
-// written only where Checkpoint::format_version asks (the tests of their reader).
-constexpr uint32_t kCheckpointFormatVersion = 3;
-
-// What a version 3 file says it is: a checkpoint of --checkpoint-dir or a --save-model file.
-// Both hold the same; a model file is what a user takes elsewhere.
-enum class CheckpointKind { kCheckpoint, kModel };
-
-// What a checkpoint must agree with before its weights can be used (width, classes, input
-// channels) and what it records of the run that wrote it (the rest).
-struct CheckpointConfig {
-  int64_t width = 0;
-  int64_t num_classes = 0;
-  int64_t in_channels = 0;
-  int64_t batch_size = 0;
-  double lr = 0;
-  uint64_t seed = 0;
-  int64_t train_size = 0;  // training examples per epoch
-  int64_t world_size = 0;
-  // SHA-256 of the training images and labels (data.h: dataset_digest), so that a resume on
-  // another training set of the same size is refused. Empty in version 1 files.
-  std::string train_digest;
-};
 
 struct TrainOptions;
 
@@ -59,22 +38,7 @@ struct TrainOptions;
 CheckpointConfig checkpoint_config(const TrainOptions& options, int64_t train_size, int world_size,
                                    const std::string& train_digest);
 
-struct Checkpoint {
-  uint32_t format_version = kCheckpointFormatVersion;  // as read; what serialize_checkpoint writes
-  CheckpointKind kind = CheckpointKind::kCheckpoint;  // version 3; older files are checkpoints
-  CheckpointConfig config;
-  int64_t epochs_done = 0;    // complete epochs
-  int64_t step_in_epoch = 0;  // steps already taken in epoch epochs_done + 1 (0: at a boundary)
-  int64_t global_step = 0;
-  // The unfinished epoch's sums over all ranks (loss sum, correct, count) and training seconds,
-  // so that a resumed epoch reports the same figures as an uninterrupted one.
-  Totals partial_sums;
-  double partial_seconds = 0;
-  std::vector<EpochStats> history;  // the finished epochs' figures
-  // Parameters and buffers by their model names, on the CPU, contiguous.
-  std::vector<std::pair<std::string, torch::Tensor>> tensors;
-};
-
+// A version 3 file of `checkpoint`, whose format_version must be 3 (older versions are read only).
 std::vector<uint8_t> serialize_checkpoint(const Checkpoint& checkpoint);
 // Throws DataError "checkpoint NAME: ..." saying what is wrong: foreign (a zip archive or a
 // safetensors file without a run state included), truncated, corrupt (a header that is no
@@ -87,38 +51,14 @@ Checkpoint parse_checkpoint(const std::vector<uint8_t>& bytes, const std::string
 // reader accepts, every element at 8 bytes): a larger file is refused before its data is read.
 uint64_t checkpoint_size_limit(int64_t width, int64_t num_classes, int64_t in_channels);
 
-// Note [A file is bounded by what the run can use, not by its own word]
-// A file says which model it holds (its run state's width, a plain file's stem), and a bound
-// taken from that word is no bound: a sparse file claiming width 4096 would be read whole (4.4 GB)
-// by a --width 8 run. So the reader is told what the run can use, and refuses a header that
-// claims anything else before a byte of the data is read: a --resume accepts its own --width
-// and the names, shapes and dtypes of the model it builds; eval builds the file's width, so it
-// accepts any width up to the widest model whose file and weights fit the memory this process
-// may still allocate (and kMaxWidth), and then the tensor table of that width.
-struct AcceptedModel {
-  int64_t width = 0;      // the width the run builds, or 0: the file's, up to max_width
-  int64_t max_width = 0;  // the widest file read at all
-  // The header's tensors must be the model's of that width: names, shapes and dtypes.
-  bool model_tensors = false;
-  bool width_from_flag = false;  // `width` is eval's --width (else a --resume's own)
-  int64_t available_bytes = 0;   // where memory bounds max_width: what it had, for the message
-  bool address_space_limit = false;  // ... and whether ulimit -v set it
-};
-// A run that builds this width (a --resume's own, or eval's --width): that width, and that
-// model's tensors.
-AcceptedModel accepted_run_model(int64_t width, bool width_from_flag = false);
-// eval and tools: any width whose file and model fit the memory available now (and kMaxWidth);
-// with `model_tensors`, the header's tensors must then be the model's of the width it claims.
-AcceptedModel accepted_in_memory(bool model_tensors);
-
 // Writes `path` through a temporary file in the same directory, fsync and rename, so that a
 // crash or a full disk never leaves a half-written file under `path` or harms an older
 // checkpoint. Throws DataError with the path and the cause.
 void write_checkpoint_atomically(const Checkpoint& checkpoint, const std::string& path);
 // Reads the header first (its length capped: kMaxSafetensorsHeaderBytes), checks what it claims
-// against `accepted` (Note [A file is bounded by what the run can use, not by its own word]) and
-// refuses a file larger than that model can fill (checkpoint_size_limit), unread; then the data,
-// once. Messages start "<what> PATH" ("checkpoint PATH", "--model PATH"); memory that runs out
+// against `accepted` (Note [A file is bounded by what the run can use, not by its own word] in
+// accepted_model.h) and refuses a file larger than that model can fill (checkpoint_size_limit),
+// unread; then the data, once. Messages start "<what> PATH" ("checkpoint PATH", "--model PATH"); memory that runs out
 // while the file is read is a DataError naming the file. Any version. Without `accepted`:
 // accepted_in_memory(false).
 Checkpoint read_checkpoint(const std::string& path, const std::string& what,

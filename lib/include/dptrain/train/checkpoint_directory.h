@@ -12,7 +12,8 @@
 #include <vector>
 
 #include "dptrain/core/files.h"
-#include "dptrain/train/checkpoint.h"
+#include "dptrain/train/accepted_model.h"
+#include "dptrain/train/checkpoint_types.h"
 
 namespace dptrain {
 
