@@ -330,7 +330,7 @@ def dumped(value):
 def model_tensors(width, num_classes=10, in_channels=1):
     """The book's ResNet-18 of `width` as dptrain builds it (lib/src/model/model.cpp, with the
     names of tests/support/pytorch_resnet.py): (name, dtype, shape) of its parameters, then its
-    buffers, each in the model's order, as checkpoint.cpp's model_tensor_specs lists them."""
+    buffers, each in the model's order, as model.cpp's model_tensor_specs lists them."""
     params, buffers = [], []
 
     def conv(name, cin, cout, k):
