@@ -1,10 +1,15 @@
 // Tests for devices.h's share of the CPU: the cgroup's CPU quota read from a fake cgroup tree
 // (v2's cpu.max, v1's cfs files, a parent's quota, a hybrid mount) and the arithmetic that
-// divides the usable cores among the ranks on a host. Not here: device lists and the default
+// divides the usable cores among the ranks on a host; the memory peaks of the process and of a
+// GPU. Not here: device lists and the default
 // against the real machine (tests/parallel/test_world_plan.cpp).
 #include <gtest/gtest.h>
 
+#include <cmath>
+#include <cstdint>
+#include <cstring>
 #include <fstream>
+#include <memory>
 #include <optional>
 #include <string>
 
@@ -115,6 +120,28 @@ TEST(ShareCores, OmpNumThreadsIsTakenAsItIs) {
   const auto chosen = default_intra_op_threads("3", 4);
   EXPECT_GE(chosen.threads, 1);
   EXPECT_NE(chosen.reason.find("(OMP_NUM_THREADS)"), std::string::npos) << chosen.reason;
+}
+
+// ---- Memory peaks ----------------------------------------------------------------------------
+
+TEST(PeakMemory, HostPeakCoversMemoryTouchedAndTheCpuHasNoDevicePeak) {
+  const double before = peak_host_bytes();
+  ASSERT_GT(before, 0);
+  // 64 MiB more than the peak so far, written so that every page is resident.
+  const size_t bytes = static_cast<size_t>(before) + (64u << 20);
+  const std::unique_ptr<char[]> block(new char[bytes]);
+  std::memset(block.get(), 1, bytes);
+  EXPECT_GE(peak_host_bytes(), static_cast<double>(bytes));
+  EXPECT_EQ(block[bytes - 1], 1);
+  EXPECT_TRUE(std::isnan(peak_device_bytes(torch::kCPU)));
+}
+
+TEST(PeakMemory, ADevicePeakCoversATensorAllocatedThere) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no GPU";
+  const torch::Device gpu(torch::kCUDA, 0);
+  const auto tensor = torch::ones({64 << 20}, torch::dtype(torch::kUInt8).device(gpu));
+  EXPECT_GE(peak_device_bytes(gpu), static_cast<double>(64 << 20));
+  EXPECT_EQ(tensor.sum().item<int64_t>(), int64_t{64} << 20);
 }
 
 }  // namespace
