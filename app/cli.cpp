@@ -14,7 +14,7 @@
 #include <optional>
 
 #include "dptrain/core/errors.h"
-#include "dptrain/train/device_peak.h"
+#include "dptrain/core/peak_tflops.h"
 
 namespace dptrain {
 namespace {
@@ -458,7 +458,7 @@ std::string parse_choice_flag(const std::string& flag, const std::string& text,
 namespace {
 
 // --peak-tflops: a positive, finite number of TFLOP/s that some device can have (Note [A
-// plausible device's peak] in device_peak.h).
+// plausible device's peak] in core/peak_tflops.h).
 double parse_peak_tflops(const std::string& text) {
   char* end = nullptr;
   const double value = std::strtod(text.c_str(), &end);

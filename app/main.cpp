@@ -19,7 +19,6 @@
 #include "cli.h"
 #include "dptrain/data/data.h"
 #include "dptrain/core/errors.h"
-#include "dptrain/data/download.h"
 #include "dptrain/core/files.h"
 #include "dptrain/core/safetensors.h"
 #include "dptrain/report/plot.h"
@@ -35,6 +34,7 @@
 #include "dptrain/train/checkpoint_directory.h"
 #include "dptrain/train/run_configuration.h"
 #include "dptrain/train/train.h"
+#include "download.h"
 #include "progress.h"
 #include "rendezvous_watchdog.h"
 #include "run_records.h"
@@ -60,26 +60,6 @@ class StoppedBeforeTheFirstStep : public std::exception {
 
 // One line: c10 errors carry a C++ backtrace after the first line, which is not for users.
 std::string first_line(const std::string& text) { return text.substr(0, text.find('\n')); }
-
-// Our own messages whole, on one line: a path given with a newline in it must not cut the
-// message there (first_line), nor one with an escape sequence drive the terminal. Control
-// bytes are written as \n or \xNN; the bytes of UTF-8 names pass as they are.
-std::string error_line(const std::string& text) {
-  std::string line;
-  for (const char c : text) {
-    const auto byte = static_cast<unsigned char>(c);
-    if (byte == '\n') {
-      line += "\\n";
-    } else if (byte < 0x20 || byte == 0x7f) {
-      char escaped[5];
-      std::snprintf(escaped, sizeof escaped, "\\x%02x", byte);
-      line += escaped;
-    } else {
-      line += c;
-    }
-  }
-  return line;
-}
 
 // Standard output, checked. Nobody sees what a run prints to a closed pipe or a full disk, so
 // the first failed write asks the training to stop, keeping a checkpoint, and the exit status
@@ -351,7 +331,8 @@ void say_when_a_record_is_lost(dptrain::RunRecords& records, dptrain::ProgressPr
   records.on_lost([&progress, prefix](const std::string& flag, const std::string& what) {
     progress.clear();
     std::fprintf(stderr, "%serror: %s; the run goes on without %s (checkpoints and --save-model "
-                 "are kept) and will exit 1\n", prefix.c_str(), first_line(what).c_str(),
+                 "are kept) and will exit 1\n", prefix.c_str(),
+                 dptrain::message_line(first_line(what)).c_str(),
                  flag.c_str());
   });
 }
@@ -411,7 +392,7 @@ int run_train(dptrain::TrainCommand command, CheckedStdout& out) {
   };
   callbacks.on_notice = [&](const std::string& text) {
     progress.clear();
-    std::fprintf(stderr, "%sdptrain: %s\n", prefix.c_str(), text.c_str());
+    std::fprintf(stderr, "%sdptrain: %s\n", prefix.c_str(), dptrain::message_line(text).c_str());
   };
   callbacks.on_progress = [&](const dptrain::ProgressStats& stats) { progress.show(stats); };
   // Only the writer reads the running loss: elsewhere the steps never wait for it.
@@ -493,7 +474,7 @@ int run_download(const dptrain::DownloadCommand& command, CheckedStdout& out) {
       case Stage::kRetrying:
         if (terminal) std::fputs("\r\033[K", stderr);
         std::fprintf(stderr, "%s: attempt %d failed (%s); retrying\n", p.file.c_str(), p.attempt,
-                     p.message.c_str());
+                     dptrain::message_line(p.message).c_str());
         break;
       case Stage::kReceiving:
         if (terminal) {  // a live byte count; without a terminal only the final line
@@ -540,8 +521,8 @@ int run_eval(dptrain::EvalCommand command, CheckedStdout& out) {
   const auto weights = load_weights(command);
   // Note [A state dict from PyTorch is read as PyTorch reads it] in checkpoint.cpp: once a run.
   if (!weights.notice.empty() && writer) {
-    std::fprintf(stderr, "dptrain: --model %s: %s\n", dptrain::printable(*command.model).c_str(),
-                 weights.notice.c_str());
+    std::fprintf(stderr, "dptrain: %s\n",
+                 dptrain::message_line("--model " + *command.model + ": " + weights.notice).c_str());
   }
   const auto data_dir = dptrain::resolve_data_dir(command.common.data_dir);
   // Only the test set is evaluated; one training image keeps the data set's shape valid.
@@ -599,13 +580,13 @@ int main(int argc, char** argv) {
                  stopped.signal_number());
     return 128 + stopped.signal_number();
   } catch (const UsageError& e) {
-    std::fprintf(stderr, "error: %s\n", error_line(e.what()).c_str());
+    std::fprintf(stderr, "error: %s\n", dptrain::message_line(e.what()).c_str());
     return kExitUsage;
   } catch (const c10::Error& e) {
     std::fprintf(stderr, "error: %s\n",
-                 error_line(first_line(e.what_without_backtrace())).c_str());
+                 dptrain::message_line(first_line(e.what_without_backtrace())).c_str());
   } catch (const std::exception& e) {  // ours (DataError, CollectiveError) and the library's
-    std::fprintf(stderr, "error: %s\n", error_line(e.what()).c_str());
+    std::fprintf(stderr, "error: %s\n", dptrain::message_line(e.what()).c_str());
   } catch (...) {
     std::fprintf(stderr, "error: unknown failure\n");
   }

@@ -7,6 +7,8 @@
 #include <cstdio>
 #include <utility>
 
+#include "dptrain/core/files.h"
+
 namespace dptrain {
 
 RendezvousWatchdog::RendezvousWatchdog(std::optional<std::chrono::milliseconds> deadline,
@@ -27,7 +29,7 @@ RendezvousWatchdog::RendezvousWatchdog(std::optional<std::chrono::milliseconds> 
       }
       if (Clock::now() >= until) {
         // The rendezvous is stuck in a call nothing can interrupt; leaving is the only way out.
-        std::fprintf(stderr, "error: %s\n", message.c_str());
+        std::fprintf(stderr, "error: %s\n", message_line(message).c_str());
         std::fflush(stderr);
         ::_exit(1);
       }

@@ -35,7 +35,7 @@ MAX_HEADER = 16 << 20  # lib/include/dptrain/core/safetensors.h: kMaxSafetensors
 MAX_RANK, MAX_EPOCHS, MAX_COUNT = 8, 1000000, 2**31 - 1
 # No run is older than about 31 years, nor trains 10^12 images a second (checkpoint_run_state.cpp).
 MAX_SECONDS, MAX_IMAGES_PER_SECOND = 1e9, 1e12
-# No device does 10^5 TFLOP/s (device_peak.h: kMaxPeakTflops), nor holds 2^50 bytes (a PiB).
+# No device does 10^5 TFLOP/s (core/peak_tflops.h: kMaxPeakTflops), nor holds 2^50 bytes (a PiB).
 MAX_PEAK_TFLOPS, MAX_BYTES = 1e5, 2**50
 # A JSON number's spelling (RFC 8259): how "dptrain.test_acc" may give the run state's accuracy.
 JSON_NUMBER = r"-?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][+-]?[0-9]+)?"

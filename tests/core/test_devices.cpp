@@ -1,12 +1,17 @@
 // Tests for devices.h's share of the CPU: the cgroup's CPU quota read from a fake cgroup tree
 // (v2's cpu.max, v1's cfs files, a parent's quota, a hybrid mount) and the arithmetic that
-// divides the usable cores among the ranks on a host. Not here: device lists and the default
+// divides the usable cores among the ranks on a host; the memory peaks of the process and of a
+// GPU. Not here: device lists and the default
 // against the real machine (tests/parallel/test_world_plan.cpp).
 #include <gtest/gtest.h>
 
+#include <cmath>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
+#include <memory>
 #include <optional>
 #include <string>
 
@@ -111,8 +116,6 @@ TEST(ShareCores, DividesTheSmallerOfCoresAndQuotaAmongTheLocalRanks) {
   EXPECT_EQ(share_cores(0, 0, 0).threads, 1);
 }
 
-// OMP_NUM_THREADS is the user's (or torchrun's) choice: it is taken as LibTorch applied it,
-// whatever the local ranks.
 // OMP_NUM_THREADS=3, set before the process starts as a user or torchrun sets it: 3 threads,
 // whatever the cores and the local ranks here, and the reason says where the count came from.
 TEST(ShareCores, OmpNumThreadsIsTakenAsItIs) {
@@ -124,6 +127,33 @@ TEST(ShareCores, OmpNumThreadsIsTakenAsItIs) {
         std::_Exit(chosen.threads);
       },
       ::testing::ExitedWithCode(3), "chosen: 3 threads \\(OMP_NUM_THREADS\\)");
+}
+
+// ---- Memory peaks ----------------------------------------------------------------------------
+
+// The peak is read after the block is freed (a block this large is its own mapping, which free
+// returns to the system): a reading of the resident size now, not of the peak, falls short.
+TEST(PeakMemory, HostPeakCoversMemoryTouchedAndTheCpuHasNoDevicePeak) {
+  const double before = peak_host_bytes();
+  ASSERT_GT(before, 0);
+  // 64 MiB more than the peak so far, written so that every page is resident.
+  const size_t bytes = static_cast<size_t>(before) + (64u << 20);
+  {
+    std::unique_ptr<char[]> block(new char[bytes]);
+    std::memset(block.get(), 1, bytes);
+    asm volatile("" : : "r"(block.get()) : "memory");  // the writes happen, the block is not elided
+    EXPECT_EQ(block[bytes - 1], 1);
+  }
+  EXPECT_GE(peak_host_bytes(), static_cast<double>(bytes));
+  EXPECT_TRUE(std::isnan(peak_device_bytes(torch::kCPU)));
+}
+
+TEST(PeakMemory, ADevicePeakCoversATensorAllocatedThere) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no GPU";
+  const torch::Device gpu(torch::kCUDA, 0);
+  const auto tensor = torch::ones({64 << 20}, torch::dtype(torch::kUInt8).device(gpu));
+  EXPECT_GE(peak_device_bytes(gpu), static_cast<double>(64 << 20));
+  EXPECT_EQ(tensor.sum().item<int64_t>(), int64_t{64} << 20);
 }
 
 }  // namespace

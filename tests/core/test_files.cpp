@@ -1,5 +1,6 @@
 // Tests of core/files.h's answers to "are these two paths one file?" (file_identity,
-// check_distinct_files) and of the lock a writer holds on each output (OutputLock).
+// check_distinct_files), of the lock a writer holds on each output (OutputLock), of the escaping of
+// untrusted text in a message line, the probe before an output, and write_all.
 // Not here: the reads, checks and atomic writes, which the checkpoint tests exercise
 // (tests/train/test_checkpoint.cpp), and the binary's use of them (integration/test_hostile_outputs.cpp).
 #include <gtest/gtest.h>
@@ -8,6 +9,7 @@
 #include <unistd.h>
 #include <fcntl.h>
 
+#include <cerrno>
 #include <string>
 #include <vector>
 
@@ -176,6 +178,39 @@ TEST(OutputLock, AHardLinkAtTheLockNameIsRefusedAndTheFileKept) {
   testing::expect_data_error([&] { OutputLock lock(dir.file("m.csv"), "--metrics"); },
                              {"its lock file", "has 2 hard links", "remove it"});
   EXPECT_EQ(read_text(dir.file("precious")), "keep");
+}
+
+// Note [Untrusted text in messages]: a line keeps UTF-8 and backslashes and neutralises control
+// bytes; text through printable first passes it unchanged.
+TEST(MessageLine, ControlBytesAreEscapedAndEverythingElsePasses) {
+  EXPECT_EQ(message_line("a\nb\x1b[2Jc\x7f donn\xc3\xa9" "es \\"),
+            "a\\nb\\x1b[2Jc\\x7f donn\xc3\xa9" "es \\");
+  EXPECT_EQ(message_line(std::string("\0\t", 2)), "\\x00\\x09");
+  const std::string quoted = printable(std::string("\x1b]0;x\x07\n\xff\\", 7));
+  EXPECT_EQ(message_line(quoted), quoted);
+}
+
+// The unique trial beside a path is created and removed; a place that takes no file says why.
+TEST(TryCreateBeside, LeavesNothingAndNamesTheErrorWhereNothingCanBeCreated) {
+  TempDir dir;
+  std::string trial;
+  EXPECT_EQ(try_create_beside(dir.file("out.csv"), &trial), 0);
+  EXPECT_EQ(trial.rfind(dir.file("out.csv") + ".", 0), 0u) << trial;
+  EXPECT_EQ(list_directory(dir.path()), std::vector<std::string>{});
+  EXPECT_EQ(try_create_beside(dir.file("missing/out.csv")), ENOENT);
+}
+
+// write_all writes everything, and says why it could not.
+TEST(WriteAll, WritesEveryByteOrReturnsTheError) {
+  TempDir dir;
+  const std::string path = dir.file("w");
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC, 0644);
+  ASSERT_GE(fd, 0);
+  const std::string text(1 << 20, 'x');
+  EXPECT_EQ(write_all(fd, text.data(), text.size()), 0);
+  ::close(fd);
+  EXPECT_EQ(read_text(path), text);
+  EXPECT_EQ(write_all(-1, text.data(), 1), EBADF);
 }
 
 }  // namespace

@@ -6,7 +6,9 @@
 #include <gtest/gtest.h>
 #include <torch/version.h>
 
+#include <cmath>
 #include <cstdlib>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -127,7 +129,7 @@ TEST_F(Tf32Switches, NvidiaOverrideZeroForbidsTf32WhateverLibTorchAllows) {
 }
 
 // The column of a GPU's peak that MFU is measured against follows cuDNN's switch and the override
-// (train/device_peak.h); a CPU has no TF32.
+// (peak_precision); a CPU has no TF32.
 TEST_F(Tf32Switches, ConvolutionsUseTf32WhereCudnnMayAndTheOverrideAllows) {
   const torch::Device gpu(torch::kCUDA, 0);
   at::globalContext().setAllowTF32CuDNN(true);
@@ -140,6 +142,27 @@ TEST_F(Tf32Switches, ConvolutionsUseTf32WhereCudnnMayAndTheOverrideAllows) {
   at::globalContext().setAllowTF32CuDNN(false);
   at::globalContext().setAllowTF32CuBLAS(true);
   EXPECT_FALSE(convolutions_use_tf32(gpu));
+}
+
+// ---- The device's peak for a run's precision ------------------------------------------------
+
+TEST(PeakPrecision, BfloatUnderAmpElseTf32WhereAllowedElseFp32) {
+  EXPECT_EQ(peak_precision(Amp::kBFloat16, true), PeakPrecision::kBFloat16);
+  EXPECT_EQ(peak_precision(Amp::kBFloat16, false), PeakPrecision::kBFloat16);
+  EXPECT_EQ(peak_precision(Amp::kOff, true), PeakPrecision::kTf32);
+  EXPECT_EQ(peak_precision(Amp::kOff, false), PeakPrecision::kFloat32);
+  EXPECT_EQ(peak_precision_name(PeakPrecision::kTf32), "TF32");
+}
+
+TEST(DevicePeak, TheCpuHasNoneUnlessTheFlagGivesIt) {
+  EXPECT_TRUE(std::isnan(device_peak_tflops(std::nullopt, Amp::kOff, torch::kCPU)));
+  EXPECT_TRUE(std::isnan(device_peak_tflops(std::nullopt, Amp::kBFloat16, torch::kCPU)));
+  EXPECT_EQ(device_peak_tflops(2.5, Amp::kBFloat16, torch::kCPU), 2.5);
+}
+
+TEST(DevicePeak, TheFlagWinsOverTheTableOnAGpu) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no GPU";
+  EXPECT_EQ(device_peak_tflops(123.0, Amp::kOff, torch::Device(torch::kCUDA, 0)), 123.0);
 }
 
 // LibTorch's warnings, collected while it lives, every TORCH_WARN_ONCE included. The handler's

@@ -32,13 +32,6 @@ TEST(StepGpuTime, TimedStepsCutTheFullBatchesIntoEqualParts) {
   EXPECT_EQ(gpu_timed_steps(10, 1), (Steps{5}));
 }
 
-TEST(StepGpuTime, MedianOfOddEvenAndNone) {
-  EXPECT_TRUE(std::isnan(median_or_nan({})));
-  EXPECT_EQ(median_or_nan({3, 1, 2}), 2);
-  EXPECT_EQ(median_or_nan({4, 1, 3, 2}), 2.5);
-  EXPECT_EQ(median_or_nan({7}), 7);
-}
-
 TEST(StepGpuTime, ACpuTimerTimesNothing) {
   StepGpuTimer timer{torch::Device(torch::kCPU)};
   EXPECT_FALSE(timer.active());

@@ -3,12 +3,14 @@
 
 #include <ATen/Parallel.h>
 #include <sched.h>
+#include <sys/resource.h>
 #include <torch/cuda.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cstdio>
 #include <fstream>
+#include <limits>
 #include <optional>
 #include <set>
 #include <sstream>
@@ -17,6 +19,7 @@
 
 #if defined(DPTRAIN_WITH_CUDA)
 #include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDACachingAllocator.h>
 #endif
 
 #include "dptrain/core/errors.h"
@@ -279,6 +282,28 @@ std::string host_name() {
   char name[256] = {};
   if (::gethostname(name, sizeof name - 1) != 0 || name[0] == '\0') return "localhost";
   return name;
+}
+
+double peak_host_bytes() {
+  struct rusage usage {};
+  if (getrusage(RUSAGE_SELF, &usage) != 0) return std::numeric_limits<double>::quiet_NaN();
+  return static_cast<double>(usage.ru_maxrss) * 1024.0;  // Linux gives KiB
+}
+
+double peak_device_bytes(const torch::Device& device) {
+#if defined(DPTRAIN_WITH_CUDA)
+  if (device.is_cuda()) {
+    // The same call and fields in LibTorch 1.13 (c10::cuda::CUDACachingAllocator::DeviceStats)
+    // and 2.x (c10::CachingDeviceAllocator::DeviceStats, which the CUDA namespace re-exports);
+    // index 0 of each StatArray is StatType::AGGREGATE, all pools together, in both.
+    const auto stats =
+        c10::cuda::CUDACachingAllocator::getDeviceStats(device.has_index() ? device.index() : 0);
+    return static_cast<double>(stats.allocated_bytes[0].peak);
+  }
+#else
+  (void)device;
+#endif
+  return std::numeric_limits<double>::quiet_NaN();
 }
 
 }  // namespace dptrain

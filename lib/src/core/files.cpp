@@ -18,6 +18,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 #include <optional>
 #include <ctime>
 
@@ -168,22 +169,52 @@ std::vector<uint8_t> read_regular_file(const std::string& path, const std::strin
   return bytes;
 }
 
-std::string printable(const std::string& text) {
+namespace {
+
+// Note [Untrusted text in messages], both steps: `quoted` is printable's (only printable ASCII
+// passes, a backslash doubled), else message_line's (control bytes escaped, a newline as \n).
+std::string escape_untrusted(const std::string& text, bool quoted) {
   std::string out;
   out.reserve(text.size());
   for (const char c : text) {
     const auto byte = static_cast<unsigned char>(c);
-    if (byte == '\\') {
+    if (quoted && byte == '\\') {
       out += "\\\\";
-    } else if (byte >= 0x20 && byte < 0x7f) {
-      out += c;
-    } else {
+    } else if (!quoted && byte == '\n') {
+      out += "\\n";
+    } else if (byte < 0x20 || byte == 0x7f || (quoted && byte >= 0x80)) {
       char escaped[5];
       std::snprintf(escaped, sizeof escaped, "\\x%02x", byte);
       out += escaped;
+    } else {
+      out += c;
     }
   }
   return out;
+}
+
+}  // namespace
+
+std::string printable(const std::string& text) { return escape_untrusted(text, /*quoted=*/true); }
+
+std::string message_line(const std::string& text) {
+  return escape_untrusted(text, /*quoted=*/false);
+}
+
+int try_create_beside(const std::string& path, std::string* trial) {
+  // Counting down from 2^64 - 1: the widest counter a temporary name takes, and never one that a
+  // writer of this process (counting up) or another probe uses. Named like a real temporary, a
+  // trial left by a process killed between the two calls is a stale temporary like any other.
+  static std::atomic<uint64_t> trials{0};
+  const std::string name = path + "." + std::to_string(::getpid()) + "-" +
+                           std::to_string(std::numeric_limits<uint64_t>::max() - trials++) +
+                           ".tmp";
+  if (trial != nullptr) *trial = name;
+  const int fd = ::open(name.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+  if (fd < 0) return errno;
+  ::close(fd);
+  ::unlink(name.c_str());
+  return 0;
 }
 
 void check_output_file(const std::string& path, const std::string& flag) {
@@ -204,15 +235,10 @@ void check_output_file(const std::string& path, const std::string& flag) {
   if (!S_ISDIR(info.st_mode)) {
     throw UsageError(flag + " " + path + ": " + directory + " is not a directory");
   }
-  // The write will create a temporary file there and rename it: try exactly that now, so a
-  // read-only place fails before training rather than after it.
-  std::string trial;
-  FileDescriptor fd(create_temporary(path, trial));
-  if (fd.get() < 0) {
+  if (const int error = try_create_beside(path)) {
     throw UsageError(flag + " " + path + ": cannot create a file in " + directory + ": " +
-                     errno_text());
+                     errno_text(error));
   }
-  ::unlink(trial.c_str());
 }
 
 namespace {
@@ -389,6 +415,18 @@ void sync_directory(const std::string& directory) {
 
 void sync_parent_directory(const std::string& path) { sync_directory(parent_directory(path)); }
 
+int write_all(int fd, const void* data, size_t size) {
+  const auto* bytes = static_cast<const char*>(data);
+  for (size_t done = 0; done < size;) {
+    const ssize_t n = ::write(fd, bytes + done, size - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return errno;
+    if (n == 0) return ENOSPC;
+    done += static_cast<size_t>(n);
+  }
+  return 0;
+}
+
 void write_file_atomically(const std::string& path, const void* data, size_t size,
                            const std::string& what, const std::string& note) {
   std::string temporary;
@@ -415,16 +453,9 @@ void write_file_atomically(const std::string& path, const void* data, size_t siz
     temporary.clear();  // nothing of ours to remove
     fail(step);
   }
-  const auto* bytes = static_cast<const char*>(data);
-  for (size_t done = 0; done < size;) {
-    // With SIGXFSZ ignored (signals.h), a write past RLIMIT_FSIZE fails with EFBIG here.
-    const ssize_t n = ::write(fd.get(), bytes + done, size - done);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) {
-      if (n == 0) errno = ENOSPC;
-      fail("write " + temporary);
-    }
-    done += static_cast<size_t>(n);
+  if (const int error = write_all(fd.get(), data, size)) {
+    errno = error;
+    fail("write " + temporary);
   }
   // The data must be on disk before the rename gives it the final name.
   if (::fsync(fd.get()) != 0) fail("flush " + temporary + " to disk");

@@ -156,8 +156,11 @@ void init_reference_weights(torch::nn::Module& model, uint64_t seed) {
   }
 }
 
-std::vector<LayerFlops> count_layer_flops(const ResNetImpl& model, int64_t in_height,
-                                          int64_t in_width) {
+namespace {
+
+// The counter after count_flops' walk over `model` for one image, checked to have reached every
+// convolution and linear layer of the module tree: the one count both figures below read.
+FlopCounter counted_flops(const ResNetImpl& model, int64_t in_height, int64_t in_width) {
   FlopCounter counter;
   model.count_flops(counter, ActivationShape{model.options().in_channels, in_height, in_width});
   size_t layers = 0;
@@ -169,13 +172,18 @@ std::vector<LayerFlops> count_layer_flops(const ResNetImpl& model, int64_t in_he
                            " convolution and linear layers but count_flops reached " +
                            std::to_string(counter.layers().size()));
   }
-  return counter.layers();
+  return counter;
+}
+
+}  // namespace
+
+std::vector<LayerFlops> count_layer_flops(const ResNetImpl& model, int64_t in_height,
+                                          int64_t in_width) {
+  return counted_flops(model, in_height, in_width).layers();
 }
 
 int64_t forward_flops_per_image(const ResNetImpl& model, int64_t in_height, int64_t in_width) {
-  int64_t macs = 0;
-  for (const auto& layer : count_layer_flops(model, in_height, in_width)) macs += layer.macs;
-  return 2 * macs;
+  return counted_flops(model, in_height, in_width).forward_flops();
 }
 
 int64_t count_parameters(const torch::nn::Module& model) {

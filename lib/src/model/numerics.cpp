@@ -6,6 +6,11 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <limits>
+
+#if defined(DPTRAIN_WITH_CUDA)
+#include <ATen/cuda/CUDAContext.h>
+#endif
 
 namespace dptrain {
 namespace {
@@ -62,6 +67,27 @@ std::string describe_arithmetic(const torch::Device& device, MemoryFormat layout
 
 bool convolutions_use_tf32(const torch::Device& device) {
   return device.is_cuda() && !tf32_forbidden_by_environment() && cudnn_tf32();
+}
+
+PeakPrecision peak_precision(Amp amp, bool convolutions_tf32) {
+  if (amp == Amp::kBFloat16) return PeakPrecision::kBFloat16;
+  return convolutions_tf32 ? PeakPrecision::kTf32 : PeakPrecision::kFloat32;
+}
+
+double device_peak_tflops(std::optional<double> given, Amp amp, const torch::Device& device) {
+  if (given) return *given;
+#if defined(DPTRAIN_WITH_CUDA)
+  if (device.is_cuda()) {
+    const auto* properties = at::cuda::getDeviceProperties(device.has_index() ? device.index() : 0);
+    const auto peak = table_peak_tflops(properties->name,
+                                        peak_precision(amp, convolutions_use_tf32(device)));
+    return peak ? *peak : std::numeric_limits<double>::quiet_NaN();
+  }
+#else
+  (void)amp;
+  (void)device;
+#endif
+  return std::numeric_limits<double>::quiet_NaN();
 }
 
 }  // namespace dptrain

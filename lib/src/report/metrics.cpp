@@ -106,19 +106,6 @@ std::vector<Cell> metrics_cells(const EpochRecord& record) {
   return cells;
 }
 
-// ============================================================================================
-// POSIX file helpers
-
-void write_all(int fd, const std::string& text, const std::string& path) {
-  size_t done = 0;
-  while (done < text.size()) {
-    const ssize_t n = ::write(fd, text.data() + done, text.size() - done);
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) throw DataError("cannot write metrics file " + path + ": " + errno_text());
-    done += static_cast<size_t>(n);
-  }
-}
-
 }  // namespace
 
 // ============================================================================================
@@ -208,7 +195,9 @@ void MetricsWriter::write(const std::vector<EpochRecord>& records) {
   if (records.empty()) return;
   std::string text = needs_header_ ? metrics_csv_header() + "\n" : "";
   for (const auto& record : records) text += format_metrics_record(record, format_);
-  write_all(fd_, text, path_);
+  if (const int error = write_all(fd_, text.data(), text.size())) {
+    throw DataError("cannot write metrics file " + path_ + ": " + errno_text(error));
+  }
   if (::fsync(fd_) != 0) throw DataError("cannot sync metrics file " + path_ + ": " + errno_text());
   needs_header_ = false;
 }

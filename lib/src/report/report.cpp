@@ -6,7 +6,7 @@
 #include <cstdio>
 
 #include "dptrain/core/devices.h"
-#include "dptrain/train/step_gpu_time.h"
+#include "dptrain/core/statistics.h"
 
 namespace dptrain {
 

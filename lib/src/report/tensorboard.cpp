@@ -21,6 +21,7 @@
 #include <string_view>
 #include <type_traits>
 
+#include "dptrain/core/devices.h"
 #include "dptrain/core/errors.h"
 #include "dptrain/core/files.h"
 #include "dptrain/report/metrics.h"
@@ -142,15 +143,10 @@ void prepare_tensorboard_dir(const std::string& dir) {
   } catch (const DataError& e) {
     throw UsageError(e.what());
   }
-  // The writer will create a file there: try exactly that now, so that a read-only place fails
-  // before the training rather than after its first epoch.
-  const std::string trial = dir + "/.dptrain-tensorboard-check." + std::to_string(::getpid());
-  const int fd = ::open(trial.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
-  if (fd < 0) {
-    throw UsageError("--tensorboard " + dir + ": cannot create a file there: " + errno_text());
+  // The writer will create files there (in a run's folder); a read-only place fails now.
+  if (const int error = try_create_beside(dir + "/.dptrain-tensorboard-check")) {
+    throw UsageError("--tensorboard " + dir + ": cannot create a file there: " + errno_text(error));
   }
-  ::close(fd);
-  ::unlink(trial.c_str());
 }
 
 // ============================================================================================
@@ -299,13 +295,11 @@ long long newest_event_file_seconds(const std::string& dir) {
   return newest;
 }
 
-std::string host_name() {
-  char name[256] = {};
-  if (::gethostname(name, sizeof name - 1) != 0 || name[0] == '\0') return "localhost";
-  // A '/' would make it a path; TensorBoard needs none of the name but "tfevents".
-  for (char* c = name; *c; ++c) {
-    if (*c == '/') *c = '_';
-  }
+// The host's name as a file name's part: a '/' would make it a path; TensorBoard needs none of
+// the name but "tfevents".
+std::string host_name_for_file() {
+  std::string name = host_name();
+  std::replace(name.begin(), name.end(), '/', '_');
   return name;
 }
 
@@ -315,7 +309,7 @@ TensorBoardWriter::TensorBoardWriter(const std::string& dir) {
   const long long now = static_cast<long long>(std::time(nullptr));
   const long long newest = newest_event_file_seconds(dir);
   const long long seconds = newest >= now ? newest + 1 : now;
-  path_ = dir + "/" + kFilePrefix + std::to_string(seconds) + "." + host_name() + "." +
+  path_ = dir + "/" + kFilePrefix + std::to_string(seconds) + "." + host_name_for_file() + "." +
           std::to_string(::getpid());
   fd_ = ::open(path_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_APPEND | O_NOFOLLOW | O_CLOEXEC,
                0644);
@@ -355,12 +349,8 @@ TensorBoardWriter::~TensorBoardWriter() {
 
 void TensorBoardWriter::write_event(const std::string& event) {
   const std::string record = frame_tensorboard_record(event);
-  size_t done = 0;
-  while (done < record.size()) {
-    const ssize_t n = ::write(fd_, record.data() + done, record.size() - done);
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) throw DataError("cannot write TensorBoard event file " + path_ + ": " + errno_text());
-    done += static_cast<size_t>(n);
+  if (const int error = write_all(fd_, record.data(), record.size())) {
+    throw DataError("cannot write TensorBoard event file " + path_ + ": " + errno_text(error));
   }
 }
 

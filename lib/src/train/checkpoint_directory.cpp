@@ -8,7 +8,6 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <atomic>
 #include <cerrno>
 #include <cstdint>
 #include <cstdio>
@@ -68,25 +67,15 @@ void prepare_checkpoint_directory(const std::string& directory) {
   }
   // access() says yes to root on sysfs and knows nothing of PATH_MAX: make what the first save
   // will make, a temporary beside the widest checkpoint name the flags allow (epochs and steps
-  // are int32), of this process's pid (the writer checks its own directory) and a counter of
-  // the widest (counting down from 2^64 - 1, so that two threads' trials never meet). Named
-  // like a real temporary, it is one that remove_stale_temporaries clears should this process
-  // be killed between the two calls.
-  static std::atomic<uint64_t> trials{0};
+  // are int32).
   constexpr long long kWidest = std::numeric_limits<int32_t>::max();
-  const std::string trial = directory + "/" + checkpoint_file_name(kWidest, kWidest) + "." +
-                            std::to_string(::getpid()) + "-" +
-                            std::to_string(std::numeric_limits<uint64_t>::max() - trials++) +
-                            ".tmp";
-  const int fd =
-      ::open(trial.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
-  if (fd < 0) {
+  std::string trial;
+  if (const int error =
+          try_create_beside(directory + "/" + checkpoint_file_name(kWidest, kWidest), &trial)) {
     throw DataError("checkpoint directory " + directory + ": cannot create a checkpoint there (" +
                     std::to_string(trial.size()) + "-byte trial path " + printable(trial) +
-                    "): " + errno_text());
+                    "): " + errno_text(error));
   }
-  ::close(fd);
-  ::unlink(trial.c_str());
 }
 
 std::string checkpoint_file_name(int64_t epochs_done, int64_t step_in_epoch) {

@@ -13,9 +13,9 @@
 
 #include "dptrain/core/errors.h"
 #include "dptrain/core/files.h"
+#include "dptrain/core/peak_tflops.h"
 #include "dptrain/core/safetensors.h"
 #include "dptrain/model/model.h"
-#include "dptrain/train/device_peak.h"
 #include "dptrain/train/epoch_stats.h"
 
 namespace dptrain {
@@ -69,7 +69,7 @@ std::string value_text(double value) {
 // a peak of -1 bytes, once resumed, would reappear in the new run's metrics): each is NaN where the
 // writer writes "no figure" (the GPU's milliseconds, the TFLOP/s of an epoch of no seconds, an
 // MFU without a known peak, the memory peaks where none is read), else an MFU is a fraction from
-// 0 to 1 (the writer gives no MFU above 1, Note [A plausible device's peak] in device_peak.h,
+// 0 to 1 (the writer gives no MFU above 1, Note [A plausible device's peak] in core/peak_tflops.h,
 // and a double read back is the double written, so no slack is needed), a TFLOP/s figure at most
 // kMaxPeakTflops a device, a byte count a whole number below a pebibyte. An epoch in which every
 // step was skipped has no training loss, accuracy or speed: NaN there is a run's too. Every epoch

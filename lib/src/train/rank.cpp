@@ -23,18 +23,20 @@
 #include "dptrain/core/devices.h"
 #include "dptrain/core/errors.h"
 #include "dptrain/core/files.h"
+#include "dptrain/core/peak_tflops.h"
+#include "dptrain/core/statistics.h"
 #include "dptrain/data/batch_input.h"
 #include "dptrain/data/batching.h"
 #include "dptrain/model/autocast.h"
 #include "dptrain/model/batch_norm.h"
 #include "dptrain/model/flops.h"
 #include "dptrain/model/model.h"
+#include "dptrain/model/numerics.h"
 #include "dptrain/parallel/reducer.h"
 #include "dptrain/parallel/replicas.h"
 #include "dptrain/train/checkpoint.h"
 #include "dptrain/train/checkpoint_directory.h"
 #include "dptrain/train/cuda_graph_step.h"
-#include "dptrain/train/device_peak.h"
 #include "dptrain/train/finite.h"
 #include "dptrain/train/step_gpu_time.h"
 
@@ -125,6 +127,25 @@ Totals evaluate(ResNet& model, const DeviceSplit& test, const TrainOptions& opti
   return tally.reduce(communicator, "evaluation counts");
 }
 
+// What every file a run saves holds of it (a checkpoint or --save-model's model): the run's
+// config, its position after `epochs_done` epochs and `step_in_epoch` steps of the next, the
+// finished epochs only of `history` (an epoch cut short by --max-steps is reported, not
+// recorded), and CPU copies of the weights (the replica's parameters live in the reducer's
+// buckets and stay put).
+Checkpoint checkpoint_of_run(ResNet& model, const CheckpointConfig& config, int64_t epochs_done,
+                             int64_t step_in_epoch, int64_t global_step,
+                             const std::vector<EpochStats>& history) {
+  Checkpoint checkpoint;
+  checkpoint.config = config;
+  checkpoint.epochs_done = epochs_done;
+  checkpoint.step_in_epoch = step_in_epoch;
+  checkpoint.global_step = global_step;
+  checkpoint.history.assign(history.begin(),
+                            history.begin() + std::min<int64_t>(epochs_done, history.size()));
+  checkpoint.tensors = model_tensors(*model);
+  return checkpoint;
+}
+
 // Note [A model file is a checkpoint]
 // --save-model writes the checkpoint format (checkpoint.h: safetensors, "dptrain.kind": "model")
 // at the run's final position: plain tensors under the names of the book's PyTorch model, read
@@ -135,17 +156,9 @@ Totals evaluate(ResNet& model, const DeviceSplit& test, const TrainOptions& opti
 void save_model_atomically(ResNet& model, const CheckpointConfig& config, int64_t epochs_done,
                            int64_t step_in_epoch, int64_t global_step,
                            const std::vector<EpochStats>& history, const std::string& path) {
-  Checkpoint weights;
+  Checkpoint weights =
+      checkpoint_of_run(model, config, epochs_done, step_in_epoch, global_step, history);
   weights.kind = CheckpointKind::kModel;
-  weights.config = config;
-  weights.epochs_done = epochs_done;
-  weights.step_in_epoch = step_in_epoch;
-  weights.global_step = global_step;
-  // The finished epochs only: a run cut short by --max-steps also reports its partial epoch.
-  weights.history.assign(history.begin(),
-                         history.begin() + std::min<int64_t>(epochs_done, history.size()));
-  // CPU copies: the replica's parameters live in the reducer's buckets and stay put.
-  weights.tensors = model_tensors(*model);
   const auto bytes = serialize_checkpoint(weights);
   write_file_atomically(path, bytes.data(), bytes.size(), "--save-model " + path);
 }
@@ -793,8 +806,8 @@ EpochStats RankTraining::finish_epoch(double seconds, int64_t skipped_steps) {
   const auto per_image = kTrainingPassesPerImage * forward;
   const double flops = static_cast<double>(per_image) * static_cast<double>(at_.images);
   stats.tflops = seconds > 0 ? flops / seconds / 1e12 : std::numeric_limits<double>::quiet_NaN();
-  stats.mfu = model_flops_utilization(stats.tflops, device_peak_tflops(options_, plan_.device),
-                                      plan_.world_size);
+  const double peak = device_peak_tflops(options_.peak_tflops, options_.amp, plan_.device);
+  stats.mfu = model_flops_utilization(stats.tflops, peak, plan_.world_size);
   stats.peak_host_bytes = peak_host_bytes();
   stats.peak_device_bytes = peak_device_bytes(plan_.device);
   return stats;
@@ -805,18 +818,10 @@ EpochStats RankTraining::finish_epoch(double seconds, int64_t skipped_steps) {
 void RankTraining::save_checkpoint(int64_t epochs_done, int64_t step_in_epoch, const Totals& sums,
                                    double seconds) {
   communicator_.wait_host("the checkpoint's copy of the weights");
-  Checkpoint checkpoint;
-  checkpoint.config = config_;
-  checkpoint.epochs_done = epochs_done;
-  checkpoint.step_in_epoch = step_in_epoch;
-  checkpoint.global_step = at_.global_step;
+  Checkpoint checkpoint = checkpoint_of_run(model_, config_, epochs_done, step_in_epoch,
+                                            at_.global_step, result_.epochs);
   checkpoint.partial_sums = sums;
   checkpoint.partial_seconds = seconds;
-  // The finished epochs only: an epoch cut short by --max-steps is reported, not recorded.
-  checkpoint.history.assign(
-      result_.epochs.begin(),
-      result_.epochs.begin() + std::min<int64_t>(epochs_done, result_.epochs.size()));
-  checkpoint.tensors = model_tensors(*model_);
   const std::string path =
       *options_.checkpoint_dir + "/" + checkpoint_file_name(epochs_done, step_in_epoch);
   write_checkpoint_everywhere(checkpoint, path, communicator_, plan_.device);

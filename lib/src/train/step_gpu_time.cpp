@@ -31,13 +31,6 @@ std::vector<int64_t> gpu_timed_steps(int64_t full_batches, int samples) {
   return steps;
 }
 
-double median_or_nan(std::vector<double> values) {
-  if (values.empty()) return std::numeric_limits<double>::quiet_NaN();
-  std::sort(values.begin(), values.end());
-  const size_t middle = values.size() / 2;
-  return values.size() % 2 == 1 ? values[middle] : (values[middle - 1] + values[middle]) / 2;
-}
-
 // Note [Timing the GPU alone]
 // Two events on the step's stream, one before its work and one after, measure the time between
 // them on the GPU's clock; but the GPU starts the step's first kernel as soon as it is queued,

@@ -1,5 +1,6 @@
-// Naming, parsing and checking the devices replicas run on: "cpu", "cuda:0", ...
-// Not here: what runs on them.
+// Naming, parsing and checking the devices replicas run on: "cpu", "cuda:0", ...; the host's
+// facts (cores, quota, name) and the memory peaks of the process and its devices.
+// Not here: what runs on them, or what a device can compute (peak_tflops.h).
 #pragma once
 
 #include <torch/types.h>
@@ -70,5 +71,15 @@ std::string gpu_identity(const torch::Device& device);
 
 // This machine's name, as gethostname() gives it ("localhost" when that fails).
 std::string host_name();
+
+// The process's peak resident set size so far, in bytes (getrusage's ru_maxrss, which Linux
+// gives in KiB): every replica of the process, the data and LibTorch's own memory included.
+double peak_host_bytes();
+
+// On CUDA, the largest number of bytes LibTorch's caching allocator has had allocated to tensors
+// on `device` since the process started (its "allocated_bytes" peak: what the run's tensors
+// needed at most, not the larger "reserved" figure that also counts the cache's free blocks).
+// NaN on the CPU and in a build without CUDA.
+double peak_device_bytes(const torch::Device& device);
 
 }  // namespace dptrain

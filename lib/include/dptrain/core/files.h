@@ -59,15 +59,43 @@ std::vector<uint8_t> read_regular_file(const std::string& path, const std::strin
                                        uint64_t max_bytes = UINT64_MAX,
                                        const std::string& limit_reason = "");
 
-// `text` with every byte that is not printable ASCII written as \xNN (and a backslash as \\),
-// for bytes from a file that reach a message: a name holding escape sequences must not drive
-// the terminal.
+// Note [Untrusted text in messages]
+// A message can carry text dptrain did not write: a path typed on the command line, a name or
+// value read from a file, another process's line in a lock file, an environment variable. Such
+// text must not drive the terminal (an escape sequence), split the message's one line (a
+// newline), or hide what it holds. One policy, in two steps, both here:
+// - Every line dptrain prints to the terminal about its work (the error line, a notice, a lost
+//   record, a download's failure) leaves through message_line: each control byte (below 0x20,
+//   and DEL) as \xNN, a newline as \n; every other byte passes, so a UTF-8 name reads as the user
+//   typed it, and text already through printable passes unchanged (a backslash stays one).
+// - Bytes that come from a file, another program or the environment and that a message quotes
+//   (a tensor name, a digest, a lock holder, OMP_NUM_THREADS) go through printable where they
+//   are quoted: only printable ASCII passes, every other byte as \xNN and a backslash as \\, so
+//   that the bytes can be told apart exactly (invalid UTF-8, a look-alike letter, a control
+//   byte) and scripts/read_checkpoint.py quotes a file's bytes the same way.
+// printable's output is printable ASCII, which message_line leaves as it is: a quoted name is
+// escaped once, whichever step saw it first.
+
+// `text` with every byte that is not printable ASCII written as \xNN (and a backslash as \\):
+// bytes from a file or another program that a message quotes (Note [Untrusted text in messages]).
 std::string printable(const std::string& text);
+
+// `text` as one inert line for the terminal: control bytes as \xNN, a newline as \n, all else as
+// it is (Note [Untrusted text in messages]).
+std::string message_line(const std::string& text);
+
+// Whether a new file can be created beside `path` now: the one probe every output takes before
+// the training (check_output_file, the checkpoint directory, --tensorboard's directory), so that
+// a read-only place or a name too long fails then rather than after the first epoch. It creates
+// the temporary file write_file_atomically would create beside `path`, in the widest form of its
+// name (the largest counter), exclusively and never through a symbolic link, and removes it at
+// once. Returns 0, or the errno of the failed creation; `trial`, when given, gets the path tried.
+int try_create_beside(const std::string& path, std::string* trial = nullptr);
 
 // Checks, before a run, that `path` can later be written by write_file_atomically: it is a new
 // name or a regular file (never a device, FIFO, directory or symbolic link), and its directory
-// exists and takes a new file (a trial file is created there and removed). Throws UsageError
-// "<flag> PATH: ..." naming what is wrong.
+// exists and takes a new file (try_create_beside). Throws UsageError "<flag> PATH: ..." naming
+// what is wrong.
 void check_output_file(const std::string& path, const std::string& flag);
 
 // Note [One file, two roles]
@@ -172,6 +200,11 @@ class OutputLock {
 // Best effort: some file systems refuse to open or sync a directory, which is harmless here.
 void sync_directory(const std::string& directory);
 void sync_parent_directory(const std::string& path);  // the directory holding `path`
+
+// write(2) until all `size` bytes are written, again after an interruption (EINTR). Returns 0,
+// or the errno of the failed write (ENOSPC where the device took no byte). With SIGXFSZ ignored
+// (signals.h), a write past RLIMIT_FSIZE fails with EFBIG.
+int write_all(int fd, const void* data, size_t size);
 
 // Writes `size` bytes to `path` through a temporary file of a name of its own in the same
 // directory (created exclusively, never through a symbolic link): write, fsync, close, rename,

@@ -1,7 +1,7 @@
 // Counting the arithmetic a model costs per image from its layers: every convolution and linear
 // layer with its own hyperparameters, at the spatial sizes propagated from the input. Not here:
 // the walk over the book's ResNet-18 (count_layer_flops in model.h, beside its forward), how fast
-// a run went or what a device can do (the epoch's TFLOP/s and MFU, train/device_peak.h).
+// a run went or what a device can do (the epoch's TFLOP/s and MFU, core/peak_tflops.h).
 #pragma once
 
 #include <torch/nn/modules/conv.h>

@@ -16,6 +16,7 @@
 #include <utility>
 #include <vector>
 
+#include "dptrain/parallel/bucket_size.h"
 #include "dptrain/parallel/distributed.h"
 
 namespace dptrain {
@@ -28,7 +29,6 @@ namespace dptrain {
 std::vector<std::vector<size_t>> assign_buckets(const std::vector<int64_t>& sizes_bytes,
                                                 int64_t limit_bytes);
 
-constexpr int64_t kDefaultBucketBytes = 25 * 1024 * 1024;  // DDP's default bucket_cap_mb
 // Every parameter and gradient in a bucket starts at a multiple of this many bytes (Note
 // [Aligned offsets] in reducer.cpp): what cudaMalloc itself guarantees.
 constexpr int64_t kBucketAlignmentBytes = 256;

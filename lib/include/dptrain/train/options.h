@@ -12,8 +12,8 @@
 
 #include "dptrain/model/autocast.h"
 #include "dptrain/model/memory_format.h"
+#include "dptrain/parallel/bucket_size.h"
 #include "dptrain/parallel/distributed.h"
-#include "dptrain/parallel/reducer.h"
 
 namespace dptrain {
 
@@ -44,7 +44,7 @@ struct TrainOptions {
   Amp amp = Amp::kOff;          // autocast the forward pass
   // One device's dense peak in TFLOP/s at the run's precision (--peak-tflops), the denominator of
   // EpochStats::mfu; unset takes NVIDIA's figure for known GPUs and claims none on CPUs
-  // (device_peak.h).
+  // (model/numerics.h).
   std::optional<double> peak_tflops;
   // Capture each full batch's whole step in one CUDA graph after a few eager steps, and replay
   // it (cuda_graph_step.h): one GPU per process, NCCL or none; refused elsewhere (check_world).

@@ -24,9 +24,6 @@ constexpr int kGpuTimedStepsPerEpoch = 3;
 // batch is not a typical step). Empty when full_batches < 1 or samples < 1.
 std::vector<int64_t> gpu_timed_steps(int64_t full_batches, int samples);
 
-// The median of `values`, NaN when empty.
-double median_or_nan(std::vector<double> values);
-
 // The spin that holds the stream back before a timed step (Note [Timing the GPU alone]).
 constexpr double kFirstSpinMs = 2.0;
 // The longest spin: 1.5 times the ~5-10 ms an eager step of ~700 launches takes to queue, and

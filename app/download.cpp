@@ -2,7 +2,7 @@
 // "<name>.part", verified by its SHA-256 (OpenSSL's), then renamed into place, under a lock on
 // the directory. See download.h. Not here: decompressing or parsing the files (idx.h, data.h)
 // and any output to the terminal.
-#include "dptrain/data/download.h"
+#include "download.h"
 
 #if defined(DPTRAIN_WITH_CURL)
 #include <curl/curl.h>
@@ -126,18 +126,7 @@ class PartFile {
   PartFile& operator=(const PartFile&) = delete;
 
   // Writes everything or returns the errno of the failure (0 on success).
-  int write_all(const char* data, size_t size) {
-    while (size > 0) {
-      const ssize_t wrote = ::write(fd_, data, size);
-      if (wrote < 0) {
-        if (errno == EINTR) continue;
-        return errno;
-      }
-      data += wrote;
-      size -= static_cast<size_t>(wrote);
-    }
-    return 0;
-  }
+  int write_all(const char* data, size_t size) { return dptrain::write_all(fd_, data, size); }
 
   // fsync, close and rename over `target`; the cause of a failure, or nullopt.
   std::optional<std::string> commit(const std::string& target) {
@@ -266,10 +255,10 @@ bool already_present(const std::string& path, const std::string& name, const std
 // ---- The directory's lock --------------------------------------------------------------------
 
 // Note [One download per directory]
-// Two downloads into one directory used to share "<name>.part": the second removed the first's
-// live file as a leftover, and the first to finish could rename the other's half-written file
-// into place. Now a download holds a HolderLock (files.h) on "<directory>/.dptrain-download.lock"
-// from before it looks at any file until it returns; a second one is refused at once, naming
+// Two downloads into one directory would share "<name>.part": the second would remove the
+// first's live file as a leftover, and the first to finish could rename the other's half-written
+// file into place. So a download holds a HolderLock (files.h) on
+// "<directory>/.dptrain-download.lock" from before it looks at any file until it returns; a second one is refused at once, naming
 // the holder, as a second run is from a checkpoint directory or a second writer from an output.
 // Under the lock a ".part" can only be a dead run's leftover, so remove_leftover_part stays
 // safe. The lock file is removed on the way out so that the directory holds only the data. A

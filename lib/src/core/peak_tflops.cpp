@@ -1,18 +1,7 @@
-// The peak table of NVIDIA data-centre GPUs, the choice of its column, and the run's peak memory.
-// See device_peak.h. CUDA calls compile only under DPTRAIN_WITH_CUDA.
-#include "dptrain/train/device_peak.h"
+// The peak table of NVIDIA data-centre GPUs and the MFU against a peak. See peak_tflops.h.
+#include "dptrain/core/peak_tflops.h"
 
-#include <sys/resource.h>
-
-#include <cmath>
 #include <limits>
-
-#if defined(DPTRAIN_WITH_CUDA)
-#include <ATen/cuda/CUDAContext.h>
-#include <c10/cuda/CUDACachingAllocator.h>
-#endif
-
-#include "dptrain/model/numerics.h"
 
 namespace dptrain {
 namespace {
@@ -77,11 +66,6 @@ std::string peak_precision_name(PeakPrecision precision) {
   return "?";
 }
 
-PeakPrecision peak_precision(Amp amp, bool convolutions_tf32) {
-  if (amp == Amp::kBFloat16) return PeakPrecision::kBFloat16;
-  return convolutions_tf32 ? PeakPrecision::kTf32 : PeakPrecision::kFloat32;
-}
-
 std::optional<double> table_peak_tflops(const std::string& gpu_name, PeakPrecision precision) {
   for (const auto& row : kPeaks) {
     if (gpu_name != row.name) continue;
@@ -100,43 +84,6 @@ std::optional<double> table_peak_tflops(const std::string& gpu_name, PeakPrecisi
 double model_flops_utilization(double tflops, double peak_tflops, int64_t world_size) {
   const double mfu = tflops / (peak_tflops * static_cast<double>(world_size));
   return mfu >= 0 && mfu <= 1 ? mfu : kNaN;
-}
-
-double device_peak_tflops(const TrainOptions& options, const torch::Device& device) {
-  if (options.peak_tflops) return *options.peak_tflops;
-#if defined(DPTRAIN_WITH_CUDA)
-  if (device.is_cuda()) {
-    const auto* properties = at::cuda::getDeviceProperties(device.has_index() ? device.index() : 0);
-    const auto peak = table_peak_tflops(properties->name,
-                                        peak_precision(options.amp, convolutions_use_tf32(device)));
-    return peak ? *peak : kNaN;
-  }
-#else
-  (void)device;
-#endif
-  return kNaN;
-}
-
-double peak_host_bytes() {
-  struct rusage usage {};
-  if (getrusage(RUSAGE_SELF, &usage) != 0) return kNaN;
-  return static_cast<double>(usage.ru_maxrss) * 1024.0;  // Linux gives KiB
-}
-
-double peak_device_bytes(const torch::Device& device) {
-#if defined(DPTRAIN_WITH_CUDA)
-  if (device.is_cuda()) {
-    // The same call and fields in LibTorch 1.13 (c10::cuda::CUDACachingAllocator::DeviceStats)
-    // and 2.x (c10::CachingDeviceAllocator::DeviceStats, which the CUDA namespace re-exports);
-    // index 0 of each StatArray is StatType::AGGREGATE, all pools together, in both.
-    const auto stats =
-        c10::cuda::CUDACachingAllocator::getDeviceStats(device.has_index() ? device.index() : 0);
-    return static_cast<double>(stats.allocated_bytes[0].peak);
-  }
-#else
-  (void)device;
-#endif
-  return kNaN;
 }
 
 }  // namespace dptrain

@@ -30,7 +30,7 @@
 #include "dptrain/core/errors.h"
 #include "dptrain/core/sha256.h"
 #include "dptrain/data/data.h"
-#include "dptrain/data/download.h"
+#include "download.h"
 #include "support/test_support.h"
 
 namespace dptrain {

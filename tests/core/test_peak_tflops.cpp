@@ -1,15 +1,12 @@
-// Tests of the device peaks (device_peak.h): the table looked up by CUDA's names, the column a
-// run's precision picks, --peak-tflops over the table, nothing claimed on the CPU, and the peak
-// memory readings.
+// Tests of the known GPUs' peaks (peak_tflops.h): the table looked up by CUDA's names, and an
+// MFU as a fraction of a plausible peak.
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <cstdint>
-#include <cstring>
 #include <limits>
-#include <memory>
 
-#include "dptrain/train/device_peak.h"
+#include "dptrain/core/peak_tflops.h"
 
 namespace {
 
@@ -49,23 +46,6 @@ TEST(PeakTable, ClaimsNothingForANameNotInIt) {
   }
 }
 
-TEST(PeakPrecision, BfloatUnderAmpElseTf32WhereAllowedElseFp32) {
-  EXPECT_EQ(peak_precision(Amp::kBFloat16, true), PeakPrecision::kBFloat16);
-  EXPECT_EQ(peak_precision(Amp::kBFloat16, false), PeakPrecision::kBFloat16);
-  EXPECT_EQ(peak_precision(Amp::kOff, true), PeakPrecision::kTf32);
-  EXPECT_EQ(peak_precision(Amp::kOff, false), PeakPrecision::kFloat32);
-  EXPECT_EQ(peak_precision_name(PeakPrecision::kTf32), "TF32");
-}
-
-TEST(DevicePeak, TheCpuHasNoneUnlessTheFlagGivesIt) {
-  TrainOptions options;
-  EXPECT_TRUE(std::isnan(device_peak_tflops(options, torch::kCPU)));
-  options.amp = Amp::kBFloat16;
-  EXPECT_TRUE(std::isnan(device_peak_tflops(options, torch::kCPU)));
-  options.peak_tflops = 2.5;
-  EXPECT_EQ(device_peak_tflops(options, torch::kCPU), 2.5);
-}
-
 // --peak-tflops 1e-308 would give an MFU of 3e306. An MFU is a fraction of the devices'
 // summed peak; a run that outpaces the peak it was given has none (Note [A plausible device's
 // peak]).
@@ -88,38 +68,6 @@ TEST(DevicePeak, AnMfuIsAFractionFromZeroToOneOrNone) {
       EXPECT_TRUE(peak >= kMinPeakTflops && peak <= kMaxPeakTflops) << name << " " << peak;
     }
   }
-}
-
-TEST(DevicePeak, TheFlagWinsOverTheTableOnAGpu) {
-  if (!torch::cuda::is_available()) GTEST_SKIP() << "no GPU";
-  TrainOptions options;
-  options.peak_tflops = 123.0;
-  EXPECT_EQ(device_peak_tflops(options, torch::Device(torch::kCUDA, 0)), 123.0);
-}
-
-// The peak is read after the block is freed (a block this large is its own mapping, which free
-// returns to the system): a reading of the resident size now, not of the peak, falls short.
-TEST(PeakMemory, HostPeakCoversMemoryTouchedAndTheCpuHasNoDevicePeak) {
-  const double before = peak_host_bytes();
-  ASSERT_GT(before, 0);
-  // 64 MiB more than the peak so far, written so that every page is resident.
-  const size_t bytes = static_cast<size_t>(before) + (64u << 20);
-  {
-    std::unique_ptr<char[]> block(new char[bytes]);
-    std::memset(block.get(), 1, bytes);
-    asm volatile("" : : "r"(block.get()) : "memory");  // the writes happen, the block is not elided
-    EXPECT_EQ(block[bytes - 1], 1);
-  }
-  EXPECT_GE(peak_host_bytes(), static_cast<double>(bytes));
-  EXPECT_TRUE(std::isnan(peak_device_bytes(torch::kCPU)));
-}
-
-TEST(PeakMemory, ADevicePeakCoversATensorAllocatedThere) {
-  if (!torch::cuda::is_available()) GTEST_SKIP() << "no GPU";
-  const torch::Device gpu(torch::kCUDA, 0);
-  const auto tensor = torch::ones({64 << 20}, torch::dtype(torch::kUInt8).device(gpu));
-  EXPECT_GE(peak_device_bytes(gpu), static_cast<double>(64 << 20));
-  EXPECT_EQ(tensor.sum().item<int64_t>(), int64_t{64} << 20);
 }
 
 }  // namespace

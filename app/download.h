@@ -1,6 +1,7 @@
 // Fetching the four Fashion-MNIST files into a directory (http://, https:// or file:// URLs),
 // each checked against its known SHA-256 and moved into place only when whole and correct, one
-// download per directory at a time.
+// download per directory at a time: `dptrain download`'s fetcher, in the driver and linked by it
+// alone (dptrain_download), the one code that needs libcurl.
 // Not here: printing (the caller gets progress through a callback), reading the files (data.h).
 #pragma once
 
