@@ -8,6 +8,7 @@
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <sys/time.h>
+#include <sys/types.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -18,10 +19,15 @@
 #include <cstdlib>
 #include <cstring>
 #include <ctime>
+#include <optional>
+#include <string>
+#include <vector>
 
 #include "dptrain/core/errors.h"
 #include "dptrain/core/files.h"
+#include "dptrain/train/callbacks.h"
 #include "dptrain/train/epoch_stats.h"
+#include "dptrain/train/run_configuration.h"
 
 #if defined(DPTRAIN_WITH_TENSORBOARD)
 #include <isa-l/crc.h>

@@ -23,10 +23,15 @@
 #include <limits>
 #include <new>
 #include <optional>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "dptrain/core/errors.h"
 #include "dptrain/core/files.h"
 #include "dptrain/data/data.h"
+#include "dptrain/train/checkpoint.h"
+#include "dptrain/train/epoch_stats.h"
 
 namespace dptrain {
 namespace {
@@ -231,7 +236,6 @@ uint32_t file_crc(uint32_t version, const uint8_t* file, size_t payload_size) {
   return static_cast<uint32_t>(::crc32(crc, payload, static_cast<uInt>(payload_size)));
 }
 
-
 // The most bytes a DPTRNCKP file of this model and history can take, names at their longest.
 uint64_t legacy_size_limit(int64_t width, int64_t num_classes, int64_t in_channels,
                                int64_t epochs_done) {
@@ -244,7 +248,6 @@ uint64_t legacy_size_limit(int64_t width, int64_t num_classes, int64_t in_channe
   return kConfigBytes + 8 + kMaxDigest + 7 * 8 + 8 + e * kStatsBytes + 8 + 1000 * per_tensor +
          8 * elements;
 }
-
 
 }  // namespace
 

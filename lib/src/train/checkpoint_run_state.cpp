@@ -7,13 +7,17 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstddef>
 #include <cstdint>
 #include <limits>
 #include <sstream>
+#include <string>
+#include <utility>
 
 #include "dptrain/core/errors.h"
 #include "dptrain/core/files.h"
 #include "dptrain/core/safetensors.h"
+#include "dptrain/train/checkpoint.h"
 #include "dptrain/train/device_peak.h"
 
 namespace dptrain {

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <string>
 
+#include "dptrain/core/safetensors.h"
 #include "dptrain/train/checkpoint.h"
 
 namespace dptrain {
