@@ -1,11 +1,14 @@
 // The arithmetic of a replica's step, in words. See numerics.h.
+#include "dptrain/model/memory_format.h"
 #include "dptrain/model/numerics.h"
+#include "dptrain/model/autocast.h"
 
 #include <ATen/Context.h>
 #include <torch/version.h>
 
 #include <cstdlib>
 #include <cstring>
+#include <string>
 
 namespace dptrain {
 namespace {

@@ -4,8 +4,12 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <optional>
+#include <string>
+#include <vector>
 
 #include "dptrain/core/devices.h"
+#include "dptrain/train/epoch_stats.h"
 #include "dptrain/train/step_gpu_time.h"
 
 namespace dptrain {

@@ -5,14 +5,19 @@
 #include <sys/resource.h>
 
 #include <cmath>
+#include <cstdint>
 #include <limits>
+#include <optional>
+#include <string>
 
 #if defined(DPTRAIN_WITH_CUDA)
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDACachingAllocator.h>
 #endif
 
-#include "dptrain/model/numerics.h"
+#include "dptrain/model/autocast.h"
+#include "dptrain/model/numerics.h"  // IWYU pragma: keep (the CUDA branch)
+#include "dptrain/train/options.h"
 
 namespace dptrain {
 namespace {

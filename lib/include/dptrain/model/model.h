@@ -10,7 +10,6 @@
 #include <torch/nn/modules/linear.h>
 
 #include <cstdint>
-#include <memory>
 #include <string>
 #include <vector>
 
