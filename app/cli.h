@@ -2,6 +2,7 @@
 // no device is touched and nothing runs, so every usage mistake is found before any work.
 #pragma once
 
+#include <cstdint>
 #include <optional>
 #include <string>
 #include <vector>

@@ -1,6 +1,7 @@
 // dptrain's entry point: parse the command line, wire the library's pieces together, and turn
 // every failure into one "error:" line and an exit status (2 for usage, 1 for run time).
 #include <c10/util/Exception.h>
+#include <signal.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -15,12 +16,17 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "cli.h"
+#include "dptrain/core/cpu_allocator.h"
 #include "dptrain/data/data.h"
 #include "dptrain/core/errors.h"
 #include "dptrain/core/files.h"
 #include "dptrain/core/safetensors.h"
+#include "dptrain/parallel/distributed.h"
+#include "dptrain/report/metrics.h"
 #include "dptrain/report/plot.h"
 #include "dptrain/report/report.h"
 #include "dptrain/report/tensorboard.h"
@@ -30,8 +36,11 @@
 #include "dptrain/core/devices.h"
 #include "dptrain/parallel/rendezvous.h"
 #include "dptrain/parallel/world_plan.h"
+#include "dptrain/train/callbacks.h"
+#include "dptrain/train/checked_world.h"
 #include "dptrain/train/checkpoint.h"
 #include "dptrain/train/checkpoint_directory.h"
+#include "dptrain/train/epoch_stats.h"
 #include "dptrain/train/run_configuration.h"
 #include "dptrain/train/train.h"
 #include "download.h"

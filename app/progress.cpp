@@ -3,9 +3,11 @@
 
 #include <cstdint>
 #include <cstdio>
+#include <string>
 #include <utility>
 
 #include "dptrain/report/report.h"
+#include "dptrain/train/epoch_stats.h"
 
 namespace dptrain {
 namespace {

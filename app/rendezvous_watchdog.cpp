@@ -4,7 +4,12 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <atomic>
+#include <chrono>
 #include <cstdio>
+#include <mutex>
+#include <optional>
+#include <string>
 #include <utility>
 
 #include "dptrain/core/files.h"

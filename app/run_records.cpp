@@ -4,9 +4,19 @@
 #include <cmath>
 #include <cstdint>
 #include <exception>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
 #include <utility>
+#include <vector>
 
+#include "dptrain/report/metrics.h"
 #include "dptrain/report/plot.h"
+#include "dptrain/report/tensorboard.h"
+#include "dptrain/train/callbacks.h"
+#include "dptrain/train/epoch_stats.h"
+#include "dptrain/train/run_configuration.h"
 
 namespace dptrain {
 

@@ -9,6 +9,7 @@
 // Not here: their formats (metrics.h, plot.h, tensorboard.h), checkpoints (train/checkpoint.h).
 #pragma once
 
+#include <cstdint>
 #include <memory>
 #include <functional>
 #include <optional>
@@ -18,7 +19,9 @@
 
 #include "dptrain/report/metrics.h"
 #include "dptrain/report/tensorboard.h"
+#include "dptrain/train/callbacks.h"
 #include "dptrain/train/epoch_stats.h"
+#include "dptrain/train/run_configuration.h"
 
 namespace dptrain {
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Makes .venv-tests, the Python the tests that read our files with other projects' own readers
-# run under (TensorBoard's event reader, PyPI safetensors), and does nothing when it is already
-# as pinned here. Not the GPU machine's LibTorch venv (.venv-torch, scripts/quickstart.sh).
+# run under (TensorBoard's event reader, PyPI safetensors), with the include check's clang-tidy,
+# and does nothing when it is already as pinned here. Not the GPU machine's LibTorch venv (.venv-torch, scripts/quickstart.sh).
 # scripts/test.sh runs it; CTest finds the venv through DPTRAIN_TEST_PYTHON (tests/CMakeLists.txt).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -14,6 +14,7 @@ pins=(
   tensorboard==2.20.0   # EventAccumulator reads --tensorboard's event files
   protobuf==7.36.2      # the runtime TensorBoard's reader parses the events with
   safetensors==0.6.2    # safetensors.torch.load_file reads --save-model and checkpoint files
+  clang-tidy==23.1.4    # misc-include-cleaner, tests/include_check.py (Debian 12's is 14)
 )
 
 # Debian's interpreter, not one earlier in PATH (pyenv's, say): --system-site-packages is there so
@@ -29,5 +30,6 @@ echo "test-venv: making $venv (${pins[*]})"
 "$python" -m venv --system-site-packages "$venv"
 "$venv/bin/python3" -m pip install --quiet --disable-pip-version-check "${pins[@]}"
 "$venv/bin/python3" -c "import tensorboard.backend.event_processing.event_accumulator, safetensors.torch"
+"$venv/bin/clang-tidy" --version >/dev/null
 printf '%s' "${pins[*]}" >"$stamp"
 echo "test-venv: $venv ready"

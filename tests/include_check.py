@@ -1,218 +1,158 @@
 #!/usr/bin/env python3
-"""Keeps includes honest: every `#include "dptrain/..."` in lib/, app/, tests/, fuzz/ and bench/
-(and in lib/ and app/ every quoted include of a header beside the file, like "rank.h") must be
-used: the including file names at least one thing that header declares (a class, struct, enum,
-alias, function, constant or macro; a member reached through `.` or `->` does not count). A file
-may always include its own header (x.cpp -> x.h).
+"""Include what you use, in lib/ and app/: runs clang-tidy's misc-include-cleaner (its options in
+.clang-tidy) over every source and header there with the build's compile_commands.json, a
+process per core, and fails on each include nothing uses and each name whose header is not
+included. LibTorch's headers are left out both ways (.clang-tidy says why). Not here: tests/,
+fuzz/ and bench/ (their includes serve GoogleTest and the fuzzers' own builds).
 
-    python3 tests/include_check.py [ROOT]       # the check; exit 1 naming each unused include
-    python3 tests/include_check.py --self-test  # plants an unused include in a copy, which must fail
+    python3 tests/include_check.py --build BUILD [--clang-tidy PATH] [--only FILE...] [--fix]
+                                   [ROOT]       # the check; --fix edits the includes as it says
+    python3 tests/include_check.py --build BUILD --self-test  # plants an unused and a missing
+                                                              # include in a copy, which must fail
 
-Include-what-you-use (Debian's `iwyu`) does this and more for the standard library too, but
-with LibTorch's headers it takes minutes per file and reports mostly LibTorch's own layout; this
-reads only our headers and runs in a second. When it fails, remove the include (or include the
-header that declares what the file uses); do not add an exception here.
+clang-tidy is PyPI's wheel, pinned in scripts/test-venv.sh (Debian 12's is version 14, which lacks
+the check). When it fails, remove the include or include the header that declares the name.
 """
+import argparse
+import concurrent.futures
+import json
 import os
 import re
-import shutil
 import subprocess
 import sys
 import tempfile
 
-TOPS = ("lib", "app", "tests", "fuzz", "bench")
-SOURCE_SUFFIXES = (".h", ".cpp", ".cu")
-QUOTED = re.compile(r'^\s*#\s*include\s+"([^"]+)"', re.M)
-IDENT = re.compile(r"[A-Za-z_]\w*")
-KEYWORDS = set("""alignas alignof auto bool break case catch char class const constexpr
-    const_cast continue decltype default delete do double dynamic_cast else enum explicit extern
-    false float for friend goto if inline int long mutable namespace new noexcept nullptr operator
-    private protected public register reinterpret_cast return short signed sizeof static
-    static_assert static_cast struct switch template this throw true try typedef typeid typename
-    union unsigned using virtual void volatile while int8_t int16_t int32_t int64_t uint8_t
-    uint16_t uint32_t uint64_t size_t std override final""".split())
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import self_test as self_test_support  # noqa: E402
+
+HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# Sources first, the longest first, so that the last process to finish is a short one.
+PATTERNS = [("lib/src", ".cpp"), ("app", ".cpp"), ("lib/include/dptrain", ".h"), ("lib/src", ".h"),
+            ("app", ".h")]
+FINDING = re.compile(r"^(.*?):(\d+):(\d+): (?:warning|error): (.*?)(?: \[[\w.-]+\])?$", re.M)
+# Compiled only under DPTRAIN_WITH_CUDA: CI's build has no CUDA headers to parse it with.
+CUDA_ONLY = ("lib/src/train/cuda_event.h",)
 
 
-def strip_code(text):
-    """The text without comments, string and character literals (newlines kept)."""
-    out, i, n = [], 0, len(text)
-    while i < n:
-        c = text[i]
-        if text.startswith("//", i):
-            j = text.find("\n", i)
-            i = n if j < 0 else j
-        elif text.startswith("/*", i):
-            j = text.find("*/", i + 2)
-            out.append("\n" * text.count("\n", i, n if j < 0 else j))
-            i = n if j < 0 else j + 2
-        elif text.startswith('R"', i):  # a raw string: R"delim( ... )delim"
-            m = re.match(r'R"([^(\s]*)\(', text[i:])
-            end = text.find(")" + (m.group(1) if m else "") + '"', i)
-            out.append('""' + "\n" * text.count("\n", i, n if end < 0 else end))
-            i = n if end < 0 else end + len(m.group(1) if m else "") + 2
-        elif c in "\"'":
-            j = i + 1
-            while j < n and text[j] != c and text[j] != "\n":
-                j += 2 if text[j] == "\\" else 1
-            out.append(c + c)
-            i = j + 1
-        else:
-            out.append(c)
-            i += 1
-    return "".join(out)
+def files(root):
+    found = []
+    for top, suffix in PATTERNS:
+        for directory, _, names in os.walk(os.path.join(root, top)):
+            found += [os.path.join(directory, n) for n in names if n.endswith(suffix)]
+    found = [p for p in found if os.path.relpath(p, root) not in CUDA_ONLY]
+    return sorted(dict.fromkeys(found), key=lambda p: (not p.endswith(".cpp"),
+                                                       -os.path.getsize(p)))
 
 
-def declared_names(path):
-    """What a header declares at namespace level: types, aliases, functions, constants, macros."""
-    with open(path, encoding="utf-8", errors="replace") as f:
-        raw = f.read()
-    names = set(re.findall(r"^\s*#\s*define\s+(\w+)", raw, re.M))
-    code = strip_code(raw)
-    code = re.sub(r"^\s*#.*$", "", code, flags=re.M)  # preprocessor lines
-    names.update(m.group(2) for m in re.finditer(
-        r"\b(class|struct|union|enum(?:\s+class|\s+struct)?)\s+(?:\[\[[^\]]*\]\]\s*)?"
-        r"([A-Za-z_]\w*)(?=\s*(?:final\b|[:{]))", code))
-    names.update(re.findall(r"\busing\s+(\w+)\s*=", code))
-    names.update(re.findall(r"\bTORCH_MODULE\s*\(\s*(\w+)\s*\)", code))
-    # Statements at namespace level (inside no class or function body): functions and constants.
-    depth_kinds, statement, statements = [], [], []
-    for c in code:
-        if c == "{":
-            head = "".join(statement)
-            is_namespace = re.search(r"\bnamespace\b[\w:\s]*$", head) is not None or \
-                re.search(r'\bextern\s*"C"\s*$', head) is not None
-            if all(depth_kinds) and not is_namespace:
-                statements.append(head)  # a definition's head, or a class's
-            depth_kinds.append(is_namespace)
-            statement = []
-        elif c == "}":
-            if depth_kinds:
-                depth_kinds.pop()
-            statement = []
-        elif c == ";":
-            if all(depth_kinds):
-                statements.append("".join(statement))
-            statement = []
-        else:
-            statement.append(c)
-    for head in statements:
-        head = head.strip()
-        if not head or re.match(r"(using|friend|typedef|namespace|template\s*<[^>]*>\s*$)\b",
-                                head):
-            continue
-        previous = None
-        while previous != head:  # template argument lists out, innermost first
-            previous, head = head, re.sub(r"<[^<>;{}]*>", "", head)
-        head = re.sub(r"\[\[[^\]]*\]\]", "", head)
-        m = re.match(r"[^=(]*?([A-Za-z_]\w*)\s*\(", head)  # a function: the name before "("
-        if m and not head.lstrip().startswith(("class", "struct", "enum", "union")):
-            if m.group(1) not in KEYWORDS and not m.group(1).isupper():  # not a macro's call
-                names.add(m.group(1))
-            continue
-        m = re.match(r"[^=(]*?([A-Za-z_]\w*)\s*(?:\[[^\]]*\])?\s*(?:=|\{|$)", head)
-        if m and m.group(1) not in KEYWORDS and re.search(r"\b(constexpr|const|extern)\b", head):
-            names.add(m.group(1))
-    return names
+def source_dir(build):
+    with open(os.path.join(build, "CMakeCache.txt"), encoding="utf-8") as f:
+        return re.search(r"^CMAKE_HOME_DIRECTORY:INTERNAL=(.*)$", f.read(), re.M).group(1)
 
 
-def used_names(code):
-    """Identifiers the code names, leaving out members reached through `.` or `->`."""
-    return {m.group(0) for m in IDENT.finditer(code)
-            if not re.search(r"(\.|->)\s*$", code[max(0, m.start() - 4):m.start()])}
+def compile_database(build, root, scratch):
+    """The folder of a compile_commands.json for the tree at `root`: the build's, less the second
+    compilation of some sources without the optional pieces (lib/CMakeLists.txt; clang-tidy would
+    check both and call unused what only the full build uses), and for another tree (a copy, in
+    the self-test) with lib/ and app/ pointed at `root`."""
+    source = os.path.realpath(source_dir(build))
+    with open(os.path.join(build, "compile_commands.json"), encoding="utf-8") as f:
+        entries = [e for e in json.load(f)
+                   if "dptrain_without_optional_pieces" not in e.get("output", e["command"])]
+    text = json.dumps(entries)
+    if source != os.path.realpath(root):
+        for top in ("lib", "app"):
+            text = text.replace(f"{source}/{top}/", f"{root}/{top}/")
+    with open(os.path.join(scratch, "compile_commands.json"), "w", encoding="utf-8") as f:
+        f.write(text)
+    return scratch
 
 
-def sources(root):
-    for top in TOPS:
-        for directory, dirs, names in os.walk(os.path.join(root, top)):
-            dirs[:] = [d for d in dirs if d not in ("corpus", "results", "fixtures")]
-            for name in sorted(names):
-                if name.endswith(SOURCE_SUFFIXES):
-                    yield os.path.join(directory, name)
+def openmp_folder(scratch):
+    """A folder holding GCC's omp.h, which LibTorch's headers include and clang-tidy's own
+    headers lack: an -isystem for clang-tidy."""
+    omp = subprocess.run(["g++", "-print-file-name=include/omp.h"], capture_output=True,
+                         text=True).stdout.strip()
+    folder = os.path.join(scratch, "openmp")
+    os.makedirs(folder)
+    if os.path.isabs(omp):
+        os.symlink(omp, os.path.join(folder, "omp.h"))
+    return folder
 
 
-def resolve(root, path, target):
-    """The file a quoted include names, or None for headers outside this tree (LibTorch's)."""
-    if target.startswith("dptrain/"):
-        candidate = os.path.join(root, "lib", "include", target)
-        return candidate if os.path.exists(candidate) else None
-    for base in (os.path.dirname(path), os.path.join(root, "tests")):
-        candidate = os.path.join(base, target)
-        if os.path.exists(candidate):
-            return candidate
-    return None
+def tidy(clang_tidy, database, openmp, root, path, fix):
+    """misc-include-cleaner's findings in one file, and any error that stopped it, as lines
+    relative to `root` (with `fix`, the file's includes edited as the check suggests)."""
+    run = subprocess.run([clang_tidy, "--quiet", "-p", database, *(["--fix"] if fix else []),
+                          f"--extra-arg=-isystem{openmp}",
+                          f"--config-file={os.path.join(root, '.clang-tidy')}", path],
+                         capture_output=True, text=True)
+    findings = [f"{os.path.relpath(m.group(1), root)}:{m.group(2)}: {m.group(4)}"
+                for m in FINDING.finditer(run.stdout)]
+    if run.returncode != 0 and not findings:
+        findings.append(f"{os.path.relpath(path, root)}: clang-tidy failed:\n"
+                        + (run.stdout + run.stderr).strip())
+    return findings
 
 
-def check(root):
-    problems, cache = [], {}
-    for path in sources(root):
-        with open(path, encoding="utf-8", errors="replace") as f:
-            text = f.read()
-        code = strip_code(text)
-        used = used_names(re.sub(r"^\s*#\s*include.*$", "", code, flags=re.M))
-        stem = os.path.splitext(os.path.basename(path))[0]
-        in_tests = os.path.relpath(path, root).split(os.sep)[0] == "tests"
-        for match in QUOTED.finditer(text):
-            target = match.group(1)
-            if not target.startswith("dptrain/") and in_tests:
-                continue  # tests' own helpers (support/) are held by their own tests
-            header = resolve(root, path, target)
-            if header is None or os.path.splitext(os.path.basename(header))[0] == stem:
-                continue
-            if header not in cache:
-                cache[header] = declared_names(header)
-            if cache[header] and not (cache[header] & used):
-                line = text.count("\n", 0, match.start()) + 1
-                problems.append(f'{os.path.relpath(path, root)}:{line}: includes "{target}" and '
-                                f"uses nothing it declares")
-    return problems
+def check(clang_tidy, build, root, only, fix=False):
+    paths = [os.path.join(root, p) for p in only] if only else files(root)
+    with tempfile.TemporaryDirectory() as scratch, \
+            concurrent.futures.ThreadPoolExecutor(os.cpu_count() or 1) as pool:
+        database, openmp = compile_database(build, root, scratch), openmp_folder(scratch)
+        results = pool.map(lambda p: tidy(clang_tidy, database, openmp, root, p, fix), paths)
+        return [finding for result in results for finding in result], len(paths)
 
 
-def self_test(root):
-    """A copy of the tree with one unused include planted must fail, naming it."""
-    with tempfile.TemporaryDirectory() as scratch:
-        copy = os.path.join(scratch, "tree")
-        for top in TOPS:
-            shutil.copytree(os.path.join(root, top), os.path.join(copy, top),
-                            ignore=shutil.ignore_patterns("*.bin", "results", "corpus",
-                                                          "fixtures"))
-        planted = os.path.join(copy, "lib", "src", "core", "random.cpp")
-        with open(planted, encoding="utf-8") as f:
-            text = f.read()
-        with open(planted, "w", encoding="utf-8") as f:
-            f.write(text.replace('#include "dptrain/core/random.h"',
-                                 '#include "dptrain/core/random.h"\n#include "dptrain/core/sha256.h"',
-                                 1))
-        run = subprocess.run([sys.executable, os.path.abspath(__file__), copy],
-                             capture_output=True, text=True)
-        if run.returncode == 0 or 'lib/src/core/random.cpp' not in run.stdout or \
-                "sha256.h" not in run.stdout:
-            print("include self-test: a planted unused include was not caught:\n"
-                  + run.stdout + run.stderr)
-            return 1
-        clean = subprocess.run([sys.executable, os.path.abspath(__file__), root],
-                               capture_output=True, text=True)
-        if clean.returncode != 0:
-            print(clean.stdout + clean.stderr, end="")
-            return 1
-        print("include self-test: the planted include fails the check:\n  "
-              + run.stdout.strip().splitlines()[0])
-    return 0
+def self_test(args):
+    """A copy with an unused include and a missing one planted in one source must fail there."""
+    planted = "lib/src/core/random.cpp"
+
+    def unused(copy):
+        self_test_support.replace_once(
+            os.path.join(copy, planted), '#include "dptrain/core/random.h"\n',
+            '#include "dptrain/core/random.h"\n#include "dptrain/core/sha256.h"\n')
+
+    def missing(copy):  # std::vector then comes only through random.h
+        self_test_support.replace_once(os.path.join(copy, planted), "#include <vector>\n", "")
+    plants = [(unused, [planted, "sha256.h", "not used"]),
+              (missing, [planted, "std::vector", "no header providing"])]
+    extra = ["--build", args.build, "--clang-tidy", args.clang_tidy, "--only", planted, "--"]
+    return self_test_support.run_self_test("include", os.path.abspath(__file__), HERE,
+                                           ("lib", "app", ".clang-tidy"), plants, extra)
 
 
-def main(argv):
-    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    if argv[1:2] == ["--self-test"]:
-        return self_test(here)
-    root = os.path.abspath(argv[1]) if len(argv) > 1 else here
-    problems = check(root)
-    for problem in problems:
-        print(problem)
-    if problems:
-        print(f"includes: {len(problems)} unused; remove them")
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--build", required=True, help="a build folder with compile_commands.json")
+    parser.add_argument("--clang-tidy", default=os.path.join(
+        os.path.dirname(sys.executable), "clang-tidy"), help="clang-tidy 18 or later")
+    parser.add_argument("--only", nargs="*", default=[], help="files to check, from ROOT")
+    parser.add_argument("--fix", action="store_true", help="edit the includes as it suggests")
+    parser.add_argument("--self-test", action="store_true")
+    parser.add_argument("root", nargs="?", default=HERE)
+    args = parser.parse_args()
+    args.build, args.root = os.path.abspath(args.build), os.path.abspath(args.root)
+    if not os.access(args.clang_tidy, os.X_OK):
+        print(f"includes: no clang-tidy at {args.clang_tidy}; run scripts/test-venv.sh, which "
+              f"installs the pinned one")
         return 1
-    print("includes: every quoted include of ours is used")
+    if not os.path.exists(os.path.join(args.build, "compile_commands.json")):
+        print(f"includes: no {args.build}/compile_commands.json; configure with BUILD_TESTING=ON")
+        return 1
+    if args.self_test:
+        return self_test(args)
+    findings, count = check(args.clang_tidy, args.build, args.root, args.only,
+                             args.fix)
+    for finding in findings:
+        print(finding)
+    if findings:
+        print(f"includes: {len(findings)} finding(s) in {count} files; remove the include, or "
+              f"include the header that declares the name")
+        return 1
+    print(f"includes: every include of the {count} files of lib/ and app/ is used, and every "
+          f"name's header included")
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv))
+    sys.exit(main())

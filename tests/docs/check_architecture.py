@@ -11,10 +11,10 @@ every Note listed is defined in that file.
 """
 import os
 import re
-import shutil
-import subprocess
 import sys
-import tempfile
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import self_test as self_test_support  # noqa: E402
 
 NUMBERS = ["zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten",
            "eleven", "twelve", "thirteen", "fourteen", "fifteen"]
@@ -134,42 +134,22 @@ def self_test(root):
     """Copies of the tree with a function renamed in the list, a wrong count, a Note dropped from
     the index and a Note listed that no file defines must fail."""
     with open(os.path.join(root, "docs", "architecture.md"), encoding="utf-8") as f:
-        doc = f.read()
-    first = ITEM.search(SECTION.search(doc).group(1))
-    count = COUNT.search(SECTION.search(doc).group(1))
+        body = SECTION.search(f.read()).group(1)
+    first, count = ITEM.search(body), COUNT.search(body)
+
+    def plant(old, new):
+        return lambda copy: self_test_support.replace_once(
+            os.path.join(copy, "docs", "architecture.md"), old, new)
     plants = [
-        (doc.replace(f"`{first.group(2)}: {first.group(3)}`",
-                     f"`{first.group(2)}: {first.group(3)}_renamed`", 1), "defines no"),
-        (doc.replace(count.group(0), f"Two hops through {count.group(2)} files", 1), "hops"),
-        (doc.replace("| No std::filesystem |", "| |", 1), "does not list Note [No std::filesystem]"),
-        (doc.replace("| No std::filesystem |", "| No std::filesystem; A planted Note |", 1),
-         "lists Note [A planted Note]"),
+        (plant(f"`{first.group(2)}: {first.group(3)}`",
+               f"`{first.group(2)}: {first.group(3)}_renamed`"), ["defines no"]),
+        (plant(count.group(0), f"Two hops through {count.group(2)} files"), ["hops"]),
+        (plant("| No std::filesystem |", "| |"), ["does not list Note [No std::filesystem]"]),
+        (plant("| No std::filesystem |", "| No std::filesystem; A planted Note |"),
+         ["lists Note [A planted Note]"]),
     ]
-    lines = []
-    for text, expected in plants:
-        with tempfile.TemporaryDirectory() as scratch:
-            for top in NOTE_SOURCES:
-                source = os.path.join(root, top)
-                if os.path.isdir(source):
-                    shutil.copytree(source, os.path.join(scratch, top), symlinks=True)
-                elif os.path.isfile(source):
-                    shutil.copy(source, os.path.join(scratch, top))
-            os.makedirs(os.path.join(scratch, "docs"))
-            with open(os.path.join(scratch, "docs", "architecture.md"), "w", encoding="utf-8") as f:
-                f.write(text)
-            run = subprocess.run([sys.executable, os.path.abspath(__file__), scratch],
-                                 capture_output=True, text=True)
-            if run.returncode == 0 or expected not in run.stdout:
-                print("architecture self-test: a planted mistake was not caught:\n"
-                      + run.stdout + run.stderr)
-                return 1
-            lines.append(run.stdout.strip().splitlines()[0])
-    clean = check(root)
-    if clean:
-        print("\n".join(clean))
-        return 1
-    print("architecture self-test: the planted mistakes fail the check:\n  " + "\n  ".join(lines))
-    return 0
+    return self_test_support.run_self_test("architecture", os.path.abspath(__file__), root,
+                                           (*NOTE_SOURCES, "docs/architecture.md"), plants)
 
 
 def main(argv):

@@ -4,6 +4,7 @@
 #include <c10/util/Exception.h>
 #include <signal.h>
 #include <sys/mman.h>
+#include <sys/types.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -13,6 +14,7 @@
 #include <cstring>
 #include <new>
 #include <stdexcept>
+#include <string>
 
 #include "dptrain/core/errors.h"
 

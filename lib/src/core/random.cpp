@@ -2,9 +2,11 @@
 #include "dptrain/core/random.h"
 
 #include <cmath>
+#include <cstddef>
 #include <cstdint>
 #include <stdexcept>
 #include <utility>
+#include <vector>
 
 namespace dptrain {
 

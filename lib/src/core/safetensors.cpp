@@ -16,10 +16,11 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
-#include <limits>
 #include <set>
 #include <string>
 #include <tuple>
+#include <utility>
+#include <vector>
 
 #include "dptrain/core/errors.h"
 #include "dptrain/core/files.h"

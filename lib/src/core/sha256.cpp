@@ -4,11 +4,13 @@
 #include <fcntl.h>
 #include <openssl/err.h>
 #include <openssl/evp.h>
+#include <sys/types.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <cstring>
 #include <stdexcept>
+#include <string>
 
 #include "dptrain/core/errors.h"
 

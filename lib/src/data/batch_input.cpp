@@ -4,6 +4,7 @@
 #include <ATen/ATen.h>
 
 #include <cstdint>
+#include <utility>
 
 #include "dptrain/data/data.h"
 

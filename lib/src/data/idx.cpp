@@ -6,11 +6,16 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <ios>
 #include <limits>
 #include <new>
 #include <sstream>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "dptrain/core/errors.h"
 #include "dptrain/core/files.h"

@@ -1,5 +1,6 @@
 // Autocast on and off for one device type. See autocast.h.
 #include "dptrain/model/autocast.h"
+#include "dptrain/model/memory_format.h"
 
 #include <ATen/Context.h>
 #include <ATen/autocast_mode.h>

@@ -5,6 +5,7 @@
 #include <cctype>
 #include <cstdlib>
 #include <optional>
+#include <string>
 #include <utility>
 
 #if defined(__x86_64__) || defined(__i386__)

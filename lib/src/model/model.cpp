@@ -6,13 +6,16 @@
 #include <torch/nn/modules/linear.h>
 
 #include <cmath>
+#include <cstddef>
 #include <cstdint>
 #include <mutex>
 #include <stdexcept>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "dptrain/core/random.h"
+#include "dptrain/model/flops.h"
 #include "dptrain/model/projection.h"
 
 namespace dptrain {

@@ -3,23 +3,29 @@
 // 2.x from c10d::Backend; the difference stays inside this file.
 #include "dptrain/parallel/distributed.h"
 
-#include <pthread.h>
 #include <signal.h>
+#include <stdlib.h>
 #include <torch/version.h>
 
 #include <algorithm>
 #include <cctype>
+#include <chrono>
 #include <cstdint>
 #include <cstdlib>
+#include <exception>
+#include <functional>
 #include <future>
 #include <memory>
+#include <mutex>
 #include <sstream>
+#include <stdexcept>
 #include <string>
 #include <thread>
 #include <torch/csrc/distributed/c10d/Store.hpp>
 #include <torch/csrc/distributed/c10d/Types.hpp>
 #include <torch/csrc/distributed/c10d/Work.hpp>
 #include <utility>
+#include <vector>
 
 #include "dptrain/core/errors.h"
 #include "dptrain/parallel/rendezvous.h"

@@ -2,12 +2,18 @@
 #include "dptrain/parallel/joined_world.h"
 
 #include <algorithm>
+#include <cstddef>
 #include <cstdint>
 #include <map>
+#include <memory>
+#include <mutex>
+#include <string>
 #include <utility>
+#include <vector>
 
 #include "dptrain/core/devices.h"
 #include "dptrain/core/errors.h"
+#include "dptrain/parallel/distributed.h"
 #include "dptrain/parallel/rendezvous.h"
 #include "dptrain/parallel/world_plan.h"
 

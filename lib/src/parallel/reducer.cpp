@@ -1,13 +1,20 @@
 // The bucketed, overlapping gradient all-reduce. See reducer.h.
 #include "dptrain/parallel/reducer.h"
+#include "dptrain/parallel/distributed.h"
 
 #include <torch/csrc/autograd/function.h>
 #include <torch/csrc/autograd/utils/lambda_post_hook.h>
 #include <torch/csrc/autograd/variable.h>
 
+#include <cstddef>
 #include <cstdint>
+#include <exception>
+#include <memory>
+#include <mutex>
 #include <stdexcept>
 #include <string>
+#include <utility>
+#include <vector>
 
 namespace dptrain {
 

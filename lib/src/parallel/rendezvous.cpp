@@ -1,24 +1,31 @@
 // Launcher environments, stores and the bounded store barrier. See rendezvous.h.
 #include "dptrain/parallel/rendezvous.h"
 
-#include <arpa/inet.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <poll.h>
+#include <sys/poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <cstdint>
 #include <cstdlib>
+#include <exception>
 #include <initializer_list>
+#include <map>
+#include <optional>
 #include <sstream>
 #include <stdexcept>
+#include <string>
 #include <thread>
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
+#include <utility>
+#include <vector>
 
 #include "dptrain/core/errors.h"
 #include "dptrain/core/files.h"

@@ -6,6 +6,7 @@
 #include <string>
 
 #include "dptrain/core/errors.h"
+#include "dptrain/parallel/distributed.h"
 
 namespace dptrain {
 

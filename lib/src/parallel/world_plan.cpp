@@ -2,10 +2,15 @@
 #include "dptrain/parallel/world_plan.h"
 
 #include <algorithm>
+#include <cstddef>
+#include <optional>
 #include <string>
+#include <vector>
 
 #include "dptrain/core/errors.h"
 #include "dptrain/core/devices.h"
+#include "dptrain/parallel/distributed.h"
+#include "dptrain/parallel/rendezvous.h"
 
 namespace dptrain {
 

@@ -4,6 +4,7 @@
 
 #include <fcntl.h>
 #include <sys/stat.h>
+#include <sys/types.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -11,9 +12,12 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <string>
+#include <vector>
 
 #include "dptrain/core/errors.h"
 #include "dptrain/core/files.h"
+#include "dptrain/train/epoch_stats.h"
 
 namespace dptrain {
 

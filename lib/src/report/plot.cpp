@@ -9,10 +9,13 @@
 #include <cstdio>
 #include <cstring>
 #include <map>
+#include <string>
+#include <vector>
 
 #include "dptrain/core/errors.h"
 #include "dptrain/core/files.h"
 #include "dptrain/core/devices.h"
+#include "dptrain/report/metrics.h"
 
 namespace dptrain {
 

@@ -2,7 +2,9 @@
 // protoc generates from tensorboard_event.proto. Not here: the records' framing and the file
 // (tensorboard.cpp), which must not see protobuf's headers.
 #include <cstdint>
+#include <string>
 #include <utility>
+#include <vector>
 
 #include "dptrain/report/tensorboard.h"
 #include "tensorboard_event.pb.h"

@@ -14,7 +14,9 @@
 #include "dptrain/core/files.h"
 #include "dptrain/model/memory_format.h"
 #include "dptrain/parallel/distributed.h"
+#include "dptrain/parallel/world_plan.h"
 #include "dptrain/train/cuda_graph_step.h"
+#include "dptrain/train/options.h"
 
 namespace dptrain {
 

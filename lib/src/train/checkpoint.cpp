@@ -2,6 +2,7 @@
 // and the checks of a checkpoint's contents. See checkpoint.h; versions 1 and 2 are read by
 // checkpoint_legacy.cpp.
 #include "dptrain/train/checkpoint.h"
+#include "dptrain/core/safetensors.h"
 
 #include <torch/version.h>
 
@@ -13,12 +14,14 @@
 #include <cstdlib>
 #include <cstring>
 #include <functional>
-#include <limits>
 #include <map>
 #include <memory>
 #include <new>
 #include <set>
 #include <sstream>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "checkpoint_legacy.h"
 #include "checkpoint_run_state.h"
@@ -33,7 +36,6 @@ namespace dptrain {
 namespace {
 
 using Json = nlohmann::json;
-
 
 // The metadata keys of a version 3 file (docs/checkpoints.md lists them with their meaning).
 constexpr char kFormatKey[] = "dptrain.format_version";

@@ -5,17 +5,21 @@
 // has refused the flag before).
 #include "dptrain/train/cuda_graph_step.h"
 
-#include <chrono>
+#include <chrono>  // IWYU pragma: keep (the graph branch)
 #include <cstdint>
 #include <cstdlib>
-#include <stdexcept>
+#include <functional>
+#include <stdexcept>  // IWYU pragma: keep (the graph branch)
 #include <string>
-#include <thread>
-#include <utility>
+#include <thread>  // IWYU pragma: keep (the graph branch)
+#include <utility>  // IWYU pragma: keep (the graph branch)
+#include <vector>
 
 #include "dptrain/core/devices.h"
 #include "dptrain/core/errors.h"
 #include "dptrain/parallel/distributed.h"
+#include "dptrain/parallel/world_plan.h"
+#include "dptrain/train/options.h"
 
 // DPTRAIN_WITH_CUDA_GRAPH is set for this file alone (lib/CMakeLists.txt), so that turning the
 // graph off recompiles nothing else.

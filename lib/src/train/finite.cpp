@@ -1,6 +1,8 @@
 // The finiteness check of a step's gradients. See finite.h.
 #include "dptrain/train/finite.h"
 
+#include <vector>
+
 #include <ATen/ATen.h>
 
 namespace dptrain {

@@ -8,6 +8,7 @@
 #include <c10/util/intrusive_ptr.h>
 #include <torch/types.h>
 
+#include <cstdint>
 #include <string>
 #include <torch/csrc/distributed/c10d/Store.hpp>
 #include <utility>

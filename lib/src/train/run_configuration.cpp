@@ -4,7 +4,12 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <string>
+#include <vector>
 
+#include "dptrain/model/autocast.h"
+#include "dptrain/model/memory_format.h"
+#include "dptrain/parallel/distributed.h"
 #include "dptrain/train/options.h"
 
 namespace dptrain {

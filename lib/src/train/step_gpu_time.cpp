@@ -2,11 +2,13 @@
 #include "dptrain/train/step_gpu_time.h"
 
 #include <algorithm>
-#include <chrono>
+#include <chrono>  // IWYU pragma: keep (the CUDA branch)
 #include <cmath>
+#include <cstddef>
 #include <cstdint>
 #include <limits>
-#include <utility>
+#include <utility>  // IWYU pragma: keep (the CUDA branch)
+#include <vector>
 
 #if defined(DPTRAIN_WITH_CUDA)
 #include <ATen/cuda/CUDAContext.h>

@@ -7,6 +7,7 @@
 
 #include <torch/types.h>
 
+#include <cstddef>
 #include <optional>
 #include <string>
 #include <vector>

@@ -19,7 +19,6 @@
 #include <torch/types.h>
 
 #include <cstdint>
-#include <optional>
 #include <string>
 #include <utility>
 #include <vector>

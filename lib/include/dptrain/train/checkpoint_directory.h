@@ -4,6 +4,7 @@
 // Not here: the file format (checkpoint.h) or when to save (RankTraining, rank.cpp).
 #pragma once
 
+#include <cstdint>
 #include <functional>
 #include <memory>
 #include <optional>
