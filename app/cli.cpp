@@ -3,6 +3,7 @@
 
 #include <cctype>
 #include <cerrno>
+#include <chrono>
 #include <climits>
 #include <cmath>
 #include <cstdint>
@@ -12,9 +13,15 @@
 #include <limits>
 #include <map>
 #include <optional>
+#include <string>
+#include <vector>
 
+#include "dptrain/core/cpu_allocator.h"
 #include "dptrain/core/errors.h"
 #include "dptrain/core/peak_tflops.h"
+#include "dptrain/model/autocast.h"
+#include "dptrain/model/memory_format.h"
+#include "dptrain/train/options.h"
 
 namespace dptrain {
 namespace {

@@ -1,7 +1,10 @@
 // The peak table of NVIDIA data-centre GPUs and the MFU against a peak. See peak_tflops.h.
 #include "dptrain/core/peak_tflops.h"
 
+#include <cstdint>
 #include <limits>
+#include <optional>
+#include <string>
 
 namespace dptrain {
 namespace {

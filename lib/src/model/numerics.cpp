@@ -7,6 +7,11 @@
 #include <cstdlib>
 #include <cstring>
 #include <limits>
+#include <string>
+#include "dptrain/core/peak_tflops.h"
+#include "dptrain/model/autocast.h"
+#include "dptrain/model/memory_format.h"
+#include <optional>
 
 #if defined(DPTRAIN_WITH_CUDA)
 #include <ATen/cuda/CUDAContext.h>

@@ -4,9 +4,13 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <optional>
+#include <string>
+#include <vector>
 
 #include "dptrain/core/devices.h"
 #include "dptrain/core/statistics.h"
+#include "dptrain/train/epoch_stats.h"
 
 namespace dptrain {
 

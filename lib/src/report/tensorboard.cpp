@@ -18,14 +18,19 @@
 #include <cstdlib>
 #include <cstring>
 #include <ctime>
+#include <optional>
+#include <string>
 #include <string_view>
 #include <type_traits>
+#include <vector>
 
 #include "dptrain/core/devices.h"
 #include "dptrain/core/errors.h"
 #include "dptrain/core/files.h"
 #include "dptrain/report/metrics.h"
+#include "dptrain/train/callbacks.h"
 #include "dptrain/train/epoch_stats.h"
+#include "dptrain/train/run_configuration.h"
 
 #if defined(DPTRAIN_WITH_TENSORBOARD)
 #include <isa-l/crc.h>

@@ -1,8 +1,8 @@
 // Checkpoints and model files as safetensors (format version 3): the writer, the strict reader
 // and the checks of a checkpoint's contents. See checkpoint.h; versions 1 and 2 are read by
 // checkpoint_legacy.cpp.
-#include "dptrain/train/checkpoint.h"
 #include "dptrain/core/safetensors.h"
+#include "dptrain/train/checkpoint.h"
 
 #include <torch/version.h>
 
@@ -30,6 +30,8 @@
 #include "dptrain/core/sha256.h"
 #include "dptrain/data/data.h"
 #include "dptrain/model/model.h"
+#include "dptrain/train/accepted_model.h"
+#include "dptrain/train/checkpoint_types.h"
 #include "dptrain/train/options.h"
 
 namespace dptrain {

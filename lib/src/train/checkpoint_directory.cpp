@@ -23,7 +23,9 @@
 
 #include "dptrain/core/errors.h"
 #include "dptrain/core/files.h"
+#include "dptrain/train/accepted_model.h"
 #include "dptrain/train/checkpoint.h"
+#include "dptrain/train/checkpoint_types.h"
 #include "dptrain/train/options.h"
 
 namespace dptrain {

@@ -24,11 +24,17 @@
 #include <limits>
 #include <new>
 #include <optional>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "dptrain/core/errors.h"
 #include "dptrain/core/files.h"
 #include "dptrain/data/data.h"
 #include "dptrain/model/model.h"
+#include "dptrain/train/accepted_model.h"
+#include "dptrain/train/checkpoint_types.h"
+#include "dptrain/train/epoch_stats.h"
 
 namespace dptrain {
 namespace {

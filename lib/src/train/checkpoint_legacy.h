@@ -6,7 +6,6 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
-#include <vector>
 
 #include "dptrain/core/files.h"
 #include "dptrain/train/accepted_model.h"

@@ -3,6 +3,7 @@
 // checkpoint_run_state.h; the file around it is checkpoint.cpp's.
 #include "checkpoint_run_state.h"
 
+#include <cstddef>
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
@@ -10,12 +11,15 @@
 #include <cstdint>
 #include <limits>
 #include <sstream>
+#include <string>
+#include <utility>
 
 #include "dptrain/core/errors.h"
 #include "dptrain/core/files.h"
 #include "dptrain/core/peak_tflops.h"
 #include "dptrain/core/safetensors.h"
 #include "dptrain/model/model.h"
+#include "dptrain/train/checkpoint_types.h"
 #include "dptrain/train/epoch_stats.h"
 
 namespace dptrain {

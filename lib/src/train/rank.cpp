@@ -10,6 +10,7 @@
 #include <atomic>
 #include <chrono>
 #include <cmath>
+#include <cstddef>
 #include <cstdint>
 #include <exception>
 #include <limits>
@@ -27,17 +28,25 @@
 #include "dptrain/core/statistics.h"
 #include "dptrain/data/batch_input.h"
 #include "dptrain/data/batching.h"
+#include "dptrain/data/data.h"
 #include "dptrain/model/autocast.h"
 #include "dptrain/model/batch_norm.h"
 #include "dptrain/model/flops.h"
+#include "dptrain/model/memory_format.h"
 #include "dptrain/model/model.h"
 #include "dptrain/model/numerics.h"
+#include "dptrain/parallel/distributed.h"
+#include "dptrain/parallel/joined_world.h"
 #include "dptrain/parallel/reducer.h"
 #include "dptrain/parallel/replicas.h"
+#include "dptrain/train/callbacks.h"
 #include "dptrain/train/checkpoint.h"
 #include "dptrain/train/checkpoint_directory.h"
+#include "dptrain/train/checkpoint_types.h"
 #include "dptrain/train/cuda_graph_step.h"
+#include "dptrain/train/epoch_stats.h"
 #include "dptrain/train/finite.h"
+#include "dptrain/train/options.h"
 #include "dptrain/train/step_gpu_time.h"
 
 namespace dptrain {

@@ -4,9 +4,7 @@
 #include <algorithm>
 #include <chrono>  // IWYU pragma: keep (the CUDA branch)
 #include <cmath>
-#include <cstddef>
 #include <cstdint>
-#include <limits>
 #include <utility>  // IWYU pragma: keep (the CUDA branch)
 #include <vector>
 

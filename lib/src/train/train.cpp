@@ -2,11 +2,12 @@
 // settings every rank must agree on, the ranks started, a thread each where a process has several.
 // The world was checked before (checked_world.cpp); one rank's run is rank.cpp. See train.h.
 #include "dptrain/data/data.h"
+#include "dptrain/parallel/world_plan.h"
 #include "dptrain/train/callbacks.h"
 #include "dptrain/train/checked_world.h"
+#include "dptrain/train/checkpoint_types.h"
 #include "dptrain/train/epoch_stats.h"
 #include "dptrain/train/train.h"
-#include "dptrain/parallel/world_plan.h"
 
 #include <ATen/Context.h>
 #include <c10/util/Exception.h>

@@ -4,8 +4,6 @@
 // terminal (report.h) or the figure drawn from it (plot.h).
 #pragma once
 
-#include <cstdint>
-#include <limits>
 #include <string>
 #include <vector>
 
