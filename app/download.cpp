@@ -21,8 +21,10 @@
 #include <cstdio>
 #include <cstring>
 #include <ctime>
+#include <exception>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <thread>

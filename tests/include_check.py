@@ -49,15 +49,21 @@ def source_dir(build):
         return re.search(r"^CMAKE_HOME_DIRECTORY:INTERNAL=(.*)$", f.read(), re.M).group(1)
 
 
+# The targets that compile a source a second time without an optional library.
+WITHOUT_OPTIONAL_PIECES = ("dptrain_without_optional_pieces", "dptrain_download_without_curl")
+
+
 def compile_database(build, root, scratch):
     """The folder of a compile_commands.json for the tree at `root`: the build's, less the second
-    compilation of some sources without the optional pieces (lib/CMakeLists.txt; clang-tidy would
-    check both and call unused what only the full build uses), and for another tree (a copy, in
+    compilation of some sources without the optional pieces (lib/CMakeLists.txt, and app/'s
+    downloader without libcurl; clang-tidy would check both and call unused what only the full
+    build uses), and for another tree (a copy, in
     the self-test) with lib/ and app/ pointed at `root`."""
     source = os.path.realpath(source_dir(build))
     with open(os.path.join(build, "compile_commands.json"), encoding="utf-8") as f:
         entries = [e for e in json.load(f)
-                   if "dptrain_without_optional_pieces" not in e.get("output", e["command"])]
+                   if not any(target in e.get("output", e["command"])
+                              for target in WITHOUT_OPTIONAL_PIECES)]
     text = json.dumps(entries)
     if source != os.path.realpath(root):
         for top in ("lib", "app"):
