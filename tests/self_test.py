@@ -1,6 +1,7 @@
 """The self-test every checker of the tree runs (tests/layering_check.py, tests/include_check.py,
-tests/docs/check_architecture.py): plant each defect in a copy of the tree, run the checker on the
-copy, and require that it fails naming the defect; then require that the real tree passes.
+tests/docs/check_architecture.py, tests/docs/check_hardening.py): plant each defect in a copy of
+the tree, run the checker on the copy, and require that it fails naming the defect; then require
+that the real tree passes.
 Not here: what a checker looks for, and how a defect is planted (each checker passes its own).
 """
 import os

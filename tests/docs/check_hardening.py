@@ -10,10 +10,10 @@ A test renamed or removed fails here until the document follows.
 """
 import os
 import re
-import shutil
-import subprocess
 import sys
-import tempfile
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import self_test as self_test_support  # noqa: E402
 
 FAULTS = re.compile(r"^## Faults\b.*?$(.*?)(?=^## |\Z)", re.M | re.S)
 CELL = re.compile(r"(?<!\\)\|")
@@ -106,31 +106,13 @@ def check(root):
 
 def self_test(root):
     """A copy of the document that cites a test tests/ does not have must fail the check."""
-    with open(os.path.join(root, "docs", "hardening.md"), encoding="utf-8") as f:
-        doc = f.read()
-    planted = doc.replace("`MultiProcess.KilledRankMakesTheOtherFailWithinTheTimeout`",
-                          "`MultiProcess.APlantedTestThatDoesNotExist`", 1)
-    if planted == doc:
-        print("hardening self-test: the row to plant in is gone; pick another")
-        return 1
-    with tempfile.TemporaryDirectory() as scratch:
-        shutil.copytree(os.path.join(root, "tests"), os.path.join(scratch, "tests"),
-                        ignore=shutil.ignore_patterns("fixtures"))
-        os.makedirs(os.path.join(scratch, "docs"))
-        with open(os.path.join(scratch, "docs", "hardening.md"), "w", encoding="utf-8") as f:
-            f.write(planted)
-        run = subprocess.run([sys.executable, os.path.abspath(__file__), scratch],
-                             capture_output=True, text=True)
-    if run.returncode == 0 or "APlantedTestThatDoesNotExist" not in run.stdout:
-        print("hardening self-test: the planted name was not caught:\n" + run.stdout + run.stderr)
-        return 1
-    clean = check(root)
-    if clean:
-        print("\n".join(clean))
-        return 1
-    print("hardening self-test: the planted name fails the check:\n  "
-          + run.stdout.strip().splitlines()[0])
-    return 0
+    plant = lambda copy: self_test_support.replace_once(  # noqa: E731
+        os.path.join(copy, "docs", "hardening.md"),
+        "`MultiProcess.KilledRankMakesTheOtherFailWithinTheTimeout`",
+        "`MultiProcess.APlantedTestThatDoesNotExist`")
+    return self_test_support.run_self_test("hardening", os.path.abspath(__file__), root,
+                                           ("tests", "docs/hardening.md"),
+                                           [(plant, ["APlantedTestThatDoesNotExist"])])
 
 
 def main(argv):
