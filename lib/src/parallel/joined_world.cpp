@@ -2,12 +2,16 @@
 #include "dptrain/parallel/joined_world.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <exception>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -130,6 +134,51 @@ JoinedWorld::~JoinedWorld() {
 void JoinedWorld::leave() {
   communicator_->barrier("final barrier");
   communicator_->shutdown();
+}
+
+namespace {
+
+// The failure run_on_threads reports: `order[i]` is when thread i failed, 1 for the first.
+void rethrow_first_failure(const std::vector<std::exception_ptr>& errors,
+                           const std::vector<int>& order) {
+  std::exception_ptr first_collective;
+  int first_order = 0;
+  for (size_t i = 0; i < errors.size(); ++i) {
+    if (!errors[i]) continue;
+    try {
+      std::rethrow_exception(errors[i]);
+    } catch (const CollectiveError&) {
+      if (!first_collective || order[i] < first_order) {
+        first_collective = errors[i];
+        first_order = order[i];
+      }
+    }
+  }
+  if (first_collective) std::rethrow_exception(first_collective);
+}
+
+}  // namespace
+
+void run_on_threads(int count, LocalReplicas& replicas, const std::function<void(int)>& run_one) {
+  const auto n = static_cast<size_t>(std::max(count, 0));
+  std::vector<std::exception_ptr> errors(n);
+  std::vector<int> failure_order(n, 0);
+  std::atomic<int> failures{0};
+  std::vector<std::thread> threads;
+  threads.reserve(n);
+  for (size_t i = 0; i < n; ++i) {
+    threads.emplace_back([&, i] {
+      try {
+        run_one(static_cast<int>(i));
+      } catch (...) {
+        failure_order[i] = ++failures;
+        errors[i] = std::current_exception();
+        replicas.abort_all();
+      }
+    });
+  }
+  for (auto& thread : threads) thread.join();
+  rethrow_first_failure(errors, failure_order);
 }
 
 }  // namespace dptrain

@@ -13,7 +13,6 @@
 #include <c10/util/Exception.h>
 
 #include <algorithm>
-#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <exception>
@@ -22,7 +21,6 @@
 #include <optional>
 #include <stdexcept>
 #include <string>
-#include <thread>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -77,53 +75,14 @@ std::string sizes_to_lower(const TrainOptions& options, const RankPlan& plan) {
   }
 }
 
-// The failure to report among this process's replicas: a rank's own failure over a collective
-// error that merely reports a missing peer, and among collective errors the first to happen
-// (`order[i]`: when rank i failed, 1 for the first).
-void rethrow_first_failure(const std::vector<std::exception_ptr>& errors,
-                           const std::vector<int>& order) {
-  std::exception_ptr first_collective;
-  int first_order = 0;
-  for (size_t i = 0; i < errors.size(); ++i) {
-    if (!errors[i]) continue;
-    try {
-      std::rethrow_exception(errors[i]);
-    } catch (const CollectiveError&) {
-      if (!first_collective || order[i] < first_order) {
-        first_collective = errors[i];
-        first_order = order[i];
-      }
-    } catch (...) {
-      throw;
-    }
-  }
-  if (first_collective) std::rethrow_exception(first_collective);
-}
-
-// Runs `run_one(i)` for the `local` replicas of this process, a thread each, and returns the
-// first's result. The first failure aborts the others' process groups (so that they end at once)
-// and is reported; the others follow from it (their peer left) and would only hide the cause.
+// Runs `run_one(i)` for the `local` replicas of this process, a thread each (run_on_threads,
+// joined_world.h), and returns the first's result.
 template <typename Result>
 Result run_local_ranks(int local, LocalReplicas& replicas,
                        const std::function<Result(int)>& run_one) {
   std::vector<Result> results(static_cast<size_t>(local));
-  std::vector<std::exception_ptr> errors(static_cast<size_t>(local));
-  std::vector<int> failure_order(static_cast<size_t>(local), 0);
-  std::atomic<int> failures{0};
-  std::vector<std::thread> threads;
-  for (int i = 0; i < local; ++i) {
-    threads.emplace_back([&, i] {
-      try {
-        results[static_cast<size_t>(i)] = run_one(i);
-      } catch (...) {
-        failure_order[static_cast<size_t>(i)] = ++failures;
-        errors[static_cast<size_t>(i)] = std::current_exception();
-        replicas.abort_all();
-      }
-    });
-  }
-  for (auto& thread : threads) thread.join();
-  rethrow_first_failure(errors, failure_order);
+  run_on_threads(local, replicas,
+                 [&](int i) { results[static_cast<size_t>(i)] = run_one(i); });
   return results.front();
 }
 

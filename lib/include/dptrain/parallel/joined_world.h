@@ -10,6 +10,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -34,6 +35,13 @@ class LocalReplicas {
   std::vector<Communicator*> members_;
   bool failed_ = false;
 };
+
+// Runs `run_one(i)` for i < `count`, a thread each, and returns once all have ended. The first
+// failure aborts the others' process groups (replicas.abort_all), so that they end at once; the
+// one rethrown is a replica's own failure over a CollectiveError that only reports its peer's
+// going, and among CollectiveErrors the first to happen: the others follow from it and would
+// only hide the cause.
+void run_on_threads(int count, LocalReplicas& replicas, const std::function<void(int)>& run_one);
 
 // Where one rank takes its place in the world, and how it gets there.
 struct WorldSeat {
