@@ -17,16 +17,22 @@ import tempfile
 import textwrap
 
 # What each example runs with (a few seconds each on two cores) and the accuracy it must reach:
-# the floors sit some 5 points under what the runs reached on Debian's LibTorch 1.13 (printed).
+# the floors sit some 5 points under what the runs reached on Debian's LibTorch 1.13 (mlp_adam
+# 0.80, accumulate 0.76, both ways; the test prints each run's).
 EXAMPLES = {
-    "mlp_adam": (["--epochs", "2", "--train-limit", "6000", "--test-limit", "2000"], 0.70),
+    "mlp_adam": (["--epochs", "2", "--train-limit", "6000", "--test-limit", "2000"], 0.75),
     "accumulate": (["--epochs", "2", "--accumulate", "4", "--train-limit", "6000",
-                    "--test-limit", "2000"], 0.65),
+                    "--test-limit", "2000"], 0.70),
 }
 # The settings of this build that a project built beside it must share: the same compiler and
 # LibTorch, found the way this build found them.
 PASSED_ON = ["CMAKE_CXX_COMPILER", "CMAKE_CXX_COMPILER_LAUNCHER", "CMAKE_BUILD_TYPE", "Torch_DIR",
              "CUDAToolkit_ROOT", "OPENSSL_ROOT_DIR", "OPENSSL_USE_STATIC_LIBS"]
+# Two ranks on this machine. Underscored flags and explicit --redirects and --tee maps: Debian's
+# torchrun 1.13 under Python 3.11 knows no other spelling and fails on its default maps (stderr
+# is redirected and teed, so that each rank's stdout, with rank 0's accuracy, comes through).
+TORCHRUN = ["--standalone", "--nproc_per_node=2", "--no_python", "--redirects=0:2,1:2",
+            "--tee=0:2,1:2"]
 ACCURACY = re.compile(r"^test acc: ([0-9.]+)$", re.M)
 
 
@@ -124,8 +130,8 @@ def main():
         failures = []
         for name, (flags, floor) in EXAMPLES.items():
             runs = {
-                "torchrun, 2 ranks": [args.python, "-m", "torch.distributed.run",
-                                      "--nproc_per_node", "2", "--standalone", built[name], *flags],
+                "torchrun, 2 ranks": [args.python, "-m", "torch.distributed.run", *TORCHRUN,
+                                      built[name], *flags],
                 "one process, 2 replicas": [built[name], "--replicas", "2", *flags],
             }
             for how, command in runs.items():
