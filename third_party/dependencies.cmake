@@ -118,30 +118,9 @@ function(dptrain_torch_cxx_standard out_standard out_reason)
 endfunction()
 
 # ---- LibTorch ---------------------------------------------------------------
-include(${CMAKE_CURRENT_LIST_DIR}/cuda_toolkit.cmake)
+include(${CMAKE_CURRENT_LIST_DIR}/torch_interface.cmake)
 dptrain_prepare_cuda_toolkit()
-# Note [Another LibTorch's libtorch.so]
-# TorchConfig.cmake finds libtorch.so, libc10.so and a few more with find_library(... PATHS
-# <its own lib>), and find_library looks in the system folders before PATHS. So with Debian's
-# libtorch-dev installed and only torch.utils.cmake_prefix_path given (as PyTorch documents),
-# PyPI's LibTorch takes Debian's libtorch.so.1.13 and libc10.so, and the binary loads two
-# LibTorch versions at once. Where the TorchConfig.cmake about to be found has its own lib/, those
-# names are pointed there first; the check after find_package stops any other mismatch.
-dptrain_locate_torch_config(dptrain_torch_config)
-if(dptrain_torch_config)
-  get_filename_component(dptrain_torch_lib "${dptrain_torch_config}/../../../lib" ABSOLUTE)
-  foreach(pair TORCH_LIBRARY:torch c10_LIBRARY:c10 C10_CUDA_LIBRARY:c10_cuda
-          CAFFE2_NVRTC_LIBRARY:caffe2_nvrtc kineto_LIBRARY:kineto)
-    string(REPLACE ":" ";" pair "${pair}")
-    list(GET pair 0 variable)
-    list(GET pair 1 name)
-    set(file "${dptrain_torch_lib}/lib${name}.so")
-    if(EXISTS "${file}" AND NOT "${${variable}}" STREQUAL "${file}")
-      set(${variable} "${file}" CACHE FILEPATH
-          "LibTorch's lib${name}.so (dptrain: the one beside its TorchConfig.cmake)" FORCE)
-    endif()
-  endforeach()
-endif()
+dptrain_prefer_torch_own_libraries()
 find_package(Torch REQUIRED)
 if(Torch_VERSION VERSION_LESS 1.13)
   message(FATAL_ERROR "dptrain needs LibTorch 1.13 or newer, found ${Torch_VERSION}")
@@ -155,21 +134,12 @@ foreach(variable TORCH_LIBRARY c10_LIBRARY)
   if(NOT dir STREQUAL dptrain_torch_cpu_dir)
     dptrain_fail("find_package(Torch) took ${variable}=${${variable}} from another LibTorch than "
                  "its own ${dptrain_torch_cpu} (Note [Another LibTorch's libtorch.so] in "
-                 "third_party/dependencies.cmake): pass -D${variable}= the one in "
+                 "third_party/torch_interface.cmake): pass -D${variable}= the one in "
                  "${dptrain_torch_cpu_dir}, or add that LibTorch's root to CMAKE_PREFIX_PATH")
   endif()
 endforeach()
-# TorchConfig exposes its targets plus TORCH_CXX_FLAGS (the C++ ABI switch); wrap both in one
-# imported target so that nothing edits the global flags.
-add_library(dptrain_torch INTERFACE)
-target_link_libraries(dptrain_torch INTERFACE ${TORCH_LIBRARIES})
-separate_arguments(dptrain_torch_flags UNIX_COMMAND "${TORCH_CXX_FLAGS}")
-target_compile_options(dptrain_torch INTERFACE ${dptrain_torch_flags})
-# Treat LibTorch's headers as system headers so that their warnings are not ours.
+# The headers' include folders, which dptrain_torch_cxx_standard reads.
 get_target_property(dptrain_torch_includes torch INTERFACE_INCLUDE_DIRECTORIES)
-if(dptrain_torch_includes)
-  target_include_directories(dptrain_torch SYSTEM INTERFACE ${dptrain_torch_includes})
-endif()
 
 # The C++ standard of every dptrain target and every header probe, decided here once. Each
 # target asks for it with target_compile_features(... cxx_std_${DPTRAIN_CXX_STANDARD}), and
@@ -180,19 +150,9 @@ if(NOT "cxx_std_${DPTRAIN_CXX_STANDARD}" IN_LIST CMAKE_CXX_COMPILE_FEATURES)
                "${CMAKE_CXX_COMPILER_VERSION}) does not support: pass -DCMAKE_CXX_COMPILER= a "
                "newer compiler (GCC 10 or Clang 10 and newer know C++20)")
 endif()
-target_compile_features(dptrain_torch INTERFACE cxx_std_${DPTRAIN_CXX_STANDARD})
-
-# A PyPI LibTorch's libtorch_cuda.so finds libnccl.so.2, cuDNN and the like in the nvidia-*
-# wheels beside it ($ORIGIN/../../nvidia/*/lib). The linker, checking those libraries' symbols,
-# looks in the -rpath folders first, so a CUDA toolkit with another NCCL merged in gave an older
-# libnccl.so.2 ("undefined reference to `ncclCommGrow'" with 2.15); -rpath-link puts the wheels
-# first, as at run time. It changes only where the linker looks, nothing in the binary.
-get_filename_component(dptrain_torch_site "${TORCH_INSTALL_PREFIX}/.." ABSOLUTE)
-file(GLOB dptrain_torch_wheel_libs LIST_DIRECTORIES true "${dptrain_torch_site}/nvidia/*/lib")
-if(dptrain_torch_wheel_libs)
-  list(JOIN dptrain_torch_wheel_libs ":" dptrain_torch_wheel_libs)
-  target_link_options(dptrain_torch INTERFACE "LINKER:-rpath-link,${dptrain_torch_wheel_libs}")
-endif()
+# LibTorch's libraries, flags and headers for dptrain's own targets (torch_interface.cmake).
+add_library(dptrain_torch INTERFACE)
+dptrain_torch_interface(dptrain_torch ${DPTRAIN_CXX_STANDARD})
 
 # Which collective backends this LibTorch carries, decided once here (see lib/CMakeLists.txt).
 if(TARGET torch_cuda)
@@ -328,8 +288,9 @@ if(DPTRAIN_TENSORBOARD STREQUAL "AUTO")
   else()
     set(DPTRAIN_WITH_TENSORBOARD ON)
     set(DPTRAIN_TENSORBOARD_MISSING "")
-    add_library(dptrain_isal UNKNOWN IMPORTED)
-    set_target_properties(dptrain_isal PROPERTIES IMPORTED_LOCATION "${DPTRAIN_ISAL_LIBRARY}"
+    # Named as the installed package names it (lib/cmake/dptrainDependencies.cmake.in).
+    add_library(dptrain::isal UNKNOWN IMPORTED GLOBAL)
+    set_target_properties(dptrain::isal PROPERTIES IMPORTED_LOCATION "${DPTRAIN_ISAL_LIBRARY}"
                           INTERFACE_INCLUDE_DIRECTORIES "${DPTRAIN_ISAL_INCLUDE_DIR}")
   endif()
 endif()

@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <mutex>
 
+#include "dptrain/core/errors.h"
 #include "dptrain/data/batching.h"
 #include "dptrain/parallel/reducer.h"
 #include "support/parallel_support.h"
@@ -121,7 +122,6 @@ TEST(Reducer, ParametersMoveIntoBucketLayoutUnchanged) {
   EXPECT_EQ(params[1].data_ptr<float>(), params[2].data_ptr<float>() + 64);
 }
 
-
 TEST(Reducer, ChannelsLastParameterKeepsItsLayout) {
   Communicator single;
   auto params = make_parameters({{4, 3, 2, 2}, {4}}, 5);
@@ -158,13 +158,92 @@ TEST(Reducer, SgdStepIsBitIdenticalToTorchOptimSgd) {
   }
 }
 
-TEST(Reducer, UnusedParameterIsAnError) {
+TEST(Reducer, UnusedParameterIsAnErrorNamingIt) {
   Communicator single;
-  auto params = make_parameters({{2}, {2}}, 3);
-  Reducer reducer(params, single);
+  auto params = make_parameters({{2}, {2}, {3}}, 3);
+  ReducerOptions options;
+  options.names = {"a", "b", "c"};
+  Reducer reducer(params, single, options);
   reducer.prepare_for_backward();
   (params[0] * 3).sum().backward();
-  EXPECT_THROW(reducer.finalize_backward(), std::logic_error);
+  try {
+    reducer.finalize_backward();
+    FAIL() << "expected a UsageError";
+  } catch (const UsageError& e) {
+    EXPECT_STREQ(e.what(),
+                 "rank 0: parameter 'b' (and 1 more) got no gradient in this backward pass; a "
+                 "parameter that takes no part in the loss needs find_unused_parameters = true "
+                 "(DataParallelOptions)");
+  }
+}
+
+// find_unused: the missing gradients are what their slices hold: zeros, or what a backward
+// outside prepare/finalize (no_sync) accumulated there.
+TEST(Reducer, FindUnusedTakesMissingGradientsAsWhatTheirSlicesHold) {
+  Communicator single;
+  auto params = make_parameters({{2}, {2}}, 3);
+  ReducerOptions options;
+  options.find_unused = true;
+  Reducer reducer(params, single, options);
+  (params[1] * 5).sum().backward();  // disarmed: accumulates, reduces nothing
+  reducer.prepare_for_backward();
+  (params[0] * 3).sum().backward();
+  reducer.finalize_backward();
+  EXPECT_TRUE(torch::equal(params[0].grad(), torch::full({2}, 3.0f)));
+  EXPECT_TRUE(torch::equal(params[1].grad(), torch::full({2}, 5.0f)));
+  reducer.zero_grad();
+  reducer.prepare_for_backward();
+  (params[0] * 3).sum().backward();
+  reducer.finalize_backward();
+  EXPECT_TRUE(torch::equal(params[1].grad(), torch::zeros({2})));
+}
+
+// Note [One dtype per bucket]: float and double parameters never share a bucket, and the
+// buckets are ordered by their highest parameter index, highest first.
+TEST(Reducer, ParametersOfTwoDtypesGetBucketsOfTheirOwn) {
+  Communicator single;
+  auto params = make_parameters({{3}, {4}, {5}, {2}}, 7);
+  params[1] = params[1].detach().to(torch::kDouble).requires_grad_();
+  params[3] = params[3].detach().to(torch::kDouble).requires_grad_();
+  std::vector<torch::Tensor> before;
+  for (const auto& p : params) before.push_back(p.detach().clone());
+  Reducer reducer(params, single, /*bucket_bytes=*/1 << 20);
+  ASSERT_EQ(reducer.num_buckets(), 2u);
+  EXPECT_EQ(reducer.bucket_parameters(0), (std::vector<size_t>{3, 1}));
+  EXPECT_EQ(reducer.bucket_parameters(1), (std::vector<size_t>{2, 0}));
+  EXPECT_EQ(reducer.bucket(0).scalar_type(), torch::kDouble);
+  EXPECT_EQ(reducer.bucket(1).scalar_type(), torch::kFloat);
+  reducer.prepare_for_backward();
+  torch::Tensor loss = torch::zeros({}, torch::kDouble);
+  for (size_t i = 0; i < params.size(); ++i) {
+    loss = loss + (params[i] * static_cast<double>(i + 1)).sum();
+  }
+  loss.backward();
+  reducer.finalize_backward();
+  for (size_t i = 0; i < params.size(); ++i) {
+    EXPECT_TRUE(torch::equal(params[i], before[i])) << i;
+    EXPECT_EQ(params[i].grad().scalar_type(), before[i].scalar_type()) << i;
+    EXPECT_TRUE(torch::all(params[i].grad() == static_cast<double>(i + 1)).item<bool>()) << i;
+  }
+}
+
+// .grad set undefined (LibTorch 2.x's Optimizer::zero_grad) or replaced: put back as the view,
+// zeroed or holding the replacement's values; and an optimizer may detach_() our .grad.
+TEST(Reducer, RestoresGradientViewsSetToNoneOrReplaced) {
+  Communicator single;
+  auto params = make_parameters({{3}, {4}}, 8);
+  Reducer reducer(params, single);
+  const auto* first = params[0].grad().data_ptr();
+  const auto* second = params[1].grad().data_ptr();
+  reducer.bucket(0).fill_(7);
+  params[0].mutable_grad().detach_();  // what Optimizer::zero_grad does first
+  params[0].mutable_grad().reset();
+  params[1].mutable_grad() = torch::full({4}, 2.0f);
+  reducer.restore_gradient_views();
+  EXPECT_EQ(params[0].grad().data_ptr(), first);
+  EXPECT_EQ(params[1].grad().data_ptr(), second);
+  EXPECT_TRUE(torch::equal(params[0].grad(), torch::zeros({3})));
+  EXPECT_TRUE(torch::equal(params[1].grad(), torch::full({4}, 2.0f)));
 }
 
 // ---- Several ranks ----------------------------------------------------------------
@@ -236,6 +315,39 @@ TEST_P(ReducerWorld, MatchesSingleReplicaGradientOfGlobalBatch) {
       EXPECT_TRUE(torch::allclose(params[i].grad(), expected[i].grad(), 1e-5, 1e-7))
           << "parameter " << i << " max diff "
           << (params[i].grad() - expected[i].grad()).abs().max().item<float>();
+    }
+  });
+}
+
+// average: each bucket divided by the world size before the sum, so .grad is the ranks' mean
+// (small integers over 2 ranks: exact); a backward outside prepare/finalize reduces nothing.
+TEST(ReducerOptions, AverageGivesTheMeanOfWhatEachRankAccumulated) {
+  run_thread_ranks(2, [&](Communicator& communicator) {
+    auto params = make_parameters({{3}, {40}, {5}}, 9);
+    ReducerOptions options;
+    options.average = true;
+    options.bucket_bytes = 64;
+    Reducer reducer(params, communicator, options);
+    const double r = communicator.rank();
+    const auto loss_of = [&](double scale) {
+      torch::Tensor loss = torch::zeros({});
+      for (size_t i = 0; i < params.size(); ++i) {
+        loss = loss + (params[i] * (scale * static_cast<double>(i + 1))).sum();
+      }
+      return loss;
+    };
+    loss_of(r + 1).backward();  // disarmed: this rank's alone
+    for (size_t i = 0; i < params.size(); ++i) {
+      const double expected = (r + 1) * static_cast<double>(i + 1);
+      EXPECT_TRUE(torch::all(params[i].grad() == expected).item<bool>()) << i;
+    }
+    reducer.prepare_for_backward();
+    loss_of(2 * (r + 1)).backward();
+    reducer.finalize_backward();
+    // Rank 0 holds 3(i+1), rank 1 6(i+1): the mean is 4.5(i+1).
+    for (size_t i = 0; i < params.size(); ++i) {
+      const double expected = 4.5 * static_cast<double>(i + 1);
+      EXPECT_TRUE(torch::all(params[i].grad() == expected).item<bool>()) << i;
     }
   });
 }

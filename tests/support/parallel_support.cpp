@@ -3,7 +3,13 @@
 
 #include <signal.h>
 
+#include <algorithm>
+#include <cstddef>
 #include <exception>
+#include <iostream>
+#include <mutex>
+#include <stdexcept>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -46,6 +52,29 @@ void run_thread_ranks(int world_size, const std::function<void(Communicator&)>& 
   for (auto& error : errors) {
     if (error) std::rethrow_exception(error);
   }
+}
+
+double largest_difference(const std::vector<torch::Tensor>& a,
+                          const std::vector<torch::Tensor>& b) {
+  if (a.size() != b.size())
+    throw std::invalid_argument("largest_difference: lists differ in length");
+  double largest = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    const auto difference = (a[i].detach().to(torch::kDouble) - b[i].detach().to(torch::kDouble));
+    largest = std::max(largest, difference.abs().max().item<double>());
+  }
+  return largest;
+}
+
+void LargestDifference::update(double difference) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  largest_ = std::max(largest_, difference);
+}
+
+double LargestDifference::report(const std::string& what) const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  std::cout << "largest difference: " << what << " " << largest_ << std::endl;
+  return largest_;
 }
 
 }  // namespace dptrain::testing

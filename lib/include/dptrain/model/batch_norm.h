@@ -9,9 +9,10 @@
 
 #include <cstdint>
 
-namespace dptrain {
+#include "dptrain/parallel/data_parallel.h"
+#include "dptrain/parallel/distributed.h"
 
-class Communicator;
+namespace dptrain {
 
 struct BatchNormOptions {
   int64_t num_features = 0;
@@ -22,7 +23,7 @@ struct BatchNormOptions {
   bool fused = true;
 };
 
-class BatchNormImpl : public torch::nn::Module {
+class BatchNormImpl : public torch::nn::Module, public SynchronisedAcrossReplicas {
  public:
   explicit BatchNormImpl(const BatchNormOptions& options);
   explicit BatchNormImpl(int64_t num_features, bool fused = true)
@@ -40,7 +41,8 @@ class BatchNormImpl : public torch::nn::Module {
 
   // With a communicator of several ranks, training-mode statistics are summed over them. The
   // communicator must outlive the module; nullptr returns to per-replica statistics.
-  void set_sync(Communicator* communicator) { sync_ = communicator; }
+  // DataParallel with sync_batch_norm calls it.
+  void set_sync(Communicator* communicator) override { sync_ = communicator; }
 
   void reset_parameters();  // gamma 1, beta 0, running mean 0, running var 1, counter 0
 

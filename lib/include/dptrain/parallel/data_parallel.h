@@ -112,17 +112,31 @@ class DataParallel {
 
  private:
   void check_module_unchanged() const;  // UsageError naming a parameter replaced since wrapping
+  // Whether a step or a zero_grad touched the parameters or their gradients since the latest
+  // backward (the version counters say so).
+  bool stepped_since_backward() const;
+  void broadcast_buffers();
+  void record_versions();  // what stepped_since_backward compares against
+  void set_replica_sync(Communicator* communicator);
 
   std::shared_ptr<torch::nn::Module> module_;
   Communicator& communicator_;
   DataParallelOptions options_;
-  std::vector<std::string> names_;          // the reduced parameters' names
-  std::vector<torch::Tensor> parameters_;   // the reduced parameters, as wrapped
+  // Every parameter of the module as wrapped, by name: a later list that differs is a change.
+  std::vector<std::string> all_names_;
+  std::vector<torch::Tensor> all_parameters_;
+  std::vector<std::string> names_;         // the reduced parameters' names
+  std::vector<torch::Tensor> parameters_;  // the reduced parameters, as wrapped
+  std::vector<const void*> data_;          // where each one's data lives in its bucket
+  std::vector<const void*> grad_data_;     // where each one's .grad lives in its bucket
   std::unique_ptr<Reducer> reducer_;
   int no_sync_depth_ = 0;
   // Set by a synchronised backward; a second one before a step or zero_grad is refused.
   bool reduced_since_step_ = false;
-  std::vector<int64_t> versions_after_reduce_;  // each parameter's version then
+  // Each parameter's version counter and its gradient's, after the latest backward: an
+  // optimizer's step bumps the first, its in-place zero_grad (LibTorch 1.13) the second.
+  std::vector<int64_t> versions_after_backward_;
+  std::vector<int64_t> grad_versions_after_backward_;
 };
 
 }  // namespace dptrain
