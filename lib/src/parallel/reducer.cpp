@@ -105,9 +105,10 @@ std::vector<std::vector<size_t>> assign_grouped_buckets(
       buckets.push_back(std::move(local));
     }
   }
-  // Each bucket's first index is its highest (assign_buckets walks backwards).
-  std::stable_sort(buckets.begin(), buckets.end(),
-                   [](const auto& a, const auto& b) { return a.front() > b.front(); });
+  // Each bucket's first index is its highest (assign_buckets walks backwards); no two buckets
+  // share one, so the order is total and std::sort is stable enough.
+  std::sort(buckets.begin(), buckets.end(),
+            [](const auto& a, const auto& b) { return a.front() > b.front(); });
   return buckets;
 }
 
