@@ -1,19 +1,28 @@
 // Tests of our BatchNorm (batch_norm.h): identical to torch::nn::BatchNorm2d per replica, and in
 // synchronised mode N thread ranks on shards compute what one replica computes on the batch.
 #include <gtest/gtest.h>
+#include <torch/nn/functional/loss.h>
 #include <torch/nn/modules/batchnorm.h>
+#include <torch/nn/modules/conv.h>
+#include <torch/nn/modules/linear.h>
+#include <torch/optim/sgd.h>
 
 #include <cstdint>
 #include <mutex>
+#include <string>
+#include <vector>
 
 #include "dptrain/data/batching.h"
 #include "dptrain/model/batch_norm.h"
+#include "dptrain/parallel/data_parallel.h"
 #include "support/parallel_support.h"
 #include "support/test_support.h"
 
 namespace {
 
 using namespace dptrain;
+using dptrain::testing::largest_difference;
+using dptrain::testing::LargestDifference;
 using dptrain::testing::run_thread_ranks;
 
 // A BatchNorm with non-trivial affine parameters and running statistics.
@@ -113,5 +122,79 @@ TEST_P(SyncBatchNormWorld, ShardsComputeWhatOneReplicaComputesOnTheBatch) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Worlds, SyncBatchNormWorld, ::testing::Values(1, 2, 3));
+
+// ---- Through DataParallel -----------------------------------------------------------
+
+// A convolution, our BatchNorm and a linear head: statistics, buffers and all.
+struct ConvBatchNormImpl : torch::nn::Module {
+  ConvBatchNormImpl()
+      : conv(register_module("conv", torch::nn::Conv2d(torch::nn::Conv2dOptions(1, 3, 3)))),
+        bn(register_module("bn", BatchNorm(3))),
+        fc(register_module("fc", torch::nn::Linear(3 * 4 * 4, 2))) {}
+  torch::Tensor forward(const torch::Tensor& x) {  // (N, 1, 6, 6) -> (N, 2)
+    return fc(torch::relu(bn(conv(x))).flatten(1));
+  }
+  torch::nn::Conv2d conv;
+  BatchNorm bn;
+  torch::nn::Linear fc;
+};
+TORCH_MODULE(ConvBatchNorm);
+
+ConvBatchNorm make_conv_batch_norm(int seed) {
+  static std::mutex generator_mutex;
+  std::lock_guard<std::mutex> lock(generator_mutex);
+  torch::manual_seed(seed);
+  return ConvBatchNorm();
+}
+
+std::vector<torch::Tensor> state_of(torch::nn::Module& module) {
+  auto state = module.parameters();
+  for (const auto& buffer : module.buffers()) state.push_back(buffer);
+  return state;
+}
+
+class DataParallelBatchNormWorld : public ::testing::TestWithParam<int> {};
+
+// DataParallel with sync_batch_norm: N replicas on their shards end where one replica on the
+// whole batch ends, weights and running statistics alike.
+TEST_P(DataParallelBatchNormWorld, SyncBatchNormEqualsOneReplicaOnTheWholeBatch) {
+  const int world = GetParam();
+  constexpr int kSteps = 3;
+  constexpr int64_t kShard = 3;
+  torch::manual_seed(13);
+  std::vector<torch::Tensor> xs;
+  std::vector<torch::Tensor> ys;
+  for (int step = 0; step < kSteps; ++step) {
+    xs.push_back(torch::randn({kShard * world, 1, 6, 6}) * 2 + 1);
+    ys.push_back(torch::randn({kShard * world, 2}));
+  }
+  auto reference = make_conv_batch_norm(14);
+  torch::optim::SGD sgd(reference->parameters(), torch::optim::SGDOptions(0.1));
+  for (int step = 0; step < kSteps; ++step) {
+    sgd.zero_grad();
+    torch::nn::functional::mse_loss(reference->forward(xs[step]), ys[step]).backward();
+    sgd.step();
+  }
+  LargestDifference largest;
+  run_thread_ranks(world, [&](Communicator& communicator) {
+    auto model = make_conv_batch_norm(14 + communicator.rank());  // rank 0's wins
+    DataParallelOptions options;
+    options.sync_batch_norm = true;
+    DataParallel parallel(model.ptr(), communicator, options);
+    const int64_t begin = kShard * communicator.rank();
+    for (int step = 0; step < kSteps; ++step) {
+      parallel.zero_grad();
+      const auto logits = model->forward(xs[step].slice(0, begin, begin + kShard));
+      parallel.backward(
+          torch::nn::functional::mse_loss(logits, ys[step].slice(0, begin, begin + kShard)));
+      parallel.sgd_step(0.1);
+    }
+    EXPECT_TRUE(torch::equal(model->bn->num_batches_tracked, reference->bn->num_batches_tracked));
+    largest.update(largest_difference(state_of(*model), state_of(*reference)));
+  });
+  EXPECT_LT(largest.report("sync batch norm, world " + std::to_string(world)), 1e-6);
+}
+
+INSTANTIATE_TEST_SUITE_P(Worlds, DataParallelBatchNormWorld, ::testing::Values(2, 3));
 
 }  // namespace

@@ -2,8 +2,8 @@
 // its bucket, and each bucket's asynchronous all-reduce starts as soon as autograd has
 // accumulated all of its gradients, so communication overlaps the rest of backward.
 // The parameters themselves move into the same flat layout, so that plain SGD is one update per
-// bucket. Not here: the loss weighting that makes the sum a mean (RankTraining::step in
-// lib/src/train/rank.cpp).
+// bucket. Not here: wrapping a whole module, with its checks and buffers (data_parallel.h); the
+// driver's loss weighting that makes the sum a mean (RankTraining::step in lib/src/train/rank.cpp).
 #pragma once
 
 #include <torch/csrc/autograd/variable.h>
