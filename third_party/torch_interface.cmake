@@ -22,6 +22,13 @@ function(dptrain_prefer_torch_own_libraries)
     return()
   endif()
   get_filename_component(torch_lib "${torch_config}/../../../lib" ABSOLUTE)
+  # TorchConfig.cmake finds its Caffe2Config.cmake with find_package(Caffe2 PATHS <beside it>),
+  # which takes the system's (Debian's 1.13) first when only Torch_DIR points at another LibTorch.
+  if(EXISTS "${torch_config}/../Caffe2/Caffe2Config.cmake")
+    get_filename_component(caffe2_config "${torch_config}/../Caffe2" ABSOLUTE)
+    set(Caffe2_DIR "${caffe2_config}" CACHE PATH
+        "LibTorch's Caffe2Config.cmake (dptrain: the one beside its TorchConfig.cmake)" FORCE)
+  endif()
   foreach(pair TORCH_LIBRARY:torch c10_LIBRARY:c10 C10_CUDA_LIBRARY:c10_cuda
           CAFFE2_NVRTC_LIBRARY:caffe2_nvrtc kineto_LIBRARY:kineto)
     string(REPLACE ":" ";" pair "${pair}")
