@@ -115,6 +115,18 @@ torch::Tensor mse(Model& model, const Batch& batch) {
   return F::mse_loss(output, batch.y.to(output.scalar_type()));
 }
 
+// One replica on the whole batches: a step of LibTorch's SGD at `lr` on each, the reference the
+// wrapped replicas are held to.
+template <typename Model>
+void train_with_sgd(Model& model, const std::vector<Batch>& batches, double lr) {
+  torch::optim::SGD sgd(model->parameters(), torch::optim::SGDOptions(lr));
+  for (const auto& batch : batches) {
+    sgd.zero_grad();
+    mse(model, batch).backward();
+    sgd.step();
+  }
+}
+
 // The optimizer's own zero_grad: LibTorch 2.x sets every .grad undefined (its default), 1.13
 // zeroes them in place and takes no argument.
 void optimizer_zero_grad(torch::optim::Optimizer& optimizer) {
@@ -200,12 +212,7 @@ TEST_P(DataParallelWorld, TiedWeightsEqualOneReplicaOnTheWholeBatch) {
   const int world = GetParam();
   const auto batches = make_batches(3, 4 * world, 3);
   auto reference = seeded(30, [] { return Tied(); });
-  torch::optim::SGD reference_sgd(reference->parameters(), torch::optim::SGDOptions(0.2));
-  for (const auto& batch : batches) {
-    reference_sgd.zero_grad();
-    mse(reference, batch).backward();
-    reference_sgd.step();
-  }
+  train_with_sgd(reference, batches, 0.2);
   LargestDifference largest;
   run_thread_ranks(world, [&](Communicator& communicator) {
     auto model = seeded(30 + communicator.rank(), [] { return Tied(); });
@@ -225,12 +232,7 @@ TEST_P(DataParallelWorld, UnusedBranchWithFindUnusedEqualsTheModelWithoutIt) {
   const auto batches = make_batches(3, 4 * world, 4);
   // `used` is registered first, so the same seed gives it the values of this lone layer.
   auto reference = seeded(40, [] { return torch::nn::Linear(6, 3); });
-  torch::optim::SGD reference_sgd(reference->parameters(), torch::optim::SGDOptions(0.2));
-  for (const auto& batch : batches) {
-    reference_sgd.zero_grad();
-    mse(reference, batch).backward();
-    reference_sgd.step();
-  }
+  train_with_sgd(reference, batches, 0.2);
   LargestDifference largest;
   run_thread_ranks(world, [&](Communicator& communicator) {
     auto model = seeded(40 + communicator.rank(), [] { return Branchy(); });
@@ -261,12 +263,7 @@ TEST_P(DataParallelWorld, ParametersOfTwoDtypesEqualOneReplica) {
     return model;
   };
   auto reference = seeded(50, make);
-  torch::optim::SGD reference_sgd(reference->parameters(), torch::optim::SGDOptions(0.2));
-  for (const auto& batch : batches) {
-    reference_sgd.zero_grad();
-    mse(reference, batch).backward();
-    reference_sgd.step();
-  }
+  train_with_sgd(reference, batches, 0.2);
   LargestDifference largest;
   run_thread_ranks(world, [&](Communicator& communicator) {
     auto model = seeded(50 + communicator.rank(), make);
@@ -291,12 +288,7 @@ INSTANTIATE_TEST_SUITE_P(Worlds, DataParallelWorld, ::testing::Values(2, 3));
 TEST(DataParallel, ReplicasOfOneProcessWrapThroughTheirWorld) {
   const auto batches = make_batches(3, 8, 14);
   auto reference = seeded(140, [] { return Mlp(); });
-  torch::optim::SGD reference_sgd(reference->parameters(), torch::optim::SGDOptions(0.2));
-  for (const auto& batch : batches) {
-    reference_sgd.zero_grad();
-    mse(reference, batch).backward();
-    reference_sgd.step();
-  }
+  train_with_sgd(reference, batches, 0.2);
   LargestDifference largest;
   run_replicas({torch::Device(torch::kCPU), torch::Device(torch::kCPU)}, [&](World& world) {
     auto model = seeded(140 + world.rank(), [] { return Mlp(); });
