@@ -22,6 +22,7 @@
 #include "dptrain/model/autocast.h"
 #include "dptrain/model/memory_format.h"
 #include "dptrain/train/options.h"
+#include "recipe_flags.h"
 
 namespace dptrain {
 namespace {
@@ -178,6 +179,7 @@ cxxopts::Options train_options() {
                            "torchrun or srun, each process is one rank on device LOCAL_RANK.\n");
   add_data_flags(options);
   add_training_flags(options);
+  add_recipe_flags(options);
   add_device_flags(options);
   add_parallel_training_flags(options);
   add_output_flags(options, /*training=*/true);
@@ -228,8 +230,8 @@ cxxopts::Options download_options() {
 }
 // clang-format on
 
-const std::vector<std::string> kTrainGroups{"Experiment",       "Checkpoints", "Devices",
-                                            "Data parallelism", "Speed",       "Output"};
+const std::vector<std::string> kTrainGroups{"Experiment",       "Recipe", "Checkpoints", "Devices",
+                                            "Data parallelism", "Speed",  "Output"};
 const std::vector<std::string> kEvalGroups{"Weights",          "Experiment", "Devices",
                                            "Data parallelism", "Speed",      "Output"};
 
@@ -290,6 +292,12 @@ std::vector<std::string> checked_arguments(const cxxopts::Options& options, int 
     }
     const std::string spelled = (is_long ? "--" : "-") + name;
     const bool needs_value = flag->second;
+    if (equals == std::string::npos && spelled == "--recipe" && i + 1 < argc) {
+      for (auto& preset_argument : recipe_preset_arguments(argv[++i])) {
+        out.push_back(preset_argument);
+      }
+      continue;
+    }
     if (equals == std::string::npos) {
       out.push_back(spelled);
       // The next argument is the value, whatever it looks like (flag_text refuses "--x").
@@ -297,6 +305,10 @@ std::vector<std::string> checked_arguments(const cxxopts::Options& options, int 
       continue;
     }
     const std::string value = argument.substr(equals + 1);
+    if (spelled == "--recipe") {  // Note [A preset is the flags it stands for]
+      for (auto& preset_argument : recipe_preset_arguments(value)) out.push_back(preset_argument);
+      continue;
+    }
     if (needs_value) {
       out.push_back(spelled);
       out.push_back(value);
@@ -495,6 +507,7 @@ void read_train_flags(const cxxopts::ParseResult& result, TrainCommand& train) {
   o.sync_bn = result["sync-bn"].as<bool>();
   o.cuda_graph = result["cuda-graph"].as<bool>();
   if (result.count("peak-tflops")) o.peak_tflops = parse_peak_tflops(text("peak-tflops"));
+  o.recipe = read_recipe_flags(result);
   o.on_nonfinite =
       parse_choice_flag("on-nonfinite", text("on-nonfinite"), {"stop", "skip"}) == "skip"
           ? NonFinite::kSkip

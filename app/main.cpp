@@ -16,7 +16,6 @@
 #include <memory>
 #include <optional>
 #include <string>
-#include <utility>
 #include <vector>
 
 #include "cli.h"
@@ -441,7 +440,10 @@ dptrain::ModelWeights load_weights(const dptrain::EvalCommand& command) {
     model.num_classes = dptrain::kNumClasses;
     model.in_channels = 1;
     dptrain::check_checkpoint_matches(checkpoint.config, model, *command.checkpoint);
-    return {std::move(checkpoint.tensors), checkpoint.config.width, ""};
+    // With --ema the run evaluated (and saved) its averaged weights: so does this.
+    const bool averaged = checkpoint.config.recipe.ema_decay != 0;
+    return {dptrain::evaluated_weights(checkpoint, *command.checkpoint), checkpoint.config.width,
+            averaged ? "its weights' moving average (--ema), which its run evaluated" : ""};
   }
   auto weights = dptrain::read_model_weights(*command.model, "--model", accepted);
   const int64_t width = command.common.options.width;
@@ -532,8 +534,10 @@ int run_eval(dptrain::EvalCommand command, CheckedStdout& out) {
   const auto weights = load_weights(command);
   // Note [A state dict from PyTorch is read as PyTorch reads it] in checkpoint.cpp: once a run.
   if (!weights.notice.empty() && writer) {
+    const std::string flag =
+        command.model ? "--model " + *command.model : "--checkpoint " + *command.checkpoint;
     std::fprintf(stderr, "dptrain: %s\n",
-                 dptrain::message_line("--model " + *command.model + ": " + weights.notice).c_str());
+                 dptrain::message_line(flag + ": " + weights.notice).c_str());
   }
   const auto data_dir = dptrain::resolve_data_dir(command.common.data_dir);
   // Only the test set is evaluated; one training image keeps the data set's shape valid.

@@ -51,6 +51,15 @@ CONFIG = {"width": "int", "num_classes": "int", "in_channels": "int", "batch_siz
 POSITION = {"epochs_done": "int", "step_in_epoch": "int", "global_step": "int",
             "partial_sums": "any"}
 SUMS = {"loss_sum": "real", "correct": "real", "count": "real"}
+# config.recipe, present where the run's recipe was not the book's (train/recipe.h).
+RECIPE = {"momentum": "real", "nesterov": "bool", "weight_decay": "real",
+          "weight_decay_skip_norm_bias": "bool", "lr_schedule": "str", "warmup_epochs": "real",
+          "lr_step_epochs": "int", "lr_step_gamma": "real", "schedule_epochs": "int",
+          "label_smoothing": "real", "augment": "str", "crop_padding": "int",
+          "clip_grad_norm": "real", "ema": "real"}
+# The optimizer's state beside the weights: a prefix, then a tensor of the model's
+# (checkpoint_types.h: kMomentumPrefix, kAveragePrefix).
+STATE_PREFIXES = ("momentum.", "ema.")
 # An epoch's figures: the rows of the table every writer and reader of them is made from,
 # lib/include/dptrain/train/epoch_figures.def (its columns are named there).
 #
@@ -170,8 +179,9 @@ def data_limit(metadata):
     def claim(key, high):
         text = metadata.get("dptrain." + key, "")
         return min(max(int(text), 1), high) if re.fullmatch(r"[0-9]{1,9}", text) else high
-    return model_bytes(claim("width", 4096), claim("num_classes", 65536),
-                       claim("in_channels", 65536))
+    # The model's tensors, and as much again for each of the momentum and the averaged weights.
+    return 3 * model_bytes(claim("width", 4096), claim("num_classes", 65536),
+                           claim("in_channels", 65536))
 
 
 def read_file(path, fail):
@@ -365,13 +375,14 @@ def check_model_tensors(entries, width, fail):
     model = f"the width-{width} model"
     spec = {name: (dtype, shape) for name, dtype, shape in model_tensors(width)}
     for name, dtype, shape, _, _ in entries:
-        if name not in spec:
+        base = next((name[len(p):] for p in STATE_PREFIXES if name.startswith(p)), name)
+        if base not in spec:
             fail(f"holds tensor '{shown(name.encode())}', which {model} has not; not read")
-        want_dtype, want_shape = spec[name]
+        want_dtype, want_shape = spec[base]
         if (dtype, list(shape)) != (want_dtype, want_shape):
             fail(f"tensor '{shown(name.encode())}' is {dtype}[{','.join(map(str, shape))}], "
                  f"{model}'s is {want_dtype}[{','.join(map(str, want_shape))}]; not read")
-    present = {e[0] for e in entries}
+    present = {e[0] for e in entries if not e[0].startswith(STATE_PREFIXES)}
     missing = [name for name, _, _ in model_tensors(width) if name not in present]
     if missing:
         more = f" (nor {len(missing) - 1} more)" if len(missing) > 1 else ""
@@ -420,6 +431,8 @@ def read_fields(obj, kinds, at, fail):
             wrong(key, "is not an integer from 0 to 2^64 - 1")
         elif kind == "str" and not isinstance(value, str):
             wrong(key, "is not a string")
+        elif kind == "bool" and not isinstance(value, bool):
+            wrong(key, "is not true or false")
         elif kind in ("real", "later") and key in obj:
             if not (value in ("nan", "inf", "-inf") or type(value) in (int, float)
                     and abs(value) < 2**1024):  # a float() that cannot overflow
@@ -445,6 +458,8 @@ def run_state(metadata, fail):
     state, config = run_state_and_config(metadata, fail)
     c = {"config": read_fields(config, CONFIG, "config", fail),
          **read_fields(state, POSITION, "", fail)}
+    if "recipe" in config:
+        c["config"]["recipe"] = read_fields(config["recipe"], RECIPE, "config.recipe", fail)
     c["partial_sums"] = read_fields(c["partial_sums"], SUMS, "partial_sums", fail)
     c.update(read_fields(state, {"partial_seconds": "real", "history": "any"}, "", fail))
     if not isinstance(c["history"], list):

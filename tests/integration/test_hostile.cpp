@@ -66,7 +66,7 @@ std::string only_checkpoint(const std::string& directory) {
 // can claim at no cost.
 void write_hollow_checkpoint(const std::string& path, int64_t width) {
   Checkpoint c;
-  c.config = CheckpointConfig{width, 10, 1, 8, 0.1, 0, 16, 1, std::string(64, 'a')};
+  c.config = CheckpointConfig{width, 10, 1, 8, 0.1, 0, 16, 1, std::string(64, 'a'), Recipe{}, 0};
   write_checkpoint_atomically(c, path);
 }
 

@@ -20,9 +20,11 @@
 #include "dptrain/core/files.h"
 #include "dptrain/train/checkpoint.h"
 #include "dptrain/train/checkpoint_directory.h"
+#include "dptrain/train/checkpoint_types.h"
+#include "dptrain/train/recipe.h"
 #include "dptrain/train/train.h"
-#include "support/train_support.h"
 #include "support/test_support.h"
+#include "support/train_support.h"
 
 namespace {
 
@@ -334,6 +336,98 @@ TEST_P(Resume, FromAStepCheckpointEndsBitIdenticalToTheRunThatWroteIt) {
     expect_same_epochs(straight.epochs, resumed.epochs, 0);
     EXPECT_EQ(checkpoint_file_names(dir.path()), checkpoint_file_names(written_dir.path()));
   }
+}
+
+// Every part of the recipe that keeps state or depends on the position: momentum buffers,
+// the schedule's step, the augmentation's draws, the averaged weights (whose BatchNorm
+// statistics are averaged over the replicas with the model's), with clipping, weight decay and
+// label smoothing beside them.
+Recipe full_recipe() {
+  Recipe r;
+  r.sgd = SgdOptions{0.9, /*nesterov=*/true, 5e-4, /*weight_decay_skip_vectors=*/true};
+  r.schedule = LrSchedule{LrShape::kCosine, /*warmup_epochs=*/0.5, 0, 0.1};
+  r.label_smoothing = 0.1;
+  r.augment = Augment::kCropFlip;
+  r.clip_grad_norm = 1.0;
+  r.ema_decay = 0.9;
+  return r;
+}
+
+// The optimizer's state of two checkpoints, by name, bit for bit.
+void expect_same_state(const Checkpoint& a, const Checkpoint& b) {
+  ASSERT_EQ(a.state.size(), b.state.size());
+  for (size_t i = 0; i < a.state.size(); ++i) {
+    EXPECT_EQ(a.state[i].first, b.state[i].first);
+    EXPECT_TRUE(torch::equal(a.state[i].second, b.state[i].second)) << a.state[i].first;
+  }
+}
+
+TEST_P(Resume, WithTheFullRecipeFromAStepCheckpointEndsBitIdentical) {
+  TempDir written_dir;
+  auto options = resume_options(replicas(), written_dir.path());
+  options.recipe = full_recipe();
+  options.checkpoint_every_steps = 3;
+  const auto straight = train(synthetic_data(), options, cpu_world(replicas()));
+  const auto straight_final = read_checkpoint(*straight.last_checkpoint);
+  // The state is there: a momentum buffer per parameter, an average per parameter and buffer.
+  size_t momentum = 0, averaged = 0;
+  for (const auto& [name, tensor] : straight_final.state) {
+    momentum += name.rfind(kMomentumPrefix, 0) == 0;
+    averaged += name.rfind(kAveragePrefix, 0) == 0;
+  }
+  EXPECT_EQ(averaged, straight_final.tensors.size());
+  EXPECT_GT(momentum, 0u);
+  EXPECT_LT(momentum, averaged);  // parameters only
+  EXPECT_EQ(recipe_flags(straight_final.config.recipe), recipe_flags(full_recipe()));
+  EXPECT_EQ(straight_final.config.schedule_epochs, 2);
+  for (const int64_t killed_after : {6, 12}) {
+    SCOPED_TRACE("killed after global step " + std::to_string(killed_after));
+    TempDir dir;
+    for (const auto& name : checkpoint_file_names(written_dir.path())) {
+      if (read_checkpoint(written_dir.file(name)).global_step <= killed_after) {
+        copy_checkpoint(written_dir.path(), name, dir.path());
+      }
+    }
+    options.checkpoint_dir = dir.path();
+    options.resume = true;
+    const auto resumed = train(synthetic_data(), options, cpu_world(replicas()));
+    ASSERT_TRUE(resumed.resumed_from.has_value());
+    EXPECT_EQ(read_checkpoint(*resumed.resumed_from).global_step, killed_after);
+    const auto resumed_final = read_checkpoint(*resumed.last_checkpoint);
+    expect_same_tensors(straight_final, resumed_final);
+    expect_same_state(straight_final, resumed_final);
+    expect_same_epochs(straight.epochs, resumed.epochs, 0);
+  }
+}
+
+TEST_P(Resume, AnotherRecipeOrScheduleLengthIsAUsageError) {
+  auto options = resume_options(replicas(), dir_.path());
+  options.epochs = 1;
+  options.recipe = full_recipe();
+  train(synthetic_data(), options, cpu_world(replicas()));
+  const std::string saved = dir_.file(checkpoint_file_name(1, 0));
+  options.resume = true;
+  {
+    auto other = options;
+    other.recipe.sgd.momentum = 0.8;
+    expect_usage_error(
+        [&] { train(synthetic_data(), other, cpu_world(replicas())); },
+        {saved, "--momentum 0.9 --nesterov", "this run has --momentum 0.8", "give the same flags"});
+  }
+  {
+    auto other = options;
+    other.recipe = Recipe{};
+    expect_usage_error([&] { train(synthetic_data(), other, cpu_world(replicas())); },
+                       {saved, "--ema 0.9", "this run has the book's recipe"});
+  }
+  {
+    auto other = options;
+    other.epochs = 2;  // the cosine would be stretched over two epochs
+    expect_usage_error([&] { train(synthetic_data(), other, cpu_world(replicas())); },
+                       {saved, "--epochs 1", "this run has --epochs 2"});
+  }
+  EXPECT_EQ(checkpoint_file_names(dir_.path()),
+            std::vector<std::string>{checkpoint_file_name(1, 0)});
 }
 
 // ---- Resuming on another world size ---------------------------------------------------------

@@ -144,7 +144,7 @@ TEST(EpochFigures, TensorBoardLogsEveryRowItSays) {
 // exactly; every other row is not written, and reads back as its initial value.
 TEST(EpochFigures, RunStateKeepsEveryRowItSays) {
   Checkpoint c;
-  c.config = CheckpointConfig{4, 10, 1, 96, 0.1, 7, 60000, 1, std::string(64, 'd')};
+  c.config = CheckpointConfig{4, 10, 1, 96, 0.1, 7, 60000, 1, std::string(64, 'd'), Recipe{}, 0};
   c.epochs_done = 1;
   c.global_step = 625;
   c.history = {distinct_record()};

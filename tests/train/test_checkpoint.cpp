@@ -6,8 +6,8 @@
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <signal.h>
-#include <sys/mount.h>
 #include <sys/file.h>
+#include <sys/mount.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -30,15 +30,17 @@
 #include <utility>
 #include <vector>
 
-#include "dptrain/data/data.h"
 #include "dptrain/core/errors.h"
 #include "dptrain/core/files.h"
 #include "dptrain/core/safetensors.h"
 #include "dptrain/core/sha256.h"
+#include "dptrain/data/data.h"
 #include "dptrain/model/model.h"
 #include "dptrain/train/checkpoint.h"
 #include "dptrain/train/checkpoint_directory.h"
+#include "dptrain/train/checkpoint_types.h"
 #include "dptrain/train/options.h"
+#include "dptrain/train/recipe.h"
 #include "support/test_support.h"
 #include "support/train_support.h"
 
@@ -97,7 +99,7 @@ Checkpoint sample_checkpoint() {
 // A checkpoint a few hundred bytes long, for the loops over every byte.
 Checkpoint small_checkpoint() {
   Checkpoint c;
-  c.config = CheckpointConfig{4, 10, 1, 32, 0.05, 7, 256, 2, std::string(64, 'd')};
+  c.config = CheckpointConfig{4, 10, 1, 32, 0.05, 7, 256, 2, std::string(64, 'd'), Recipe{}, 0};
   c.epochs_done = 1;
   c.step_in_epoch = 3;
   c.global_step = 11;
@@ -777,6 +779,87 @@ TEST(CheckpointPython, ReadCheckpointScriptGivesEveryTensorAndThePosition) {
                              "or changed after dptrain wrote it)\n");
 }
 
+// A recipe beyond the book's, with the state it keeps.
+Recipe sample_recipe() {
+  Recipe r;
+  r.sgd = SgdOptions{0.9, /*nesterov=*/true, 5e-4, /*weight_decay_skip_vectors=*/true};
+  r.schedule = LrSchedule{LrShape::kOneCycle, /*warmup_epochs=*/1.5, 0, 0.1};
+  r.label_smoothing = 0.1;
+  r.augment = Augment::kCropFlip;
+  r.crop_padding = 3;
+  r.clip_grad_norm = 2;
+  r.ema_decay = 0.999;
+  return r;
+}
+
+TEST(CheckpointFormat, RecipeAndOptimizerStateRoundTripAndTheBooksWritesNone) {
+  auto c = small_checkpoint();
+  EXPECT_EQ(header_of(serialize_checkpoint(c)).find("recipe"), std::string::npos);
+  c.config.recipe = sample_recipe();
+  c.config.schedule_epochs = 10;
+  c.state.emplace_back("momentum.w", torch::tensor({0.5f, -0.25f, 0.125f}));
+  c.state.emplace_back("ema.w", torch::tensor({1.0f, -1.5f, 3.0f}));
+  c.state.emplace_back("ema.n", torch::tensor(int64_t{42}, torch::kInt64));
+  const auto bytes = serialize_checkpoint(c);
+  const auto parsed = parse_checkpoint(bytes, "memory");
+  EXPECT_EQ(recipe_flags(parsed.config.recipe), recipe_flags(sample_recipe()));
+  EXPECT_EQ(parsed.config.recipe.crop_padding, 3);
+  EXPECT_EQ(parsed.config.schedule_epochs, 10);
+  ASSERT_EQ(parsed.tensors.size(), c.tensors.size());  // the model's, the state apart
+  ASSERT_EQ(parsed.state.size(), c.state.size());
+  for (size_t i = 0; i < c.state.size(); ++i) {
+    EXPECT_EQ(parsed.state[i].first, c.state[i].first);
+    EXPECT_TRUE(torch::equal(parsed.state[i].second, c.state[i].second)) << c.state[i].first;
+  }
+  EXPECT_EQ(serialize_checkpoint(parsed), bytes);
+  // An impossible recipe is named as any impossible content.
+  c.config.recipe.sgd.momentum = 0;
+  expect_data_error([&] { parse_checkpoint(serialize_checkpoint(c), "edited.safetensors"); },
+                    {"edited.safetensors: corrupt: impossible contents: the recipe is --nesterov",
+                     "--nesterov needs --momentum above 0"});
+}
+
+TEST(CheckpointPython, ReadCheckpointScriptReadsTheRecipesStateAndBothRefuseAStranger) {
+  const std::string python = DPTRAIN_TORCHRUN_PYTHON;
+  if (python.empty()) GTEST_SKIP() << "no Python with torch found at configure time";
+  TempDir dir;
+  auto checkpoint = sample_checkpoint();
+  ResNet model(ResNetOptions{kNumClasses, 1, checkpoint.config.width});
+  checkpoint.tensors = model_tensors(*model);
+  checkpoint.config.recipe = sample_recipe();
+  checkpoint.config.schedule_epochs = 20;
+  for (const auto& item : model->named_parameters()) {
+    checkpoint.state.emplace_back(kMomentumPrefix + item.key(), item.value().detach() * 0.5);
+  }
+  for (const auto& [name, tensor] : model_tensors(*model)) {
+    checkpoint.state.emplace_back(kAveragePrefix + name, tensor);
+  }
+  const std::string path = dir.file(checkpoint_file_name(2, 17));
+  write_checkpoint_atomically(checkpoint, path);
+  const std::string script =
+      std::string(DPTRAIN_TEST_DATA_DIR) + "/../../scripts/read_checkpoint.py";
+  const auto digests = run_command({python, script, path, "--tensor-digests"}, {}, 120);
+  ASSERT_EQ(digests.exit_code, 0) << digests.err;
+  EXPECT_EQ(static_cast<size_t>(std::count(digests.out.begin(), digests.out.end(), '\n')),
+            checkpoint.tensors.size() + checkpoint.state.size());
+  const auto summary = run_command({python, script, path, "--json"}, {}, 120);
+  ASSERT_EQ(summary.exit_code, 0) << summary.err;
+  EXPECT_NE(summary.out.find("\"lr_schedule\": \"onecycle\""), std::string::npos) << summary.out;
+  const auto read = read_checkpoint(path, "checkpoint", accepted_in_memory(true));
+  EXPECT_EQ(read.state.size(), checkpoint.state.size());
+  // A state tensor of no tensor of the model's is refused by both, in the same words.
+  checkpoint.state.emplace_back("ema.stranger", torch::zeros({2}));
+  write_checkpoint_atomically(checkpoint, path);
+  expect_data_error([&] { read_checkpoint(path, "checkpoint", accepted_in_memory(true)); },
+                    {"holds tensor 'ema.stranger', which the width-8 model has not; not read"});
+  const auto refused = run_command({python, script, path}, {}, 120);
+  EXPECT_EQ(refused.exit_code, 1);
+  EXPECT_NE(refused.err.find("holds tensor 'ema.stranger', which the width-8 model has not; "
+                             "not read"),
+            std::string::npos)
+      << refused.err;
+}
+
 // ---- Atomic writes ----------------------------------------------------------------------
 
 TEST(CheckpointFiles, WriteIntoMissingDirectoryIsADataErrorAndLeavesNothing) {
@@ -1025,12 +1108,13 @@ TEST(NewestValidCheckpoint, UnlistableDirectoryIsADataError) {
 // ---- check_checkpoint_matches -------------------------------------------------------------
 
 TEST(CheckCheckpointMatches, NamesEveryDifferingModelSettingWithBothValues) {
-  const CheckpointConfig saved{8, 10, 1, 32, 0.1, 1, 100, 1, ""};
+  const CheckpointConfig saved{8, 10, 1, 32, 0.1, 1, 100, 1, "", Recipe{}, 0};
   // Settings of the run, not of the model, may differ.
-  EXPECT_NO_THROW(
-      check_checkpoint_matches(saved, CheckpointConfig{8, 10, 1, 64, 0.5, 2, 50, 4, ""}, "c.dpt"));
+  EXPECT_NO_THROW(check_checkpoint_matches(
+      saved, CheckpointConfig{8, 10, 1, 64, 0.5, 2, 50, 4, "", Recipe{}, 0}, "c.dpt"));
   try {
-    check_checkpoint_matches(saved, CheckpointConfig{16, 10, 1, 32, 0.1, 1, 100, 1, ""}, "c.dpt");
+    check_checkpoint_matches(
+        saved, CheckpointConfig{16, 10, 1, 32, 0.1, 1, 100, 1, "", Recipe{}, 0}, "c.dpt");
     ADD_FAILURE() << "no UsageError for another width";
   } catch (const UsageError& e) {
     const std::string message = e.what();
@@ -1038,7 +1122,8 @@ TEST(CheckCheckpointMatches, NamesEveryDifferingModelSettingWithBothValues) {
     EXPECT_NE(message.find("--width 8 (this run: 16)"), std::string::npos) << message;
   }
   try {
-    check_checkpoint_matches(saved, CheckpointConfig{4, 100, 3, 32, 0.1, 1, 100, 1, ""}, "c.dpt");
+    check_checkpoint_matches(
+        saved, CheckpointConfig{4, 100, 3, 32, 0.1, 1, 100, 1, "", Recipe{}, 0}, "c.dpt");
     ADD_FAILURE() << "no UsageError for another model";
   } catch (const UsageError& e) {
     const std::string message = e.what();

@@ -155,6 +155,7 @@ Reducer::Reducer(std::vector<torch::Tensor> parameters, Communicator& communicat
 void Reducer::build_buckets(const std::vector<std::vector<size_t>>& assignment) {
   torch::NoGradGuard no_grad;
   bucket_of_.resize(parameters_.size());
+  offset_of_.resize(parameters_.size());
   grad_views_.resize(parameters_.size());
   ready_.assign(parameters_.size(), false);
   for (size_t b = 0; b < assignment.size(); ++b) {
@@ -182,6 +183,7 @@ void Reducer::build_buckets(const std::vector<std::vector<size_t>>& assignment) 
       grad_views_[k] =
           bucket.flat.narrow(0, offset, p.numel()).as_strided(p.sizes(), p.strides()).detach();
       p.mutable_grad() = grad_views_[k];
+      offset_of_[k] = offset;
       offset += aligned(p.numel());
       bucket_of_[k] = b;
     }
@@ -221,6 +223,14 @@ void Reducer::zero_grad() {
 void Reducer::sgd_step(double lr) {
   torch::NoGradGuard no_grad;
   for (auto& bucket : buckets_) bucket.parameter_flat.add_(bucket.flat, -lr);
+}
+
+torch::Tensor Reducer::slice_of(size_t k, const torch::Tensor& flat) const {
+  const auto& p = parameters_[k];
+  TORCH_CHECK(flat.dim() == 1 && flat.numel() == buckets_[bucket_of_[k]].flat.numel(),
+              "reducer: a flat tensor of ", flat.numel(), " elements is not laid out like bucket ",
+              bucket_of_[k]);
+  return flat.narrow(0, offset_of_[k], p.numel()).as_strided(p.sizes(), p.strides());
 }
 
 void Reducer::restore_gradient_views() {

@@ -17,6 +17,7 @@
 #include "dptrain/parallel/world_plan.h"
 #include "dptrain/train/cuda_graph_step.h"
 #include "dptrain/train/options.h"
+#include "dptrain/train/recipe.h"
 
 namespace dptrain {
 
@@ -96,6 +97,7 @@ void start_intra_op_threads(const CheckedWorld& run) {
 
 CheckedWorld check_world(const TrainOptions& options, const WorldPlan& world) {
   check_checkpoint_options(options);
+  check_recipe(options.recipe);
   if (world.local_devices.empty()) throw UsageError("no device to train on");
   if (options.batch_size < world.world_size) {
     throw UsageError("--batch-size " + std::to_string(options.batch_size) +

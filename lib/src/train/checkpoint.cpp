@@ -1,12 +1,9 @@
 // Checkpoints and model files as safetensors (format version 3): the writer, the strict reader
 // and the checks of a checkpoint's contents. See checkpoint.h; versions 1 and 2 are read by
 // checkpoint_legacy.cpp.
-#include "dptrain/core/safetensors.h"
 #include "dptrain/train/checkpoint.h"
 
 #include <torch/version.h>
-
-#include <nlohmann/json.hpp>
 
 #include <algorithm>
 #include <cmath>
@@ -17,6 +14,7 @@
 #include <map>
 #include <memory>
 #include <new>
+#include <nlohmann/json.hpp>
 #include <set>
 #include <sstream>
 #include <string>
@@ -27,11 +25,13 @@
 #include "checkpoint_run_state.h"
 #include "dptrain/core/errors.h"
 #include "dptrain/core/files.h"
+#include "dptrain/core/safetensors.h"
 #include "dptrain/core/sha256.h"
 #include "dptrain/data/data.h"
 #include "dptrain/model/model.h"
 #include "dptrain/train/accepted_model.h"
 #include "dptrain/train/checkpoint_types.h"
+#include "dptrain/train/lr_schedule.h"
 #include "dptrain/train/options.h"
 
 namespace dptrain {
@@ -293,6 +293,14 @@ bool optional_buffer(const std::string& name) {
   return name.size() >= n && name.compare(name.size() - n, n, kOptionalBuffer) == 0;
 }
 
+// The length of `name`'s optimizer-state prefix (kMomentumPrefix, kAveragePrefix), 0 without.
+size_t state_prefix_length(const std::string& name) {
+  for (const char* prefix : {kMomentumPrefix, kAveragePrefix}) {
+    if (name.rfind(prefix, 0) == 0) return std::strlen(prefix);
+  }
+  return 0;
+}
+
 // What to do about a tensor the model does not have, by the commonest cause.
 std::string extra_tensor_hint(const std::string& name) {
   if (name.rfind("module.", 0) == 0) {
@@ -313,7 +321,9 @@ void check_model_tensors(const SafetensorsHeader& header, int64_t width, TensorR
   const bool state_dict = rules == TensorRules::kStateDict;
   std::set<std::string> present;
   for (const auto& e : header.entries) {
-    const auto found = spec->by_name.find(e.name);
+    // The optimizer's state in dptrain's own files: the prefix, then a tensor of the model's.
+    const size_t prefix = state_dict ? 0 : state_prefix_length(e.name);
+    const auto found = spec->by_name.find(e.name.substr(prefix));
     if (found == spec->by_name.end()) {
       throw DataError(label + ": holds tensor '" + printable(e.name) + "', which " + model +
                       " has not" + (state_dict ? extra_tensor_hint(e.name) : "") + "; not read");
@@ -331,7 +341,7 @@ void check_model_tensors(const SafetensorsHeader& header, int64_t width, TensorR
                            : " (a floating-point tensor converts, an integer one does not)") +
                       "; not read");
     }
-    present.insert(e.name);
+    if (prefix == 0) present.insert(e.name);
   }
   size_t missing = 0;
   const TensorSpec* first = nullptr;
@@ -407,8 +417,11 @@ Checkpoint checkpoint_from(const SafetensorsHeader& header, const uint8_t* data,
   c.kind = kind->second == "model" ? CheckpointKind::kModel : CheckpointKind::kCheckpoint;
   check_checkpoint_contents(c, label);
   check_repeated_metadata(header.metadata, c, label);
-  c.tensors = safetensors_tensors(header, data);
+  for (auto& named : safetensors_tensors(header, data)) {
+    (state_prefix_length(named.first) == 0 ? c.tensors : c.state).push_back(std::move(named));
+  }
   check_checkpoint_tensors(c.tensors, label);
+  check_checkpoint_tensors(c.state, label);
   return c;
 }
 
@@ -485,10 +498,12 @@ std::vector<uint8_t> serialize_checkpoint(const Checkpoint& c) {
               c.format_version, " (versions 1 and 2 are read, never written)");
   NamedTensors tensors;
   std::vector<std::vector<int64_t>> shapes;  // beside the tensors, for the digest's pointers
-  for (const auto& [name, tensor] : c.tensors) {
-    auto t = tensor.detach().to(torch::kCPU).contiguous();
-    shapes.push_back(t.sizes().vec());
-    tensors.emplace_back(name, std::move(t));
+  for (const auto* part : {&c.tensors, &c.state}) {
+    for (const auto& [name, tensor] : *part) {
+      auto t = tensor.detach().to(torch::kCPU).contiguous();
+      shapes.push_back(t.sizes().vec());
+      tensors.emplace_back(name, std::move(t));
+    }
   }
   std::vector<DigestedTensor> digested;
   for (size_t i = 0; i < tensors.size(); ++i) {
@@ -514,8 +529,11 @@ Checkpoint parse_checkpoint(const std::vector<uint8_t>& bytes, const std::string
 }
 
 uint64_t checkpoint_size_limit(int64_t width, int64_t num_classes, int64_t in_channels) {
-  // At 8 bytes an element: float64 is the widest dtype a file may hold.
-  return 8 + kMaxSafetensorsHeaderBytes + 8 * model_elements_bound(width, num_classes, in_channels);
+  // At 8 bytes an element: float64 is the widest dtype a file may hold; the model's tensors, and
+  // beside them as much again for the momentum buffers and again for the averaged weights.
+  constexpr uint64_t kCopies = 3;
+  return 8 + kMaxSafetensorsHeaderBytes +
+         8 * kCopies * model_elements_bound(width, num_classes, in_channels);
 }
 
 // ---- Files -------------------------------------------------------------------------------
@@ -625,6 +643,21 @@ void check_checkpoint_matches(const CheckpointConfig& saved, const CheckpointCon
   }
 }
 
+std::vector<std::pair<std::string, torch::Tensor>> evaluated_weights(const Checkpoint& checkpoint,
+                                                                     const std::string& name) {
+  if (checkpoint.config.recipe.ema_decay == 0) return checkpoint.tensors;
+  std::vector<std::pair<std::string, torch::Tensor>> averaged;
+  const std::string prefix = kAveragePrefix;
+  for (const auto& [key, tensor] : checkpoint.state) {
+    if (key.rfind(prefix, 0) == 0) averaged.emplace_back(key.substr(prefix.size()), tensor);
+  }
+  if (averaged.empty()) {
+    throw DataError("checkpoint " + name + ": its recipe has --ema, and it holds no " + prefix +
+                    " tensors (the averaged weights)");
+  }
+  return averaged;
+}
+
 std::vector<std::pair<std::string, torch::Tensor>> model_tensors(const torch::nn::Module& model) {
   std::vector<std::pair<std::string, torch::Tensor>> tensors;
   for (const auto& item : model.named_parameters()) {
@@ -686,6 +719,8 @@ CheckpointConfig checkpoint_config(const TrainOptions& options, int64_t train_si
   config.train_size = train_size;
   config.world_size = world_size;
   config.train_digest = train_digest;
+  config.recipe = options.recipe;
+  config.schedule_epochs = lr_is_constant(options.recipe.schedule) ? 0 : options.epochs;
   return config;
 }
 

@@ -27,6 +27,7 @@
 #include "dptrain/train/checkpoint.h"
 #include "dptrain/train/checkpoint_types.h"
 #include "dptrain/train/options.h"
+#include "dptrain/train/recipe.h"
 
 namespace dptrain {
 namespace {
@@ -379,6 +380,21 @@ void check_resumable(const Checkpoint& checkpoint, const std::string& path,
   differ("--seed", std::to_string(checkpoint.config.seed), std::to_string(run.seed));
   differ("a training set of", std::to_string(checkpoint.config.train_size),
          std::to_string(run.train_size));
+  // The momentum buffers, the averaged weights and the schedule's position belong to the recipe
+  // that wrote them; with another, the resumed run would train neither the one nor the other.
+  const std::string saved_recipe = recipe_flags(checkpoint.config.recipe);
+  const std::string run_recipe = recipe_flags(run.recipe);
+  if (saved_recipe != run_recipe) {
+    throw UsageError("--resume: checkpoint " + path + " was written with " + saved_recipe +
+                     ", this run has " + run_recipe +
+                     "; a resume continues the recipe it was written with: give the same flags");
+  }
+  if (checkpoint.config.schedule_epochs != run.schedule_epochs) {
+    throw UsageError("--resume: checkpoint " + path + " was written with --epochs " +
+                     std::to_string(checkpoint.config.schedule_epochs) +
+                     ", this run has --epochs " + std::to_string(run.schedule_epochs) +
+                     "; its learning-rate schedule spans the epochs: give the same --epochs");
+  }
   // Note [Resuming on another world size]
   // The data order and each global batch depend on --seed and --batch-size only, so a run may
   // continue on another number of ranks. What changes is how a global batch is split: without

@@ -3,13 +3,12 @@
 // checkpoint_run_state.h; the file around it is checkpoint.cpp's.
 #include "checkpoint_run_state.h"
 
-#include <cstddef>
-#include <nlohmann/json.hpp>
-
 #include <algorithm>
 #include <cmath>
+#include <cstddef>
 #include <cstdint>
 #include <limits>
+#include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
 #include <utility>
@@ -18,9 +17,12 @@
 #include "dptrain/core/files.h"
 #include "dptrain/core/peak_tflops.h"
 #include "dptrain/core/safetensors.h"
+#include "dptrain/data/augment.h"
 #include "dptrain/model/model.h"
 #include "dptrain/train/checkpoint_types.h"
 #include "dptrain/train/epoch_stats.h"
+#include "dptrain/train/lr_schedule.h"
+#include "dptrain/train/recipe.h"
 
 namespace dptrain {
 namespace {
@@ -155,6 +157,13 @@ void check_config(const Checkpoint& c, const ContentsCheck& check) {
     check.impossible("the learning rate", config.lr, "a finite number > 0");
   }
   check.in_range("the epochs done", c.epochs_done, 0, static_cast<int64_t>(kMaxEpochs));
+  check.in_range("the schedule's epochs", config.schedule_epochs, 0,
+                 static_cast<int64_t>(kMaxEpochs));
+  try {
+    check_recipe(config.recipe);
+  } catch (const UsageError& e) {
+    check.impossible_text("the recipe", recipe_flags(config.recipe), e.what());
+  }
 }
 
 void check_position(const Checkpoint& c, const ContentsCheck& check, const EpochShape& epoch) {
@@ -346,29 +355,50 @@ Json stats_json(const EpochStats& s) {
 #undef DPTRAIN_RUN_STATE_since_v1
 #undef DPTRAIN_EPOCH_FIGURE
 
+// The recipe, written only where it is not the book's: a book run's files stay as they were.
+Json recipe_json(const CheckpointConfig& config) {
+  const Recipe& r = config.recipe;
+  return {{"momentum", number(r.sgd.momentum)},
+          {"nesterov", r.sgd.nesterov},
+          {"weight_decay", number(r.sgd.weight_decay)},
+          {"weight_decay_skip_norm_bias", r.sgd.weight_decay_skip_vectors},
+          {"lr_schedule", lr_shape_name(r.schedule.shape)},
+          {"warmup_epochs", number(r.schedule.warmup_epochs)},
+          {"lr_step_epochs", r.schedule.step_epochs},
+          {"lr_step_gamma", number(r.schedule.step_gamma)},
+          {"schedule_epochs", config.schedule_epochs},
+          {"label_smoothing", number(r.label_smoothing)},
+          {"augment", augment_name(r.augment)},
+          {"crop_padding", r.crop_padding},
+          {"clip_grad_norm", number(r.clip_grad_norm)},
+          {"ema", number(r.ema_decay)}};
+}
+
 Json run_state_json(const Checkpoint& c) {
   const auto& config = c.config;
   Json history = Json::array();
   for (const auto& s : c.history) history.push_back(stats_json(s));
-  return {{"config",
-           {{"width", config.width},
-            {"num_classes", config.num_classes},
-            {"in_channels", config.in_channels},
-            {"batch_size", config.batch_size},
-            {"lr", number(config.lr)},
-            {"seed", config.seed},
-            {"train_size", config.train_size},
-            {"world_size", config.world_size},
-            {"train_digest", config.train_digest}}},
-          {"epochs_done", c.epochs_done},
-          {"step_in_epoch", c.step_in_epoch},
-          {"global_step", c.global_step},
-          {"partial_sums",
-           {{"loss_sum", number(c.partial_sums.loss_sum)},
-            {"correct", number(c.partial_sums.correct)},
-            {"count", number(c.partial_sums.count)}}},
-          {"partial_seconds", number(c.partial_seconds)},
-          {"history", history}};
+  Json state = {{"config",
+                 {{"width", config.width},
+                  {"num_classes", config.num_classes},
+                  {"in_channels", config.in_channels},
+                  {"batch_size", config.batch_size},
+                  {"lr", number(config.lr)},
+                  {"seed", config.seed},
+                  {"train_size", config.train_size},
+                  {"world_size", config.world_size},
+                  {"train_digest", config.train_digest}}},
+                {"epochs_done", c.epochs_done},
+                {"step_in_epoch", c.step_in_epoch},
+                {"global_step", c.global_step},
+                {"partial_sums",
+                 {{"loss_sum", number(c.partial_sums.loss_sum)},
+                  {"correct", number(c.partial_sums.correct)},
+                  {"count", number(c.partial_sums.count)}}},
+                {"partial_seconds", number(c.partial_seconds)},
+                {"history", history}};
+  if (!is_book_recipe(config.recipe)) state["config"]["recipe"] = recipe_json(config);
+  return state;
 }
 
 // Reads the run state's fields by name; a missing field or one of the wrong type is a DataError
@@ -415,6 +445,11 @@ class RunStateReader {
     return object.contains(key) ? real(object, key, at)
                                 : std::numeric_limits<double>::quiet_NaN();
   }
+  bool boolean(const Json& object, const char* key, const std::string& at) const {
+    const Json& value = field(object, key, at);
+    if (!value.is_boolean()) fail(join(at, key), "is not true or false");
+    return value.get<bool>();
+  }
   std::string text(const Json& object, const char* key, const std::string& at) const {
     const Json& value = field(object, key, at);
     if (!value.is_string()) fail(join(at, key), "is not a string");
@@ -460,6 +495,30 @@ EpochStats read_stats(const RunStateReader& r, const Json& s, const std::string&
 #undef DPTRAIN_RUN_STATE_since_v1
 #undef DPTRAIN_EPOCH_FIGURE
 
+// A recipe's record (recipe_json); a file without one trained the book's.
+void read_recipe(const RunStateReader& r, const Json& j, CheckpointConfig& config) {
+  const std::string at = "config.recipe";
+  Recipe& recipe = config.recipe;
+  recipe.sgd.momentum = r.real(j, "momentum", at);
+  recipe.sgd.nesterov = r.boolean(j, "nesterov", at);
+  recipe.sgd.weight_decay = r.real(j, "weight_decay", at);
+  recipe.sgd.weight_decay_skip_vectors = r.boolean(j, "weight_decay_skip_norm_bias", at);
+  const auto shape = lr_shape_from_name(r.text(j, "lr_schedule", at));
+  if (!shape) r.fail(at + ".lr_schedule", "is not constant, step, cosine or onecycle");
+  recipe.schedule.shape = *shape;
+  recipe.schedule.warmup_epochs = r.real(j, "warmup_epochs", at);
+  recipe.schedule.step_epochs = r.integer(j, "lr_step_epochs", at);
+  recipe.schedule.step_gamma = r.real(j, "lr_step_gamma", at);
+  config.schedule_epochs = r.integer(j, "schedule_epochs", at);
+  recipe.label_smoothing = r.real(j, "label_smoothing", at);
+  const auto augment = augment_from_name(r.text(j, "augment", at));
+  if (!augment) r.fail(at + ".augment", "is not none or crop-flip");
+  recipe.augment = *augment;
+  recipe.crop_padding = r.integer(j, "crop_padding", at);
+  recipe.clip_grad_norm = r.real(j, "clip_grad_norm", at);
+  recipe.ema_decay = r.real(j, "ema", at);
+}
+
 CheckpointConfig read_config(const RunStateReader& r, const Json& state) {
   const Json& c = r.object(state, "config", "");
   CheckpointConfig config;
@@ -472,6 +531,7 @@ CheckpointConfig read_config(const RunStateReader& r, const Json& state) {
   config.train_size = r.integer(c, "train_size", "config");
   config.world_size = r.integer(c, "world_size", "config");
   config.train_digest = r.text(c, "train_digest", "config");
+  if (c.contains("recipe")) read_recipe(r, r.object(c, "recipe", "config"), config);
   return config;
 }
 

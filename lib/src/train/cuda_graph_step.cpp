@@ -19,6 +19,7 @@
 #include "dptrain/core/errors.h"
 #include "dptrain/parallel/distributed.h"
 #include "dptrain/parallel/world_plan.h"
+#include "dptrain/train/lr_schedule.h"
 #include "dptrain/train/options.h"
 
 // DPTRAIN_WITH_CUDA_GRAPH is set for this file alone (lib/CMakeLists.txt), so that turning the
@@ -52,6 +53,11 @@ bool cuda_graph_available() {
 
 void check_cuda_graph(const TrainOptions& options, const WorldPlan& world, bool cuda_built) {
   if (!options.cuda_graph) return;
+  if (!lr_is_constant(options.recipe.schedule) || options.recipe.ema_decay != 0) {
+    throw UsageError(
+        "--cuda-graph replays one captured update, its learning rate baked in, and no moving "
+        "average of the weights: run --lr-schedule, --warmup-epochs or --ema without --cuda-graph");
+  }
   for (const auto& device : world.local_devices) {
     if (!device.is_cuda()) {
       throw UsageError("--cuda-graph needs CUDA devices: a CUDA graph replays GPU work, and " +

@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <exception>
 #include <limits>
+#include <map>
 #include <memory>
 #include <optional>
 #include <stdexcept>
@@ -26,6 +27,7 @@
 #include "dptrain/core/files.h"
 #include "dptrain/core/peak_tflops.h"
 #include "dptrain/core/statistics.h"
+#include "dptrain/data/augment.h"
 #include "dptrain/data/batch_input.h"
 #include "dptrain/data/batching.h"
 #include "dptrain/data/data.h"
@@ -35,6 +37,7 @@
 #include "dptrain/model/memory_format.h"
 #include "dptrain/model/model.h"
 #include "dptrain/model/numerics.h"
+#include "dptrain/parallel/bucket_sgd.h"
 #include "dptrain/parallel/distributed.h"
 #include "dptrain/parallel/joined_world.h"
 #include "dptrain/parallel/reducer.h"
@@ -46,8 +49,10 @@
 #include "dptrain/train/cuda_graph_step.h"
 #include "dptrain/train/epoch_stats.h"
 #include "dptrain/train/finite.h"
+#include "dptrain/train/lr_schedule.h"
 #include "dptrain/train/options.h"
 #include "dptrain/train/step_gpu_time.h"
+#include "dptrain/train/weight_average.h"
 
 namespace dptrain {
 namespace {
@@ -141,8 +146,8 @@ Totals evaluate(ResNet& model, const DeviceSplit& test, const TrainOptions& opti
 // finished epochs only of `history` (an epoch cut short by --max-steps is reported, not
 // recorded), and CPU copies of the weights (the replica's parameters live in the reducer's
 // buckets and stay put).
-Checkpoint checkpoint_of_run(ResNet& model, const CheckpointConfig& config, int64_t epochs_done,
-                             int64_t step_in_epoch, int64_t global_step,
+Checkpoint checkpoint_of_run(const ResNet& model, const CheckpointConfig& config,
+                             int64_t epochs_done, int64_t step_in_epoch, int64_t global_step,
                              const std::vector<EpochStats>& history) {
   Checkpoint checkpoint;
   checkpoint.config = config;
@@ -162,7 +167,7 @@ Checkpoint checkpoint_of_run(ResNet& model, const CheckpointConfig& config, int6
 // Not torch::save's TorchScript archive, which torch::load compiles and runs: a crafted file's
 // code (its __setstate__ included) can hang `eval`, allocate gigabytes or print a forged result
 // line.
-void save_model_atomically(ResNet& model, const CheckpointConfig& config, int64_t epochs_done,
+void save_model_atomically(const ResNet& model, const CheckpointConfig& config, int64_t epochs_done,
                            int64_t step_in_epoch, int64_t global_step,
                            const std::vector<EpochStats>& history, const std::string& path) {
   Checkpoint weights =
@@ -181,6 +186,77 @@ int agreed_stop_signal(const std::atomic<int>* stop_signal, Communicator& commun
   auto flag = torch::full({1}, local, torch::dtype(torch::kInt64).device(device));
   communicator.allreduce_max(flag, "stop agreement");
   return static_cast<int>(flag.item<int64_t>());
+}
+
+// ---- The optimizer's state in checkpoints
+// --------------------------------------------------------
+
+// The optimizer's state (Checkpoint::state): every parameter's momentum buffer once there are
+// any, and with --ema the averaged weights, CPU copies under prefixed names.
+std::vector<std::pair<std::string, torch::Tensor>> optimizer_state(const ResNet& model,
+                                                                   const BucketSgd& sgd,
+                                                                   const ResNet& averaged) {
+  std::vector<std::pair<std::string, torch::Tensor>> state;
+  if (sgd.has_momentum()) {
+    size_t k = 0;
+    for (const auto& item : model->named_parameters()) {
+      state.emplace_back(kMomentumPrefix + item.key(),
+                         sgd.momentum_buffer(k++).detach().to(torch::kCPU).contiguous().clone());
+    }
+  }
+  if (averaged) {
+    for (auto& [name, tensor] : model_tensors(*averaged)) {
+      state.emplace_back(kAveragePrefix + name, std::move(tensor));
+    }
+  }
+  return state;
+}
+
+// `prefix`'s part of a checkpoint's state, under the model's names; empty when it has none.
+std::vector<std::pair<std::string, torch::Tensor>> state_part(const Checkpoint& checkpoint,
+                                                              const std::string& prefix) {
+  std::vector<std::pair<std::string, torch::Tensor>> part;
+  for (const auto& [name, tensor] : checkpoint.state) {
+    if (name.rfind(prefix, 0) == 0) part.emplace_back(name.substr(prefix.size()), tensor);
+  }
+  return part;
+}
+
+// A resume's optimizer state: the momentum buffers where the checkpoint has them (a run whose
+// every step was skipped has none yet), and the averaged weights, which a run with --ema always
+// saves. A part that is missing or incomplete is a DataError naming the tensor.
+void load_optimizer_state(const Checkpoint& start, const std::string& name, ResNet& model,
+                          BucketSgd& sgd, ResNet& averaged) {
+  const auto momentum = state_part(start, kMomentumPrefix);
+  if (!momentum.empty()) {
+    if (sgd.options().momentum == 0) {
+      throw DataError("checkpoint " + name + ": holds momentum buffers, and its recipe has none");
+    }
+    std::map<std::string, torch::Tensor> by_name(momentum.begin(), momentum.end());
+    std::vector<torch::Tensor> buffers;
+    for (const auto& item : model->named_parameters()) {
+      const auto found = by_name.find(item.key());
+      if (found == by_name.end()) {
+        throw DataError("checkpoint " + name + ": has no tensor '" + kMomentumPrefix + item.key() +
+                        "', the momentum buffer its recipe keeps");
+      }
+      buffers.push_back(found->second);
+    }
+    sgd.load_momentum(buffers);
+  }
+  if (averaged) load_model_tensors(*averaged, state_part(start, kAveragePrefix), name + " (ema.)");
+}
+
+// --ema's averaged weights: a model like the replica, laid out alike, starting from its weights
+// (Note [The averaged weights' decay]). None without --ema.
+ResNet make_average(const TrainOptions& options, const RankPlan& plan, const ResNet& model) {
+  if (options.recipe.ema_decay == 0) return ResNet(nullptr);
+  ResNet averaged(ResNetOptions{kNumClasses, /*in_channels=*/1, plan.width});
+  averaged->to(plan.device);
+  if (channels_last(plan)) convert_to_channels_last(*averaged);
+  for (auto& p : averaged->parameters()) p.requires_grad_(false);
+  copy_weights(*averaged, *model);
+  return averaged;
 }
 
 // ---- The replica and its place in the world ---------------------------------------------------
@@ -377,9 +453,11 @@ class RankTraining {
         test_(to_device(data.test, plan.device)),
         graph_(make_graph(options, plan, communicator_)),
         reducer_(make_reducer(model_, communicator_, options.bucket_bytes, graph_.get())),
-        assembler_(shard_range(std::min(options.batch_size, data.train.size()), plan.world_size, 0)
-                       .second,
-                   plan.device, channels_last(plan)),
+        sgd_(std::make_unique<BucketSgd>(*reducer_, options.recipe.sgd)),
+        averaged_(make_average(options, plan, model_)),
+        assembler_(
+            shard_range(std::min(options.batch_size, data.train.size()), plan.world_size, 0).second,
+            plan.device, channels_last(plan)),
         batches_per_epoch_(num_batches(data.train.size(), options.batch_size)),
         config_(checkpoint_config(options, data.train.size(), plan.world_size, plan.train_digest)),
         tally_(plan.device),
@@ -396,6 +474,7 @@ class RankTraining {
       at_ = Position{plan.start->epochs_done, plan.start->step_in_epoch, plan.start->global_step, 0};
       result_.epochs = plan.start->history;
       result_.resumed_from = plan.start_name;
+      load_optimizer_state(*plan.start, plan.start_name, model_, *sgd_, averaged_);
     }
   }
 
@@ -423,6 +502,8 @@ class RankTraining {
   void end_run(const NonFiniteGuard& guard);
   std::pair<torch::Tensor, torch::Tensor> step(const torch::Tensor& x, const torch::Tensor& y,
                                                int64_t global_batch);
+  torch::Tensor augmented(const torch::Tensor& x, int64_t global_batch, int64_t shard_begin) const;
+  void update();
   bool update_in_step() const;
   bool gpu_timed() const;
   void wait_host(const std::string& what);
@@ -441,6 +522,8 @@ class RankTraining {
   const DeviceSplit test_;
   std::unique_ptr<CudaGraphStep> graph_;  // --cuda-graph: every step goes through it
   std::unique_ptr<Reducer> reducer_;
+  std::unique_ptr<BucketSgd> sgd_;  // the update, on the reducer's buckets
+  ResNet averaged_;                 // --ema: the weights' moving average; else empty
   BatchAssembler assembler_;
   const int64_t batches_per_epoch_;
   const CheckpointConfig config_;
@@ -615,8 +698,8 @@ void RankTraining::end_run(const NonFiniteGuard& guard) {
                                result_.skipped_steps == result_.steps_run;
   if (plan_.rank == 0 && options_.save_model && result_.stopped_by == 0 && !trained_nothing) {
     communicator_.wait_host("the saved model's copy of the weights");
-    save_model_atomically(model_, config_, at_.epoch, at_.step, at_.global_step, result_.epochs,
-                          *options_.save_model);
+    save_model_atomically(averaged_ ? averaged_ : model_, config_, at_.epoch, at_.step,
+                          at_.global_step, result_.epochs, *options_.save_model);
   }
   if (trained_nothing) {
     throw std::runtime_error(
@@ -658,12 +741,13 @@ RankTraining::StepLoss RankTraining::take_step(NonFiniteGuard& guard) {
   const auto [shard_begin, shard_end] = shard_range(global_batch, plan_.world_size, plan_.rank);
   const auto index = order_.narrow(0, begin + shard_begin, shard_end - shard_begin);  // (n)
   // x: (n, 1, 28, 28), y: (n), in buffers reused by every step.
-  const auto [x, y] = assembler_.gather(train_.images, train_.labels, index);
+  const auto [gathered, y] = assembler_.gather(train_.images, train_.labels, index);
+  const auto x = augmented(gathered, global_batch, shard_begin);  // (n, 1, 28, 28)
   // With --cuda-graph the step is captured once and replayed (Note [Capturing the whole step] in
   // cuda_graph_step.cpp), the update with it where it belongs to the step.
   const auto body = [this, global_batch](const torch::Tensor& bx, const torch::Tensor& by) {
     auto [loss_sum, logits] = step(bx, by, global_batch);
-    if (update_in_step()) reducer_->sgd_step(options_.lr);
+    if (update_in_step()) update();
     return std::vector<torch::Tensor>{loss_sum, logits};
   };
   const auto outputs = graph_ ? graph_->run(x, y, body) : body(x, y);
@@ -672,7 +756,11 @@ RankTraining::StepLoss RankTraining::take_step(NonFiniteGuard& guard) {
   ++at_.global_step;
   if (graph_ && !update_in_step()) graph_->wait_host("the non-finite check");
   if (guard.allow_update(*reducer_, at_.global_step, communicator_)) {
-    if (!update_in_step()) reducer_->sgd_step(options_.lr);
+    if (!update_in_step()) update();
+    if (averaged_) {
+      update_weight_average(*averaged_, *model_,
+                            weight_average_decay(options_.recipe.ema_decay, at_.global_step - 1));
+    }
     tally_.add(loss_sum, logits, y);
     guard.keep_buffers();
     if (reports_loss()) {
@@ -702,7 +790,11 @@ std::pair<torch::Tensor, torch::Tensor> RankTraining::step(const torch::Tensor& 
       logits = model_->forward(x);  // (n, 10)
     }
     logits = logits.to(torch::kFloat32);  // the loss in float32 whatever the forward's type
-    loss_sum = F::cross_entropy(logits, y, F::CrossEntropyFuncOptions().reduction(torch::kSum));
+    auto loss_options = F::CrossEntropyFuncOptions().reduction(torch::kSum);
+    if (options_.recipe.label_smoothing != 0) {
+      loss_options.label_smoothing(options_.recipe.label_smoothing);
+    }
+    loss_sum = F::cross_entropy(logits, y, loss_options);
   } else {
     // A replica with no examples (a global batch smaller than the world) still joins every
     // gradient all-reduce, with zeros. (With sync-bn it runs the empty forward instead, to join
@@ -719,6 +811,31 @@ std::pair<torch::Tensor, torch::Tensor> RankTraining::step(const torch::Tensor& 
   loss.backward();
   reducer_->finalize_backward();
   return {loss_sum, logits};
+}
+
+// --augment crop-flip: this rank's shard x (n, 1, 28, 28), the rows from `shard_begin` of a
+// global batch of `global_batch`, cropped and flipped by the global batch's draws (Note
+// [Augmentation draws belong to the global batch]). Without it, x itself.
+torch::Tensor RankTraining::augmented(const torch::Tensor& x, int64_t global_batch,
+                                      int64_t shard_begin) const {
+  if (options_.recipe.augment == Augment::kNone) return x;
+  const int64_t padding = options_.recipe.crop_padding;
+  const auto draws = draw_crop_flip(options_.seed, at_.epoch, at_.step, global_batch, padding)
+                         .narrow(0, shard_begin, x.size(0))
+                         .to(plan_.device);  // (n, 3)
+  return crop_flip(x, draws, padding);
+}
+
+// The update from the reduced gradient: clipped where the recipe clips, then SGD at this step's
+// learning rate (the step just taken is global step at_.global_step - 1, 0-based, wherever this
+// runs: the graphed step runs it before the position moves on, the eager one after).
+void RankTraining::update() {
+  const int64_t step = update_in_step() ? at_.global_step : at_.global_step - 1;
+  if (options_.recipe.clip_grad_norm > 0) {
+    clip_gradient_norm(*reducer_, options_.recipe.clip_grad_norm);
+  }
+  sgd_->step(
+      lr_at(options_.lr, options_.recipe.schedule, step, batches_per_epoch_, options_.epochs));
 }
 
 // Whether the SGD update is part of the graphed step. Under kStop a step always updates (a bad
@@ -762,6 +879,7 @@ double RankTraining::epoch_seconds() const {
 // would move it by (1 - momentum)^k times the replicas' spread.) Returns the sums.
 Totals RankTraining::settle_partial_epoch(const std::string& what) {
   average_buffers(*model_, communicator_);
+  if (averaged_) average_buffers(*averaged_, communicator_);
   const Totals sums = tally_.reduce(communicator_, what);
   if (plan_.rank != 0) tally_.set(Totals{});
   return sums;
@@ -804,7 +922,11 @@ EpochStats RankTraining::finish_epoch(double seconds, int64_t skipped_steps) {
         std::to_string(stats.train_loss) + "); the learning rate may be too high");
   }
   average_buffers(*model_, communicator_);
-  const auto test = means_of(evaluate(model_, test_, options_, plan_, communicator_));
+  // With --ema the averaged weights are what is evaluated (and saved); their BatchNorm
+  // statistics are averaged over the replicas like the model's.
+  if (averaged_) average_buffers(*averaged_, communicator_);
+  ResNet& evaluated = averaged_ ? averaged_ : model_;
+  const auto test = means_of(evaluate(evaluated, test_, options_, plan_, communicator_));
   stats.test_loss = test.loss;
   stats.test_acc = test.accuracy;
   // How well the epoch used the machine (Note [Counting FLOPs] in model/flops.h): every image a
@@ -831,6 +953,7 @@ void RankTraining::save_checkpoint(int64_t epochs_done, int64_t step_in_epoch, c
                                             at_.global_step, result_.epochs);
   checkpoint.partial_sums = sums;
   checkpoint.partial_seconds = seconds;
+  checkpoint.state = optimizer_state(model_, *sgd_, averaged_);
   const std::string path =
       *options_.checkpoint_dir + "/" + checkpoint_file_name(epochs_done, step_in_epoch);
   write_checkpoint_everywhere(checkpoint, path, communicator_, plan_.device);

@@ -86,6 +86,15 @@ class Reducer {
   // in bucket order, each followed by zeros up to the next aligned offset.
   const torch::Tensor& bucket(size_t i) const { return buckets_[i].flat; }
   const std::vector<size_t>& bucket_parameters(size_t i) const { return buckets_[i].parameters; }
+  // The flat parameter storage of bucket `i`, laid out exactly like bucket(i) (Note [Parameters
+  // in bucket layout]): an update of it is an update of every parameter it holds.
+  const torch::Tensor& parameter_bucket(size_t i) const { return buckets_[i].parameter_flat; }
+  size_t num_parameters() const { return parameters_.size(); }
+  const torch::Tensor& parameter(size_t k) const { return parameters_[k]; }
+  size_t bucket_of(size_t k) const { return bucket_of_[k]; }
+  // Parameter k's slice of `flat`, a tensor laid out like bucket(bucket_of(k)) (its momentum
+  // buffer, say): the parameter's shape and strides, sharing `flat`'s memory.
+  torch::Tensor slice_of(size_t k, const torch::Tensor& flat) const;
 
  private:
   struct Bucket {
@@ -108,6 +117,7 @@ class Reducer {
   ReducerOptions options_;
   std::vector<torch::Tensor> grad_views_;  // parameter -> its slice of its gradient bucket
   std::vector<size_t> bucket_of_;          // parameter -> bucket
+  std::vector<int64_t> offset_of_;         // parameter -> its first element in its bucket
   std::vector<bool> ready_;                // parameter -> gradient accumulated this step
   std::vector<Bucket> buckets_;
   size_t next_to_launch_ = 0;

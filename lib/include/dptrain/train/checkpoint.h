@@ -97,6 +97,12 @@ bool is_checkpoint_file(const RegularFile& file);
 void check_checkpoint_matches(const CheckpointConfig& saved, const CheckpointConfig& run,
                               const std::string& name);
 
+// The weights a checkpoint's run evaluated after each epoch: with --ema the averaged ones (its
+// "ema." state, under the model's names), else its weights. A DataError when the recipe says
+// --ema and the state lacks the average.
+std::vector<std::pair<std::string, torch::Tensor>> evaluated_weights(const Checkpoint& checkpoint,
+                                                                     const std::string& name);
+
 // The model's parameters and buffers as checkpoint tensors (CPU copies), and back. Loading
 // checks that every name is present with its shape; throws DataError otherwise.
 std::vector<std::pair<std::string, torch::Tensor>> model_tensors(const torch::nn::Module& model);

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "dptrain/train/epoch_stats.h"
+#include "dptrain/train/recipe.h"
 
 namespace dptrain {
 
@@ -37,7 +38,18 @@ struct CheckpointConfig {
   // SHA-256 of the training images and labels (data.h: dataset_digest), so that a resume on
   // another training set of the same size is refused. Empty in version 1 files.
   std::string train_digest;
+  // The recipe the run trained with (the book's unless it says otherwise: files before recipes
+  // have none), and its --epochs where the learning rate's schedule spans them (a schedule that
+  // is not constant), else 0. A resume continues the same recipe (check_resumable).
+  Recipe recipe;
+  int64_t schedule_epochs = 0;
 };
+
+// The optimizer's state beside the weights, under the model tensor's name with a prefix:
+// "momentum.<parameter>" (with momentum, after its first step) and "ema.<parameter or buffer>"
+// (with --ema: the averaged weights).
+constexpr char kMomentumPrefix[] = "momentum.";
+constexpr char kAveragePrefix[] = "ema.";
 
 struct Checkpoint {
   uint32_t format_version = kCheckpointFormatVersion;  // as read; serialize_checkpoint writes 3
@@ -53,6 +65,9 @@ struct Checkpoint {
   std::vector<EpochStats> history;  // the finished epochs' figures
   // Parameters and buffers by their model names, on the CPU, contiguous.
   std::vector<std::pair<std::string, torch::Tensor>> tensors;
+  // The optimizer's state (kMomentumPrefix, kAveragePrefix), on the CPU, contiguous; in the
+  // file beside `tensors`.
+  std::vector<std::pair<std::string, torch::Tensor>> state;
 };
 
 }  // namespace dptrain

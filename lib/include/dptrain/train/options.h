@@ -14,6 +14,7 @@
 #include "dptrain/model/memory_format.h"
 #include "dptrain/parallel/bucket_size.h"
 #include "dptrain/parallel/distributed.h"
+#include "dptrain/train/recipe.h"
 
 namespace dptrain {
 
@@ -26,7 +27,10 @@ enum class NonFinite {
 struct TrainOptions {
   int64_t epochs = 10;
   int64_t batch_size = 256;  // the global batch, split over all replicas
-  double lr = 0.1;
+  double lr = 0.1;           // the base rate; recipe.schedule gives each step's
+  // Momentum, weight decay, the schedule, label smoothing, augmentation, clipping, the weights'
+  // average: all the book's (none) by default (recipe.h).
+  Recipe recipe;
   uint64_t seed = 0;    // initial weights and data order
   int64_t width = 64;   // ResNet base channel count
   int64_t threads = 0;  // intra-op CPU threads for the whole process; 0 = default_intra_op_threads
