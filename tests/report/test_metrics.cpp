@@ -254,7 +254,7 @@ TEST(MetricsText, StepTimesAreTheEpochsWallPaceAndItsGpuMedian) {
                 .find("\"wall_ms_per_step\":3,\"gpu_ms_per_step\":1.25,"),
             std::string::npos);
   EXPECT_EQ(format_metrics_record(r, MetricsFormat::kCsv),
-            "2,0,0,0,0,0.75,0,0.1,,3,1.25,,,,,,,cuda:0\n");
+            "2,0,0,0,0,0.75,0,0.1,,3,1.25,,,,,,,cuda:0,,,\n");
 }
 
 // What the step timer dropped and spun in the epoch is carried over, beside the epoch's
@@ -270,7 +270,7 @@ TEST(MetricsText, TimerDropsAndSpinsAreCarriedOver) {
   EXPECT_EQ(r.gpu_samples_dropped, 3);
   EXPECT_EQ(r.gpu_spin_ms, 6.25);
   EXPECT_EQ(format_metrics_record(r, MetricsFormat::kCsv),
-            "3,0,0,0,0,0.75,0,0.1,,3,,,,,,3,6.25,cuda:0\n");
+            "3,0,0,0,0,0.75,0,0.1,,3,,,,,,3,6.25,cuda:0,,,\n");
   EXPECT_NE(format_metrics_record(r, MetricsFormat::kJsonLines)
                 .find("\"gpu_samples_dropped\":3,\"gpu_spin_ms\":6.25,\"devices\""),
             std::string::npos);
