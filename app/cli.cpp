@@ -70,6 +70,9 @@ void add_training_flags(cxxopts::Options& options) {
       ("seed", "seed of the initial weights and the data order",
        cxxopts::value<std::string>()->default_value("0"), "N")
       ("train-limit", "use only the first N training examples", cxxopts::value<std::string>(), "N")
+      ("val-split", "hold N training images out as a validation set (the same N for every seed "
+                    "and world size), evaluated after every epoch like the test set",
+       cxxopts::value<std::string>()->default_value("0"), "N")
       ("max-steps", "stop after N steps in all (a short run for checks and benchmarks)",
        cxxopts::value<std::string>(), "N")
       ("on-nonfinite", "a step whose gradient is NaN or infinite: stop (with an error) or skip",
@@ -525,6 +528,7 @@ void read_train_flags(const cxxopts::ParseResult& result, TrainCommand& train) {
   if (result.count("train-limit")) {
     train.train_limit = parse_integer_flag("train-limit", text("train-limit"), 1, kMax);
   }
+  train.val_split = parse_integer_flag("val-split", text("val-split"), 0, kMax);
   if (result.count("checkpoint-dir")) o.checkpoint_dir = path_text(result, "checkpoint-dir");
   o.checkpoint_every = parse_integer_flag("checkpoint-every", text("checkpoint-every"), 1, kMax);
   if (result.count("checkpoint-every-steps")) {

@@ -22,6 +22,8 @@ struct TrainCommand {
   // Installed by main() before anything runs (cpu_allocator.h).
   CpuAllocatorKind cpu_allocator = CpuAllocatorKind::kSystem;
   int64_t train_limit = 0;  // 0 = all
+  // Training images (of those --train-limit leaves) held out as the validation set; 0 = none.
+  int64_t val_split = 0;
   int64_t test_limit = 0;
   bool verbose = false;
   // Output (progress.h, and the metrics and plot files).

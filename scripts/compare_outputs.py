@@ -21,7 +21,7 @@ import sys
 # of its unfinished epoch.
 MEASURED = ("seconds", "images_per_second", "steady_seconds", "wall_ms_per_step",
             "gpu_ms_per_step", "tflops", "mfu", "peak_host_bytes", "peak_device_bytes",
-            "gpu_samples_dropped", "gpu_spin_ms", "partial_seconds")
+            "gpu_samples_dropped", "gpu_spin_ms", "eval_seconds", "partial_seconds")
 # The JSON value of a measured key: a number, null, or the run state's "nan"/"inf" strings.
 MEASURED_JSON = re.compile(r'"(%s)":(-?[0-9][0-9.eE+-]*)' % "|".join(MEASURED))
 

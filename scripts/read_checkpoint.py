@@ -599,6 +599,10 @@ def check_history(c, check, steps, shape):
             if not (math.isnan(value) or 0 <= value <= MAX_BYTES and value == math.trunc(value)):
                 impossible(at + key.replace("_", " "), value,
                            "nan, or a whole number of bytes from 0 to 2^50")
+        loss(at + "validation loss", s["val_loss"])  # nan without a validation set
+        figure(at + "validation accuracy", s["val_acc"], 1, "nan, or an accuracy from 0 to 1")
+        figure(at + "evaluation seconds", s["eval_seconds"], MAX_SECONDS,
+               f"nan, or from 0 to {value_text(MAX_SECONDS)}")
 
 
 def check_repeated_metadata(metadata, c, fail):

@@ -94,13 +94,14 @@ TEST(CliParse, DefaultsAreTheBooks) {
   EXPECT_FALSE(train.backend.has_value());
   EXPECT_EQ(train.train_limit, 0);
   EXPECT_EQ(train.test_limit, 0);
+  EXPECT_EQ(train.val_split, 0);
   EXPECT_FALSE(train.verbose);
 }
 
 TEST(CliParse, GivenValuesAreExact) {
   const auto parsed = parse({"train", "--epochs", "3", "--batch-size", "512", "--lr", "0.2",
                              "--seed", "7", "--width", "8", "--devices", "cpu,cpu", "--train-limit",
-                             "100", "--sync-bn", "--bucket-mb", "2"});
+                             "100", "--sync-bn", "--bucket-mb", "2", "--val-split", "10"});
   ASSERT_EQ(parsed.action, ParsedCommandLine::Action::kTrain);
   const TrainCommand& train = parsed.train;
   const TrainOptions& o = train.options;
@@ -111,6 +112,7 @@ TEST(CliParse, GivenValuesAreExact) {
   EXPECT_EQ(o.width, 8);
   EXPECT_EQ(train.devices, std::optional<std::string>("cpu,cpu"));
   EXPECT_EQ(train.train_limit, 100);
+  EXPECT_EQ(train.val_split, 10);
   EXPECT_EQ(train.test_limit, 0);
   EXPECT_TRUE(o.sync_bn);
   EXPECT_EQ(o.bucket_bytes, int64_t{2} * 1024 * 1024);

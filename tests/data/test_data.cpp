@@ -1,6 +1,7 @@
 // Tests of data.h: finding the data directory (flag, $DPTRAIN_DATA, default places), loading and
-// validating a split from tiny IDX files written here, turning images into model input, and,
-// when it is installed, the real Fashion-MNIST (sizes, label range, the first labels).
+// validating a split from tiny IDX files written here, holding out a validation split, turning
+// images into model input, and, when it is installed, the real Fashion-MNIST (sizes, label
+// range, the first labels).
 
 #include <gtest/gtest.h>
 #include <sys/stat.h>
@@ -8,6 +9,7 @@
 #include <torch/torch.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdlib>
 #include <functional>
@@ -598,6 +600,94 @@ TEST(DataLoadFashionMnist, PublishedNameIsPreferredOverTheUnpackedOne) {
   write_labels(dir.file(unpacked(kTrainLabelsFile)), {1, 1, 1, 1, 1}, false);
   const FashionMnist data = load_fashion_mnist(dir.path());
   EXPECT_EQ(as_vector(data.train.labels), (std::vector<int64_t>{9, 0, 0, 3, 0}));
+}
+
+// ---------------------------------------------------------------------------------------------
+// split_validation and --val-split
+
+// `n` images whose first two pixels spell their index (low byte, high byte), labelled index % 10.
+Dataset numbered_images(int64_t n) {
+  Dataset set;
+  set.images = torch::zeros({n, kImageSide, kImageSide}, torch::kUInt8);
+  for (int64_t i = 0; i < n; ++i) {
+    set.images[i][0][0] = static_cast<int64_t>(i % 256);
+    set.images[i][0][1] = static_cast<int64_t>(i / 256);
+  }
+  set.labels = torch::arange(n, torch::kInt64).remainder(10);
+  return set;
+}
+
+// The indices a numbered set holds, read back from its pixels, checked against its labels.
+std::vector<int64_t> indices_of(const Dataset& set) {
+  std::vector<int64_t> indices;
+  for (int64_t i = 0; i < set.size(); ++i) {
+    const auto pixels = set.images[i][0].to(torch::kInt64);
+    indices.push_back(pixels[0].item<int64_t>() + 256 * pixels[1].item<int64_t>());
+    EXPECT_EQ(set.labels[i].item<int64_t>(), indices.back() % 10);
+  }
+  return indices;
+}
+
+// The held-out images are pinned: the first of a Fisher-Yates permutation drawn with SplitMix64
+// from kValidationSplitSeed, computed independently in Python. The two parts are disjoint, cover
+// the set, keep its order, and are the same on every call: split_validation takes no seed, so
+// --seed and the world size cannot change them.
+TEST(DataValidationSplit, HoldsOutThePinnedImagesDisjointAndInOrder) {
+  const Dataset set = numbered_images(300);
+  const TrainValidation split = split_validation(set, 5);
+  const std::vector<int64_t> held{5, 15, 129, 222, 247};
+  EXPECT_EQ(indices_of(split.validation), held);
+  std::vector<int64_t> kept;
+  for (int64_t i = 0; i < 300; ++i) {
+    if (std::find(held.begin(), held.end(), i) == held.end()) kept.push_back(i);
+  }
+  EXPECT_EQ(indices_of(split.train), kept);
+  EXPECT_EQ(split.train.images.sizes(), (std::vector<int64_t>{295, 28, 28}));
+  const TrainValidation again = split_validation(set, 5);
+  EXPECT_TRUE(torch::equal(again.train.images, split.train.images));
+  EXPECT_TRUE(torch::equal(again.validation.images, split.validation.images));
+  EXPECT_TRUE(torch::equal(again.validation.labels, split.validation.labels));
+  // Another size draws another permutation, pinned too.
+  EXPECT_EQ(indices_of(split_validation(numbered_images(320), 20).validation),
+            (std::vector<int64_t>{15, 22, 33, 83, 98, 117, 141, 143, 163, 181, 224, 256, 260,
+                                  263, 285, 288, 294, 297, 298, 303}));
+}
+
+TEST(DataValidationSplit, ZeroHoldsOutNothing) {
+  const Dataset set = numbered_images(12);
+  const TrainValidation split = split_validation(set, 0);
+  EXPECT_TRUE(torch::equal(split.train.images, set.images));
+  EXPECT_TRUE(torch::equal(split.train.labels, set.labels));
+  EXPECT_EQ(split.validation.size(), 0);
+  EXPECT_FALSE(split.validation.images.defined());
+}
+
+TEST(DataValidationSplit, OutOfRangeIsAUsageErrorNamingTheFlag) {
+  const Dataset set = numbered_images(12);
+  for (const int64_t count : {int64_t{-1}, int64_t{12}, int64_t{13}}) {
+    const std::string message = dptrain::testing::expect_throws<UsageError>(
+        [&] { split_validation(set, count); }, {});
+    EXPECT_EQ(message, "--val-split " + std::to_string(count) +
+                           ": must be from 0 to 11, fewer than the 12 training images (after "
+                           "--train-limit), so that at least one trains");
+  }
+}
+
+TEST(DataLoadFashionMnist, ValSplitHoldsOutOfWhatTheLimitLeaves) {
+  TempDir dir;
+  write_fake_dataset(dir.path(), true);
+  const FashionMnist all = load_fashion_mnist(dir.path(), 0, 0, 2);  // 5 images: 1 and 2 held
+  EXPECT_EQ(as_vector(all.train.labels), (std::vector<int64_t>{9, 3, 0}));
+  EXPECT_EQ(as_vector(all.validation.labels), (std::vector<int64_t>{0, 0}));
+  EXPECT_TRUE(torch::equal(all.validation.images,
+                           as_uint8_tensor(image_bytes(5, 0), {5, 28, 28}).narrow(0, 1, 2)));
+  const FashionMnist limited = load_fashion_mnist(dir.path(), 4, 0, 2);  // 4 images: 2 and 3
+  EXPECT_EQ(as_vector(limited.train.labels), (std::vector<int64_t>{9, 0}));
+  EXPECT_EQ(as_vector(limited.validation.labels), (std::vector<int64_t>{0, 3}));
+  EXPECT_EQ(load_fashion_mnist(dir.path()).validation.size(), 0);
+  dptrain::testing::expect_throws<UsageError>(
+      [&] { load_fashion_mnist(dir.path(), 4, 0, 4); },
+      {"--val-split 4: must be from 0 to 3, fewer than the 4 training images"});
 }
 
 // ---------------------------------------------------------------------------------------------

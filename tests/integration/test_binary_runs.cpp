@@ -11,6 +11,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <fstream>
 #include <functional>
@@ -219,6 +220,7 @@ const std::vector<ErrorCase> kErrorCases = {
     {"train_limit_zero", {"train", "--train-limit", "0"}, kUsage, "--train-limit"},
     {"test_limit_zero", {"train", "--test-limit", "0"}, kUsage, "--test-limit"},
     {"test_limit_negative", {"train", "--test-limit", "-3"}, kUsage, "--test-limit"},
+    {"val_split_negative", {"train", "--val-split", "-1"}, kUsage, "--val-split"},
     {"lr_zero", {"train", "--lr", "0"}, kUsage, "--lr"},
     {"lr_negative", {"train", "--lr", "-0.1"}, kUsage, "--lr"},
     {"lr_nan", {"train", "--lr", "nan"}, kUsage, "--lr"},
@@ -614,7 +616,7 @@ TEST(CliRun, SteadyPaceIsPrintedBeforeTheFinalLineAndRecorded) {
       << describe(result);
   // epoch,...,seconds (6th),images_per_second,lr,steady_seconds (9th),wall_ms_per_step,
   // gpu_ms_per_step,tflops (12th),mfu,peak_host_bytes,peak_device_bytes,gpu_samples_dropped,
-  // gpu_spin_ms,devices
+  // gpu_spin_ms,devices,val_loss (19th),val_acc,eval_seconds
   const auto rows = split_lines(dptrain::testing::read_text(metrics));
   ASSERT_EQ(rows.size(), 4u) << dptrain::testing::read_text(metrics);
   std::vector<std::vector<std::string>> fields;
@@ -622,7 +624,7 @@ TEST(CliRun, SteadyPaceIsPrintedBeforeTheFinalLineAndRecorded) {
     std::vector<std::string> row;
     std::stringstream stream(rows[i]);
     for (std::string field; std::getline(stream, field, ',');) row.push_back(field);
-    ASSERT_EQ(row.size(), 18u) << rows[i];
+    ASSERT_EQ(row.size(), 21u) << rows[i];
     fields.push_back(row);
   }
   EXPECT_EQ(fields[0][8], "") << rows[1];
@@ -645,10 +647,53 @@ TEST(CliRun, SteadyPaceIsPrintedBeforeTheFinalLineAndRecorded) {
     EXPECT_EQ(row[14], "");
     EXPECT_EQ(row[15], "");  // nothing timed on the CPU: no drops, no spins
     EXPECT_EQ(row[16], "");
+    EXPECT_EQ(row[18], "");  // no validation set
+    EXPECT_EQ(row[19], "");
+    EXPECT_GE(std::stod(row[20]), 0);  // the evaluation's seconds
   }
   EXPECT_EQ(std::stod(fields[1][8]), std::stod(fields[1][5])) << rows[2];
   EXPECT_DOUBLE_EQ(std::stod(fields[2][8]), (std::stod(fields[1][5]) + std::stod(fields[2][5])) / 2)
       << rows[3];
+}
+
+// --val-split 4 of the tiny set's 16 training images: the first line counts the three sets, the
+// epoch line shows the validation accuracy (a multiple of 1/4) after the test's, and the metrics
+// file records it; holding out every image is a usage error, in one line.
+TEST(CliRun, ValSplitHoldsOutImagesAndReportsTheirAccuracy) {
+  TempDir out;
+  const std::string metrics = out.file("m.csv");
+  const std::vector<std::string> args{"train",    "--data-dir", tiny_data_dir(), "--devices",
+                                      "cpu",      "--width",    "1",             "--epochs",
+                                      "1",        "--threads",  "1",             "--batch-size",
+                                      "4",        "--metrics",  metrics,         "--val-split"};
+  auto with = [&](const std::string& n) {
+    auto a = args;
+    a.push_back(n);
+    return a;
+  };
+  const auto result = run_dptrain(with("4"));
+  expect_successful_run(result, 1, kFinalLineOneCpu);
+  EXPECT_TRUE(contains(result.out, "dptrain: 12 train / 4 validation / 8 test images from "))
+      << describe(result);
+  std::smatch line;
+  ASSERT_TRUE(std::regex_search(result.out, line,
+                                std::regex(R"(test acc [0-9.]+, val acc ([0-9.]+), [0-9.]+ s, )")))
+      << describe(result);
+  const auto rows = split_lines(dptrain::testing::read_text(metrics));
+  ASSERT_EQ(rows.size(), 2u);
+  EXPECT_TRUE(contains(rows[0], ",devices,val_loss,val_acc,eval_seconds")) << rows[0];
+  std::vector<std::string> row;
+  std::stringstream stream(rows[1]);
+  for (std::string field; std::getline(stream, field, ',');) row.push_back(field);
+  ASSERT_EQ(row.size(), 21u) << rows[1];
+  const double val_acc = std::stod(row[19]);
+  EXPECT_EQ(val_acc * 4, std::round(val_acc * 4)) << row[19];
+  char shown[16];
+  std::snprintf(shown, sizeof shown, "%.4f", val_acc);
+  EXPECT_EQ(line[1].str(), shown);
+  EXPECT_GE(std::stod(row[18]), 0);  // the validation loss
+  expect_one_error_line(run_dptrain(with("16")), kUsage,
+                        "--val-split 16: must be from 0 to 15, fewer than the 16 training images");
 }
 
 TEST(CliRun, MaxStepsStopsEarly) {

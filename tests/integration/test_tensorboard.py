@@ -39,7 +39,7 @@ COMMON = ["--width", "4", "--batch-size", "64", "--train-limit", "512", "--test-
 # The metrics file's columns that --tensorboard logs as epoch/<column>, where they are finite.
 EPOCH_COLUMNS = ["train_loss", "train_acc", "test_loss", "test_acc", "seconds",
                  "images_per_second", "wall_ms_per_step", "gpu_ms_per_step", "tflops", "mfu",
-                 "peak_host_bytes", "peak_device_bytes"]
+                 "peak_host_bytes", "peak_device_bytes", "val_loss", "val_acc"]
 # What two runs of the same settings and seed give alike, whatever the timing.
 TRAINING_COLUMNS = ["train_loss", "train_acc", "test_loss", "test_acc"]
 
@@ -169,6 +169,25 @@ def check_runs_side_by_side(dptrain, path):
     first, second = metrics(path("d1.jsonl")), metrics(path("d2.jsonl"))
     check(first[0]["train_loss"] != second[0]["train_loss"],
           "side by side: seeds 1 and 2 should train differently")
+
+
+def check_a_validation_split(dptrain, path):
+    """--val-split 64 of 576 images leaves the 512 of the other runs (8 steps an epoch): its
+    validation loss and accuracy are logged beside the test's, as the metrics file has them;
+    without it (the runs above) neither is."""
+    args = list(COMMON)
+    args[args.index("--train-limit") + 1] = "576"
+    done = subprocess.run([dptrain, "train", *args, "--val-split", "64", "--metrics",
+                           path("v.jsonl"), "--tensorboard", path("v")], stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE, text=True, timeout=600)
+    check(done.returncode == 0, f"--val-split: exit {done.returncode}: {done.stderr.strip()}")
+    scalars, _ = read(path("v/run-1"))
+    records = metrics(path("v.jsonl"))
+    check_epochs_match_metrics("a validation split", scalars, records)
+    check([s for s, _ in scalars.get("epoch/val_acc", [])] == [8, 16],
+          f"--val-split: epoch/val_acc at {scalars.get('epoch/val_acc')}, expected steps 8, 16")
+    check(all(r["val_acc"] is not None and r["val_acc"] * 64 == round(r["val_acc"] * 64)
+              for r in records), f"--val-split: val_acc of 64 images: {records}")
 
 
 def check_a_live_writer_refuses_another(dptrain, path):
@@ -334,7 +353,9 @@ def main():
                                    columns=TRAINING_COLUMNS)
         check_same_training("crashed and resumed", scalars, uninterrupted)
 
+        check("epoch/val_acc" not in uninterrupted, "without --val-split: an epoch/val_acc")
         check_runs_side_by_side(dptrain, path)
+        check_a_validation_split(dptrain, path)
         check_a_live_writer_refuses_another(dptrain, path)
         check_an_epoch_without_a_trained_step(dptrain, path)
     finally:

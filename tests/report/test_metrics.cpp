@@ -54,10 +54,10 @@ std::vector<EpochRecord> two_epochs() {
 const char kCsvHeader[] =
     "epoch,train_loss,train_acc,test_loss,test_acc,seconds,images_per_second,lr,steady_seconds,"
     "wall_ms_per_step,gpu_ms_per_step,tflops,mfu,peak_host_bytes,peak_device_bytes,"
-    "gpu_samples_dropped,gpu_spin_ms,devices\n";
+    "gpu_samples_dropped,gpu_spin_ms,devices,val_loss,val_acc,eval_seconds\n";
 const char kCsvRows[] =
-    "1,0.5,0.8125,0.4375,0.84375,12.5,4800,0.1,,,,,,,,,,\"cpu,cpu\"\n"
-    "2,0.3,0.9,,0.875,12.25,4897.5,0.1,,,,,,,,,,\"cpu,cpu\"\n";
+    "1,0.5,0.8125,0.4375,0.84375,12.5,4800,0.1,,,,,,,,,,\"cpu,cpu\",,,\n"
+    "2,0.3,0.9,,0.875,12.25,4897.5,0.1,,,,,,,,,,\"cpu,cpu\",,,\n";
 const char kJsonLines[] =
     "{\"epoch\":1,\"train_loss\":0.5,\"train_acc\":0.8125,\"test_loss\":0.4375,"
     "\"test_acc\":0.84375,\"seconds\":12.5,\"images_per_second\":4800,\"lr\":0.1,"
@@ -65,14 +65,14 @@ const char kJsonLines[] =
     "\"tflops\":null,\"mfu\":null,\"peak_host_bytes\":null,\"peak_device_bytes\":null,"
     "\"gpu_samples_dropped\":null,\"gpu_spin_ms\":null,"
     "\"devices\":\"cpu,"
-    "cpu\"}\n"
+    "cpu\",\"val_loss\":null,\"val_acc\":null,\"eval_seconds\":null}\n"
     "{\"epoch\":2,\"train_loss\":0.3,\"train_acc\":0.9,\"test_loss\":null,"
     "\"test_acc\":0.875,\"seconds\":12.25,\"images_per_second\":4897.5,\"lr\":0.1,"
     "\"steady_seconds\":null,\"wall_ms_per_step\":null,\"gpu_ms_per_step\":null,"
     "\"tflops\":null,\"mfu\":null,\"peak_host_bytes\":null,\"peak_device_bytes\":null,"
     "\"gpu_samples_dropped\":null,\"gpu_spin_ms\":null,"
     "\"devices\":\"cpu,"
-    "cpu\"}\n";
+    "cpu\",\"val_loss\":null,\"val_acc\":null,\"eval_seconds\":null}\n";
 
 // Same value, bit for bit (and NaN for NaN, as the file cannot tell NaNs apart).
 void expect_same_double(double expected, double actual, const char* field) {
@@ -145,24 +145,27 @@ TEST(MetricsText, JsonLinesTextIsExact) {
 TEST(MetricsText, FieldsAreQuotedAndEscaped) {
   const EpochRecord r = record(3, 1, 1, 1, 1, 1, 1, 1, "a\"b,c\\d\ne\x01");
   EXPECT_EQ(format_metrics_record(r, MetricsFormat::kCsv),
-            "3,1,1,1,1,1,1,1,,,,,,,,,,\"a\"\"b,c\\d\ne\x01\"\n");
+            "3,1,1,1,1,1,1,1,,,,,,,,,,\"a\"\"b,c\\d\ne\x01\",,,\n");
   const std::string json = format_metrics_record(r, MetricsFormat::kJsonLines);
-  EXPECT_NE(json.find("\"devices\":\"a\\\"b,c\\\\d\\ne\\u0001\"}\n"), std::string::npos) << json;
+  EXPECT_NE(json.find("\"devices\":\"a\\\"b,c\\\\d\\ne\\u0001\",\"val_loss\":null,"),
+            std::string::npos)
+      << json;
   EXPECT_EQ(format_metrics_record(record(1, 1, 1, 1, 1, 1, 1, 1, "cpu"), MetricsFormat::kCsv),
-            "1,1,1,1,1,1,1,1,,,,,,,,,,cpu\n");  // nothing to quote
+            "1,1,1,1,1,1,1,1,,,,,,,,,,cpu,,,\n");  // nothing to quote
 }
 
 TEST(MetricsText, NonFiniteIsMissingNeverNanText) {
   const double inf = std::numeric_limits<double>::infinity();
   const EpochRecord r = record(1, kNaN, inf, -inf, 0.5, 1, 1, 0.1, "cpu");
-  EXPECT_EQ(format_metrics_record(r, MetricsFormat::kCsv), "1,,,,0.5,1,1,0.1,,,,,,,,,,cpu\n");
+  EXPECT_EQ(format_metrics_record(r, MetricsFormat::kCsv), "1,,,,0.5,1,1,0.1,,,,,,,,,,cpu,,,\n");
   EXPECT_EQ(format_metrics_record(r, MetricsFormat::kJsonLines),
             "{\"epoch\":1,\"train_loss\":null,\"train_acc\":null,\"test_loss\":null,"
             "\"test_acc\":0.5,\"seconds\":1,\"images_per_second\":1,\"lr\":0.1,"
             "\"steady_seconds\":null,\"wall_ms_per_step\":null,\"gpu_ms_per_step\":null,"
             "\"tflops\":null,\"mfu\":null,\"peak_host_bytes\":null,\"peak_device_bytes\":null,"
             "\"gpu_samples_dropped\":null,\"gpu_spin_ms\":null,"
-            "\"devices\":\"cpu\"}\n");
+            "\"devices\":\"cpu\",\"val_loss\":null,\"val_acc\":null,"
+            "\"eval_seconds\":null}\n");
 }
 
 TEST(MetricsText, MakeEpochRecordJoinsDevices) {
@@ -204,19 +207,36 @@ TEST(MetricsText, EfficiencyFiguresAreCarriedOverAndMissingWhereUnknown) {
   EXPECT_EQ(gpu.peak_host_bytes, 2147483648.0);
   EXPECT_EQ(gpu.peak_device_bytes, 12992272384.0);
   EXPECT_EQ(format_metrics_record(gpu, MetricsFormat::kCsv),
-            "2,0,0,0,0,0.75,0,0.1,,3,1.25,312.5,0.3159,2147483648,12992272384,,,cuda:0\n");
+            "2,0,0,0,0,0.75,0,0.1,,3,1.25,312.5,0.3159,2147483648,12992272384,,,cuda:0,,,\n");
   EXPECT_NE(format_metrics_record(gpu, MetricsFormat::kJsonLines)
                 .find("\"gpu_ms_per_step\":1.25,\"tflops\":312.5,\"mfu\":0.3159,"
                       "\"peak_host_bytes\":2147483648,\"peak_device_bytes\":12992272384,"
                       "\"gpu_samples_dropped\":null,\"gpu_spin_ms\":null,"
-                      "\"devices\":\"cuda:0\"}"),
+                      "\"devices\":\"cuda:0\",\"val_loss\":null"),
             std::string::npos);
   stats.gpu_ms_per_step = kNaN;
   stats.tflops = 0.0382;
   stats.mfu = kNaN;
   stats.peak_device_bytes = kNaN;
   EXPECT_EQ(format_metrics_record(make_epoch_record(stats, 0.1, {"cpu"}), MetricsFormat::kCsv),
-            "2,0,0,0,0,0.75,0,0.1,,3,,0.0382,,2147483648,,,,cpu\n");
+            "2,0,0,0,0,0.75,0,0.1,,3,,0.0382,,2147483648,,,,cpu,,,\n");
+}
+
+// A run with a validation set (--val-split) writes its loss and accuracy, and every run the
+// seconds of its evaluations, in the last columns.
+TEST(MetricsText, ValidationFiguresAndEvaluationSecondsAreTheLastColumns) {
+  EpochStats stats;
+  stats.epoch = 1;
+  stats.val_loss = 0.25;
+  stats.val_acc = 0.875;
+  stats.eval_seconds = 1.5;
+  const EpochRecord r = make_epoch_record(stats, 0.1, {"cpu"});
+  EXPECT_EQ(format_metrics_record(r, MetricsFormat::kCsv),
+            "1,0,0,0,0,0,0,0.1,,,,,,,,,,cpu,0.25,0.875,1.5\n");
+  EXPECT_NE(format_metrics_record(r, MetricsFormat::kJsonLines)
+                .find("\"devices\":\"cpu\",\"val_loss\":0.25,\"val_acc\":0.875,"
+                      "\"eval_seconds\":1.5}\n"),
+            std::string::npos);
 }
 
 // The wall time per step is the epoch's training seconds over its steps, in milliseconds; the
@@ -234,7 +254,7 @@ TEST(MetricsText, StepTimesAreTheEpochsWallPaceAndItsGpuMedian) {
                 .find("\"wall_ms_per_step\":3,\"gpu_ms_per_step\":1.25,"),
             std::string::npos);
   EXPECT_EQ(format_metrics_record(r, MetricsFormat::kCsv),
-            "2,0,0,0,0,0.75,0,0.1,,3,1.25,,,,,,,cuda:0\n");
+            "2,0,0,0,0,0.75,0,0.1,,3,1.25,,,,,,,cuda:0,,,\n");
 }
 
 // What the step timer dropped and spun in the epoch is carried over, beside the epoch's
@@ -250,7 +270,7 @@ TEST(MetricsText, TimerDropsAndSpinsAreCarriedOver) {
   EXPECT_EQ(r.gpu_samples_dropped, 3);
   EXPECT_EQ(r.gpu_spin_ms, 6.25);
   EXPECT_EQ(format_metrics_record(r, MetricsFormat::kCsv),
-            "3,0,0,0,0,0.75,0,0.1,,3,,,,,,3,6.25,cuda:0\n");
+            "3,0,0,0,0,0.75,0,0.1,,3,,,,,,3,6.25,cuda:0,,,\n");
   EXPECT_NE(format_metrics_record(r, MetricsFormat::kJsonLines)
                 .find("\"gpu_samples_dropped\":3,\"gpu_spin_ms\":6.25,\"devices\""),
             std::string::npos);
@@ -324,9 +344,9 @@ TEST(MetricsWriter, EachRecordIsOnDiskBeforeTheNextEpoch) {
   EXPECT_EQ(read_text(dir.file("m.csv")), "");  // the header comes with the first record
   writer.write(two_epochs()[0]);
   // Read through another descriptor while the writer is still open, as after a crash.
-  EXPECT_EQ(
-      read_text(dir.file("m.csv")),
-      std::string(kCsvHeader) + "1,0.5,0.8125,0.4375,0.84375,12.5,4800,0.1,,,,,,,,,,\"cpu,cpu\"\n");
+  EXPECT_EQ(read_text(dir.file("m.csv")),
+            std::string(kCsvHeader) +
+                "1,0.5,0.8125,0.4375,0.84375,12.5,4800,0.1,,,,,,,,,,\"cpu,cpu\",,,\n");
   writer.write(two_epochs()[1]);
   EXPECT_EQ(read_text(dir.file("m.csv")), std::string(kCsvHeader) + kCsvRows);
 }

@@ -80,6 +80,20 @@ TEST(Report, EpochLineIsExactWithEachEfficiencyFigureWhereKnown) {
   EXPECT_EQ(format_epoch_line(stats), book + ", 312 TFLOP/s (MFU 32%), GPU peak 12.1 GiB");
 }
 
+// With a validation set (--val-split) its accuracy follows the test accuracy; without one the
+// line is the book's, whatever the evaluations' seconds.
+TEST(Report, EpochLineShowsTheValidationAccuracyWhereThereIsOne) {
+  auto stats = epoch_three();
+  stats.eval_seconds = 1.25;
+  EXPECT_EQ(format_epoch_line(stats),
+            "epoch 3/10: train loss 0.3012, train acc 0.8891, test acc 0.8765, 13.2 s, 4545 img/s");
+  stats.val_loss = 0.3125;
+  stats.val_acc = 0.91234;
+  EXPECT_EQ(format_epoch_line(stats),
+            "epoch 3/10: train loss 0.3012, train acc 0.8891, test acc 0.8765, val acc 0.9123, "
+            "13.2 s, 4545 img/s");
+}
+
 // Note [An epoch without a trained step] in train/rank.cpp: skipped steps are counted after the
 // training figures they leave out, and an epoch with none trained has no figures but "-" (never
 // 0.0000, which reads as a perfect fit); its test figures and efficiency stay.

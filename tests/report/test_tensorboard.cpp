@@ -241,6 +241,23 @@ TEST(TensorBoardLog, AnEpochWithoutATrainedStepHasNoTrainingScalars) {
                                       "epoch/wall_ms_per_step"}));
 }
 
+// A run with a validation set (--val-split) logs its loss and accuracy after the others; the
+// evaluations' seconds go to the metrics file only.
+TEST(TensorBoardLog, ValidationScalarsComeLast) {
+  EpochStats with = stats_of_epoch(1, 4);
+  with.val_loss = 0.5625;
+  with.val_acc = 0.8125;
+  with.eval_seconds = 0.25;
+  const auto scalars = epoch_scalars(with);
+  EXPECT_EQ(tags_of(scalars),
+            (std::vector<std::string>{"epoch/train_loss", "epoch/train_acc", "epoch/test_loss",
+                                      "epoch/test_acc", "epoch/seconds",
+                                      "epoch/images_per_second", "epoch/wall_ms_per_step",
+                                      "epoch/val_loss", "epoch/val_acc"}));
+  EXPECT_EQ(scalars[7].value, 0.5625);
+  EXPECT_EQ(scalars[8].value, 0.8125);
+}
+
 TEST(TensorBoardLog, SettingsAreAMarkdownTableWithBarsEscaped) {
   EXPECT_EQ(settings_markdown({{"--lr", "0.1"}, {"the start", "a|b\nc"}}),
             "| setting | value |\n|---|---|\n| --lr | 0.1 |\n| the start | a\\|b c |\n");

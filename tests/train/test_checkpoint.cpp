@@ -1709,6 +1709,12 @@ TEST(CheckpointFormat, EfficiencyFiguresNoRunCanProduceAreRefused) {
           "images per second is -1 (nan, or from 0 to 1000000000000)");
   refused("an infinite speed", [&](EpochStats& s) { s.images_per_second = inf; },
           "images per second is inf");
+  refused("a validation accuracy above 1", [](EpochStats& s) { s.val_acc = 1.5; },
+          "validation accuracy is 1.5 (nan, or an accuracy from 0 to 1)");
+  refused("a negative validation loss", [](EpochStats& s) { s.val_loss = -0.5; },
+          "validation loss is -0.5 (a loss: >= 0, inf or nan)");
+  refused("-1 evaluation seconds", [](EpochStats& s) { s.eval_seconds = -1; },
+          "evaluation seconds is -1 (nan, or from 0 to 1000000000)");
   // The epoch inside its run, in both formats (version 2 keeps the run's epochs too).
   for (const int64_t epochs : {int64_t{0}, int64_t{-3}, int64_t{1000001}}) {
     const auto run_epochs = [&](std::vector<uint8_t>& p) {
@@ -1750,6 +1756,9 @@ TEST(CheckpointFormat, FiguresTheWriterLeavesNanAndTheRangesEdgesAreRead) {
   s.peak_host_bytes = 1125899906842624.0;  // 2^50
   s.peak_device_bytes = 0;
   s.gpu_ms_per_step = 0;
+  s.val_loss = 0.375;
+  s.val_acc = 1;
+  s.eval_seconds = 0;
   const auto back = parse_checkpoint(serialize_checkpoint(edges), "edges").history[0];
   EXPECT_EQ(back.epochs, 1);
   EXPECT_EQ(back.tflops, 200000);
@@ -1757,10 +1766,14 @@ TEST(CheckpointFormat, FiguresTheWriterLeavesNanAndTheRangesEdgesAreRead) {
   EXPECT_EQ(back.peak_host_bytes, 1125899906842624.0);
   EXPECT_EQ(back.peak_device_bytes, 0);
   EXPECT_EQ(back.gpu_ms_per_step, 0);
-  // The defaults (NaN for every efficiency figure) read back as NaN.
+  EXPECT_EQ(back.val_loss, 0.375);
+  EXPECT_EQ(back.val_acc, 1);
+  EXPECT_EQ(back.eval_seconds, 0);
+  // The defaults (NaN for every efficiency figure, and without a validation set) read back as NaN.
   const auto plain = parse_checkpoint(serialize_checkpoint(small_checkpoint()), "p").history[0];
   for (const double figure : {plain.gpu_ms_per_step, plain.tflops, plain.mfu,
-                              plain.peak_host_bytes, plain.peak_device_bytes}) {
+                              plain.peak_host_bytes, plain.peak_device_bytes, plain.val_loss,
+                              plain.val_acc, plain.eval_seconds}) {
     EXPECT_TRUE(std::isnan(figure)) << figure;
   }
 }

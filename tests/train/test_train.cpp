@@ -1,6 +1,7 @@
 // Tests of the training run (train.h): it learns, it is deterministic, its first losses are
-// pinned, N replicas with sync-bn match one replica, replicas stay bit-identical without it,
-// and several processes under torchrun match the same world in threads.
+// pinned, the validation split is evaluated as the test set, N replicas with sync-bn match one
+// replica, replicas stay bit-identical without it, and several processes under torchrun match
+// the same world in threads.
 #include <arpa/inet.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
@@ -12,6 +13,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdint>
 #include <fstream>
 #include <functional>
@@ -22,6 +24,7 @@
 #include <tuple>
 
 #include "dptrain/data/batching.h"
+#include "dptrain/data/data.h"
 #include "dptrain/core/errors.h"
 #include "dptrain/model/model.h"
 #include "dptrain/core/devices.h"
@@ -170,6 +173,71 @@ TEST(Training, AResumeWithNothingLeftSaysSoAndRunsNoStep) {
   options.epochs = 3;
   options.max_steps = 0;
   EXPECT_EQ(train(data, options, cpu_world(1)).steps_run, 2);
+}
+
+// ---- The validation split ----------------------------------------------------------------
+
+// The validation figures are the held-out images evaluated as the test set is: bit for bit the
+// test figures of evaluate_weights on the trained weights with those images as the test set, on
+// one rank and on two (each a shard). Evaluating them changes nothing else: the training and test
+// figures are those of the same training set without a validation set, whose are NaN.
+TEST(Training, ValidationFiguresEqualEvaluatingTheHeldOutImages) {
+  const auto all = synthetic_data(320, 64);
+  const auto split = split_validation(all.train, 64);
+  const FashionMnist data{split.train, all.test, split.validation};
+  const FashionMnist held_out_as_test{split.train, split.validation, {}};
+  const FashionMnist without{split.train, all.test, {}};
+  TempDir dir;
+  auto options = small_options();
+  options.epochs = 2;
+  for (const int ranks : {1, 2}) {
+    SCOPED_TRACE(std::to_string(ranks) + " rank(s)");
+    options.save_model = dir.file("m" + std::to_string(ranks) + ".safetensors");
+    const auto result = train(data, options, cpu_world(ranks));
+    ASSERT_EQ(result.epochs.size(), 2u);
+    ResNet model(ResNetOptions{10, 1, options.width});
+    load_model_file(model, *options.save_model);
+    const auto held =
+        evaluate_weights(held_out_as_test, options, cpu_world(ranks), model_tensors(*model));
+    EXPECT_EQ(held.examples, 64);
+    EXPECT_EQ(result.epochs[1].val_acc, held.test_acc);
+    EXPECT_EQ(result.epochs[1].val_loss, held.test_loss);
+    options.save_model.reset();
+    const auto plain = train(without, options, cpu_world(ranks));
+    for (size_t e = 0; e < 2; ++e) {
+      const auto& a = result.epochs[e];
+      const auto& b = plain.epochs[e];
+      EXPECT_EQ(a.train_loss, b.train_loss);
+      EXPECT_EQ(a.test_loss, b.test_loss);
+      EXPECT_EQ(a.test_acc, b.test_acc);
+      EXPECT_TRUE(std::isnan(b.val_loss) && std::isnan(b.val_acc)) << b.val_acc;
+      EXPECT_TRUE(a.val_acc >= 0 && a.val_acc <= 1) << a.val_acc;
+      EXPECT_TRUE(a.eval_seconds >= 0 && b.eval_seconds >= 0) << a.eval_seconds;
+    }
+  }
+}
+
+// A checkpoint records the set it trained on (its size and digest), so a resume with another
+// --val-split, which trains on another set, is refused: by the size, or where the sizes agree
+// (--train-limit 64 instead of 32 held out of 96), by the digest.
+TEST(Training, AResumeWithAnotherValidationSplitIsRefused) {
+  const auto all = synthetic_data(96, 16);
+  const auto split = split_validation(all.train, 32);
+  TempDir dir;
+  auto options = small_options();
+  options.checkpoint_dir = dir.file("ck");
+  train(FashionMnist{split.train, all.test, split.validation}, options, cpu_world(1));
+  options.resume = true;
+  options.epochs = 2;
+  expect_throws<UsageError>([&] { train(all, options, cpu_world(1)); },
+                            {"was written with a training set of 64, this run has 96"});
+  const Dataset first_64{all.train.images.narrow(0, 0, 64), all.train.labels.narrow(0, 0, 64)};
+  expect_throws<UsageError>([&] { train(FashionMnist{first_64, all.test, {}}, options,
+                                        cpu_world(1)); },
+                            {"was written with the training set of SHA-256"});
+  EXPECT_EQ(train(FashionMnist{split.train, all.test, split.validation}, options, cpu_world(1))
+                .steps_run,
+            2);
 }
 
 TEST(Training, PinnedFirstLosses) {

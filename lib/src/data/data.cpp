@@ -11,12 +11,14 @@
 #include <new>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "dptrain/core/errors.h"
 #include "dptrain/core/files.h"
-#include "dptrain/data/idx.h"
+#include "dptrain/core/random.h"
 #include "dptrain/core/sha256.h"
+#include "dptrain/data/idx.h"
 
 namespace dptrain {
 
@@ -178,13 +180,42 @@ Dataset load_split(const std::string& images_path, const std::string& labels_pat
   return split;
 }
 
-FashionMnist load_fashion_mnist(const std::string& dir, int64_t train_limit, int64_t test_limit) {
+FashionMnist load_fashion_mnist(const std::string& dir, int64_t train_limit, int64_t test_limit,
+                                int64_t val_split) {
   FashionMnist data;
   data.train = load_split(required_file(dir, kTrainImagesFile),
                           required_file(dir, kTrainLabelsFile), train_limit);
   data.test = load_split(required_file(dir, kTestImagesFile), required_file(dir, kTestLabelsFile),
                          test_limit);
+  if (val_split != 0) {
+    auto split = split_validation(data.train, val_split);
+    data.train = std::move(split.train);
+    data.validation = std::move(split.validation);
+  }
   return data;
+}
+
+TrainValidation split_validation(const Dataset& train, int64_t count) {
+  const int64_t n = train.size();
+  if (count < 0 || count >= n) {
+    throw UsageError("--val-split " + std::to_string(count) + ": must be from 0 to " +
+                     std::to_string(n - 1) + ", fewer than the " + std::to_string(n) +
+                     " training images (after --train-limit), so that at least one trains");
+  }
+  if (count == 0) return {train, Dataset{}};
+  Rng rng(kValidationSplitSeed);
+  const std::vector<int64_t> order = random_permutation(n, rng);
+  std::vector<bool> held_out(static_cast<size_t>(n), false);
+  for (size_t i = 0; i < static_cast<size_t>(count); ++i) {
+    held_out[static_cast<size_t>(order[i])] = true;
+  }
+  std::vector<int64_t> kept, held;  // both ascending: the original order
+  for (int64_t i = 0; i < n; ++i) (held_out[static_cast<size_t>(i)] ? held : kept).push_back(i);
+  const auto subset = [&train](const std::vector<int64_t>& indices) {
+    const auto index = torch::tensor(indices, torch::kInt64).to(train.labels.device());
+    return Dataset{train.images.index_select(0, index), train.labels.index_select(0, index)};
+  };
+  return {subset(kept), subset(held)};
 }
 
 std::string dataset_digest(const Dataset& set) {

@@ -71,6 +71,12 @@ std::string format_skipped(const EpochStats& stats) {
          " steps skipped, non-finite)";
 }
 
+// After the test accuracy: ", val acc 0.9123" where the run holds out a validation set
+// (--val-split), else "".
+std::string format_validation(const EpochStats& stats) {
+  return std::isnan(stats.val_acc) ? "" : ", val acc " + figure("%.4f", stats.val_acc);
+}
+
 }  // namespace
 
 std::string format_epoch_line(const EpochStats& stats) {
@@ -79,8 +85,9 @@ std::string format_epoch_line(const EpochStats& stats) {
                 static_cast<long long>(stats.epochs));
   return std::string(head) + "train loss " + figure("%.4f", stats.train_loss) + ", train acc " +
          figure("%.4f", stats.train_acc) + format_skipped(stats) + ", test acc " +
-         figure("%.4f", stats.test_acc) + ", " + figure("%.1f", stats.seconds) + " s, " +
-         figure("%.0f", stats.images_per_second) + " img/s" + format_efficiency(stats);
+         figure("%.4f", stats.test_acc) + format_validation(stats) + ", " +
+         figure("%.1f", stats.seconds) + " s, " + figure("%.0f", stats.images_per_second) +
+         " img/s" + format_efficiency(stats);
 }
 
 std::string format_final_line(const TrainResult& result) {

@@ -287,6 +287,10 @@ void check_history(const Checkpoint& c, const ContentsCheck& check, const EpochS
     }
     check.bytes(at + "peak host bytes", s.peak_host_bytes);
     check.bytes(at + "peak device bytes", s.peak_device_bytes);
+    check.loss(at + "validation loss", s.val_loss);  // NaN without a validation set
+    check.figure(at + "validation accuracy", s.val_acc, 0, 1, "nan, or an accuracy from 0 to 1");
+    check.figure(at + "evaluation seconds", s.eval_seconds, 0, kMaxSeconds,
+                 "nan, or from 0 to " + value_text(kMaxSeconds));
   }
 }
 

@@ -72,6 +72,7 @@ struct DeviceSplit {
 };
 
 DeviceSplit to_device(const Dataset& set, const torch::Device& device) {
+  if (set.size() == 0) return {};  // no validation set
   return {set.images.to(device), set.labels.to(device)};
 }
 
@@ -105,10 +106,10 @@ struct Tally {
   }
 };
 
-// The evaluation after each epoch: every rank takes a contiguous shard of the test set. Returns
-// the sums over all ranks. With `all_logits`, also every test image's logits, in order, on every
-// rank: each rank fills its shard's rows of a zero tensor and a sum over the ranks joins them
-// (adding zeros is exact).
+// The evaluation after each epoch: every rank takes a contiguous shard of the set (the test set,
+// or the validation set). Returns the sums over all ranks. With `all_logits`, also every test
+// image's logits, in order, on every rank: each rank fills its shard's rows of a zero tensor and
+// a sum over the ranks joins them (adding zeros is exact).
 Totals evaluate(ResNet& model, const DeviceSplit& test, const TrainOptions& options,
                 const RankPlan& plan, Communicator& communicator,
                 torch::Tensor* all_logits = nullptr) {
@@ -451,6 +452,7 @@ class RankTraining {
         model_(make_replica(options, plan, communicator_)),
         train_(to_device(data.train, plan.device)),
         test_(to_device(data.test, plan.device)),
+        validation_(to_device(data.validation, plan.device)),
         graph_(make_graph(options, plan, communicator_)),
         reducer_(make_reducer(model_, communicator_, options.bucket_bytes, graph_.get())),
         sgd_(std::make_unique<BucketSgd>(*reducer_, options.recipe.sgd)),
@@ -510,6 +512,7 @@ class RankTraining {
   double epoch_seconds() const;
   Totals settle_partial_epoch(const std::string& what);
   EpochStats finish_epoch(double seconds, int64_t skipped_steps);
+  void evaluate_epoch(ResNet& model, EpochStats& stats);
   void save_checkpoint(int64_t epochs_done, int64_t step_in_epoch, const Totals& sums,
                        double seconds);
 
@@ -520,6 +523,7 @@ class RankTraining {
   ResNet model_;
   const DeviceSplit train_;
   const DeviceSplit test_;
+  const DeviceSplit validation_;          // empty (undefined tensors) without --val-split
   std::unique_ptr<CudaGraphStep> graph_;  // --cuda-graph: every step goes through it
   std::unique_ptr<Reducer> reducer_;
   std::unique_ptr<BucketSgd> sgd_;  // the update, on the reducer's buckets
@@ -887,7 +891,7 @@ Totals RankTraining::settle_partial_epoch(const std::string& what) {
 
 // The end of a whole (or a --max-steps-cut) epoch, once the device is synchronised: its sums
 // reduced over the ranks, the replicas' BatchNorm statistics averaged so that every rank
-// evaluates the same model, the evaluation, and the epoch's figures.
+// evaluates the same model, the evaluations, and the epoch's figures.
 EpochStats RankTraining::finish_epoch(double seconds, int64_t skipped_steps) {
   EpochStats stats;
   stats.epoch = at_.epoch + 1;
@@ -925,10 +929,7 @@ EpochStats RankTraining::finish_epoch(double seconds, int64_t skipped_steps) {
   // With --ema the averaged weights are what is evaluated (and saved); their BatchNorm
   // statistics are averaged over the replicas like the model's.
   if (averaged_) average_buffers(*averaged_, communicator_);
-  ResNet& evaluated = averaged_ ? averaged_ : model_;
-  const auto test = means_of(evaluate(evaluated, test_, options_, plan_, communicator_));
-  stats.test_loss = test.loss;
-  stats.test_acc = test.accuracy;
+  evaluate_epoch(averaged_ ? averaged_ : model_, stats);
   // How well the epoch used the machine (Note [Counting FLOPs] in model/flops.h): every image a
   // step took over all ranks, as the seconds count them (a resumed epoch's earlier part included;
   // a step skipped as non-finite included, as it computed all the same), at 3 forward passes
@@ -942,6 +943,25 @@ EpochStats RankTraining::finish_epoch(double seconds, int64_t skipped_steps) {
   stats.peak_host_bytes = peak_host_bytes();
   stats.peak_device_bytes = peak_device_bytes(plan_.device);
   return stats;
+}
+
+// The evaluations after an epoch of `model` (the replica, or its average), its statistics
+// averaged over the replicas: the test set, then the validation set where there is one, each
+// sharded over the ranks alike; and their seconds, the devices synchronised before and after.
+void RankTraining::evaluate_epoch(ResNet& model, EpochStats& stats) {
+  synchronize(plan_.device);
+  const auto start = std::chrono::steady_clock::now();
+  const auto test = means_of(evaluate(model, test_, options_, plan_, communicator_));
+  stats.test_loss = test.loss;
+  stats.test_acc = test.accuracy;
+  if (validation_.labels.defined()) {
+    const auto validation = means_of(evaluate(model, validation_, options_, plan_, communicator_));
+    stats.val_loss = validation.loss;
+    stats.val_acc = validation.accuracy;
+  }
+  synchronize(plan_.device);
+  stats.eval_seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
 
 // Every checkpoint of the run: the position after `epochs_done` epochs and `step_in_epoch` steps

@@ -24,6 +24,7 @@ struct Dataset {
 struct FashionMnist {
   Dataset train;
   Dataset test;
+  Dataset validation;  // held out of the training images (split_validation); empty when none
 };
 
 // The file names of the four IDX files, as published (each may also lack the ".gz").
@@ -46,9 +47,25 @@ std::string resolve_data_dir(const std::optional<std::string>& flag_value,
 Dataset load_split(const std::string& images_path, const std::string& labels_path,
                    int64_t limit = 0);
 
-// Loads both splits from `dir` (each file plain or gzip-compressed).
+// Loads both splits from `dir` (each file plain or gzip-compressed), and holds `val_split` of the
+// training images left after `train_limit` out as the validation set (split_validation).
 FashionMnist load_fashion_mnist(const std::string& dir, int64_t train_limit = 0,
-                                int64_t test_limit = 0);
+                                int64_t test_limit = 0, int64_t val_split = 0);
+
+// The seed that chooses the validation images: fixed, not the run's --seed, so that every run
+// holds out the same images of the same training set, whatever its seed or world size.
+constexpr uint64_t kValidationSplitSeed = 0x76616c6964617465;  // "validate" in ASCII
+
+// A training set with `count` of its images held out for validation.
+struct TrainValidation {
+  Dataset train;       // the images not held out, in their original order
+  Dataset validation;  // the `count` held out, in their original order; empty when count is 0
+};
+
+// Holds out `count` images of `train`: those whose indices come first in a random permutation of
+// 0..N-1 (core/random.h's random_permutation, SplitMix64 seeded with kValidationSplitSeed).
+// Throws UsageError naming --val-split unless 0 <= count < N: at least one image must train.
+TrainValidation split_validation(const Dataset& train, int64_t count);
 
 // SHA-256 (hex) of a split's images and labels, with their sizes: equal for equal data and
 // nothing else, whatever the files' names or compression. Checkpoints record the training set's,

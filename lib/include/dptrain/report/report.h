@@ -13,7 +13,8 @@ namespace dptrain {
 // "epoch 3/10: train loss 0.3012, train acc 0.8891, test acc 0.8765, 13.2 s, 4545 img/s, 0.0382
 // TFLOP/s, peak RSS 1.3 GiB" on the CPU; on CUDA, e.g. "..., 312 TFLOP/s (MFU 32%), GPU peak
 // 12.1 GiB". The MFU appears where a peak is known (EpochStats::mfu), and each efficiency figure
-// only where it is known: a resumed run's earlier epochs print without them.
+// only where it is known: a resumed run's earlier epochs print without them. With a validation
+// set, ", val acc 0.8812" follows the test accuracy.
 std::string format_epoch_line(const EpochStats& stats);
 
 // "test acc: 0.93, 13.2 sec/epoch on [cuda:0, cuda:1]": the last epoch's test accuracy and the

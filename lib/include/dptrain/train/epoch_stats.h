@@ -70,8 +70,10 @@ inline constexpr EpochFigure kEpochFigures[] = {
 // - the mean cross-entropy and the accuracy over the examples of the epoch's trained steps (a
 //   step skipped as non-finite adds none), and those examples per training second: all three
 //   NaN for an epoch in which no step trained, 0/0 being no figure (Note [An epoch without a
-//   trained step] in rank.cpp); the test loss and accuracy;
-// - seconds: training only, devices synchronised;
+//   trained step] in rank.cpp); the test loss and accuracy; the validation set's
+//   (FashionMnist::validation, evaluated as the test set), NaN without one;
+// - seconds: training only, devices synchronised; eval_seconds: the epoch's evaluations, test
+//   and validation, devices synchronised;
 // - skipped_steps: of `steps`, those skipped with a non-finite gradient (--on-nonfinite skip) in
 //   this run: a resumed epoch's steps before its checkpoint are not known (the epoch line shows
 //   it);
