@@ -217,8 +217,8 @@ def train(args):
             "epoch": epoch, "seconds": seconds, "eval_seconds": eval_seconds,
             "test_acc": test_acc, "val_acc": val_acc, "test_loss": test_loss,
             "val_loss": val_loss, "train_loss": loss_sum / labels.numel(),
-            "train_acc": correct / labels.numel(), "steps": epoch * steps_per_epoch,  # lr: last step's
-            "lr": lr}), flush=True)
+            "train_acc": correct / labels.numel(), "steps": epoch * steps_per_epoch,
+            "lr": lr}), flush=True)  # lr: the rate of the epoch's last step
     print(json.dumps({"summary": True, "epochs": args.epochs, "test_acc": test_acc,
                       "val_acc": val_acc, "train_images": labels.numel(),
                       "val_images": val_labels.numel(), "steps_per_epoch": steps_per_epoch,
