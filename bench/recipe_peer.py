@@ -28,7 +28,7 @@ import time
 import torch
 from torch import nn
 from torch.nn import functional as F
-from torch.optim.swa_utils import AveragedModel
+from torch.optim import swa_utils
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
@@ -96,10 +96,10 @@ def crop_flip(images, dx, dy, flip, padding):
     rows = dy[:, None] + torch.arange(h)  # (N, H)
     columns = torch.arange(w).expand(n, w)
     columns = dx[:, None] + torch.where(flip[:, None], w - 1 - columns, columns)  # (N, W)
-    batch = torch.arange(n)[:, None, None]
-    # (N, H+2P, W+2P, C) gathered at [n, rows[n, i], columns[n, j]] -> (N, H, W, C)
-    cropped = padded.permute(0, 2, 3, 1)[batch, rows[:, :, None], columns[:, None, :]]
-    return cropped.permute(0, 3, 1, 2).contiguous()  # (N, C, H, W)
+    # the offset of output pixel (i, j) of image n within its padded image: (N, C, H*W)
+    index = (rows[:, :, None] * (w + 2 * padding) + columns[:, None, :]).reshape(n, 1, h * w)
+    cropped = padded.reshape(n, c, -1).gather(2, index.expand(n, c, h * w))
+    return cropped.reshape(n, c, h, w)
 
 
 def random_crop_flip(images, padding, generator):
@@ -115,13 +115,20 @@ def random_crop_flip(images, padding, generator):
 # ---- The moving average ------------------------------------------------------------------------
 
 def ema_model(model, decay):
-    """AveragedModel over parameters and buffers: averaged = decay*averaged + (1-decay)*weights
-    for the float ones, the integer ones (num_batches_tracked) copied; the first update copies."""
+    """AveragedModel over parameters and buffers: averaged = decay*averaged + (1-decay)*weights;
+    the first update copies. On torch 2.x as its documentation writes it, get_ema_multi_avg_fn
+    (one foreach lerp per dtype; it also averages num_batches_tracked, which evaluation does not
+    read); torch 1.13 has no multi_avg_fn, so there a per-tensor avg_fn, the integer buffers
+    copied as dptrain copies them."""
+    ema_multi = getattr(swa_utils, "get_ema_multi_avg_fn", None)
+    if ema_multi is not None:
+        return swa_utils.AveragedModel(model, multi_avg_fn=ema_multi(decay), use_buffers=True)
+
     def average(averaged, current, _count):
         if not averaged.is_floating_point():
             return current
         return decay * averaged + (1 - decay) * current
-    return AveragedModel(model, avg_fn=average, use_buffers=True)
+    return swa_utils.AveragedModel(model, avg_fn=average, use_buffers=True)
 
 
 # ---- The data and the evaluation ---------------------------------------------------------------

