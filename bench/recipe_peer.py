@@ -46,11 +46,14 @@ IMAGE_SIZE = 28  # Fashion-MNIST's height and width; the crop returns to it
 
 def lr_factor(step, steps_per_epoch, epochs, schedule, warmup_epochs=0.0, step_epochs=0,
               gamma=0.1):
-    """The factor of the base learning rate at global step `step` (0-based), as
-    prompts/flags54.md defines it: linear warm-up over W = round(F*S) steps, then the schedule."""
+    """The factor of the base learning rate at global step `step` (0-based), as dptrain's
+    --lr-schedule defines it (docs/flags.md): a linear warm-up over W = round(F*S) steps, then
+    constant 1, step G^floor(s/(N*S)), cosine 0.5*(1+cos(pi*(s-W)/(T-W))) or onecycle
+    (T-s)/(T-W), with S steps an epoch and T = epochs*S."""
     total = epochs * steps_per_epoch
     # round half away from zero, as C++'s std::round (Python's round() goes to the even one)
-    warmup = int(math.floor(warmup_epochs * steps_per_epoch + 0.5))
+    # (no longer than the run, as dptrain's lr_schedule.cpp caps it)
+    warmup = min(total, int(math.floor(warmup_epochs * steps_per_epoch + 0.5)))
     if step < warmup:
         return (step + 1) / warmup
     if schedule == "constant":

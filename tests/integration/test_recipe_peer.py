@@ -68,6 +68,8 @@ class Schedule(unittest.TestCase):
         # 0.625 epochs of 4 steps = 2.5 steps: W = 3, as C++'s std::round (Python's round: 2)
         self.assertEqual(peer.lr_factor(1, 4, 3, "constant", 0.625), 2 / 3)
         self.assertEqual(peer.lr_factor(2, 4, 3, "constant", 0.625), 1.0)
+        # a warm-up longer than the run ends with the run: 5 epochs' worth over T = 12 steps
+        self.assertEqual(peer.lr_factor(5, 4, 3, "onecycle", 5.0), 0.5)
 
     def test_lambdalr_gives_each_step_the_formulas_rate(self):
         args = recipe_args(lr=0.2, epochs=3, lr_schedule="onecycle", warmup_epochs=0.5,
