@@ -6,7 +6,8 @@ parameters on request), LambdaLR over the schedule's factor stepped after every 
 CrossEntropyLoss(label_smoothing=...), the crop-and-flip augmentation on each batch's tensor
 (one gather, no PIL, no per-image loop), clip_grad_norm_, AveragedModel(use_buffers=True) for
 the EMA -- and tuned as bench/pytorch_peer.py's tuned peer: --threads, --channels-last,
---inplace, --amp bf16. The whole set sits in memory; each epoch's order is one randperm.
+--inplace, --amp bf16 (and --compile on torch 2.x, whose compilation counts in epoch 1). The
+whole set sits in memory; each epoch's order is one randperm.
 It evaluates after every epoch and prints one JSON line per epoch (epoch, seconds of training,
 eval_seconds of the test and validation evaluations, test_acc, val_acc, ...) and a last one
 with "summary": true. bench/time_to_accuracy.py runs it beside dptrain.
@@ -186,6 +187,9 @@ def train(args):
     model.apply(init_weights)
     model = model.to(memory_format=memory_format)
     averaged = ema_model(model, args.ema) if args.ema > 0 else None
+    # --compile: the training forward under torch.compile (2.x); the evaluation runs the module
+    # eagerly, so that eval mode costs no second compilation. Compiling counts in epoch 1's time.
+    forward = torch.compile(model) if args.compile else model
     optimizer = make_optimizer(model, args)
     scheduler = make_scheduler(optimizer, steps_per_epoch, args)
     criterion = nn.CrossEntropyLoss(label_smoothing=args.label_smoothing)
@@ -201,7 +205,7 @@ def train(args):
                 x = random_crop_flip(x, args.crop_padding, augment_generator)
             x = (x.float() / 255).contiguous(memory_format=memory_format)
             with torch.autocast("cpu", dtype=torch.bfloat16, enabled=amp):
-                logits = model(x)
+                logits = forward(x)
             loss = criterion(logits.float(), y)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
@@ -234,7 +238,7 @@ def train(args):
                       "val_images": val_labels.numel(), "steps_per_epoch": steps_per_epoch,
                       "torch": torch.__version__, "threads": args.threads,
                       "channels_last": args.channels_last, "amp": args.amp,
-                      "ema": args.ema > 0}), flush=True)
+                      "compile": args.compile, "ema": args.ema > 0}), flush=True)
 
 
 def parser():
@@ -253,6 +257,8 @@ def parser():
     p.add_argument("--channels-last", action="store_true")
     p.add_argument("--inplace", action="store_true",
                    help="ReLUs and the shortcut's sum in place, as dptrain's model")
+    p.add_argument("--compile", action="store_true",
+                   help="torch.compile the training forward (PyTorch 2.x)")
     add_recipe_flags(p)
     return p
 

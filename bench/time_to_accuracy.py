@@ -16,7 +16,8 @@ bench/recipe_flags.py), choosing the recipe (the --val-split search).
         --width 16 --epochs 10 --target 0.93 --momentum 0.9 --nesterov ... --seeds 0,1,2
 
 The peer runs tuned (--peer-flags, default the in-place ReLUs, and channels-last where dptrain's
-auto layout picks it), with the same --amp. The peer's --val-split holds out as many images as dptrain's but not the same ones.
+auto layout picks it; --peer-flags "... --compile" with a torch 2.x --python), with the same
+--amp. The peer's --val-split holds out as many images as dptrain's, but not the same ones.
 """
 import argparse
 import datetime
