@@ -43,6 +43,7 @@
 #include "dptrain/train/checkpoint_directory.h"
 #include "dptrain/train/checkpoint_types.h"
 #include "dptrain/train/epoch_stats.h"
+#include "dptrain/train/recipe.h"
 #include "dptrain/train/run_configuration.h"
 #include "dptrain/train/train.h"
 #include "progress.h"
@@ -291,9 +292,17 @@ std::string describe_run(const dptrain::FashionMnist& data, const std::string& d
                 dptrain::device_name(device).c_str());
   // The threads, and where the figure came from: ranks on one host that each took every core
   // would run several times slower, with nothing to say why.
+  // The recipe where it is not the book's, and what is evaluated and saved with --ema.
+  std::string recipe;
+  if (!dptrain::is_book_recipe(options.recipe)) {
+    recipe = "; recipe: " + dptrain::recipe_flags(options.recipe);
+    if (options.recipe.ema_decay != 0) {
+      recipe += "; evaluated and saved: the weights' moving average";
+    }
+  }
   return header +
          dptrain::describe_arithmetic(device, layout, options.amp, options.cudnn_benchmark, cpu) +
-         "; " + dptrain::intra_op_threads(options, world).reason;
+         "; " + dptrain::intra_op_threads(options, world).reason + recipe;
 }
 
 // `train()`, where a failure that a stop request caused before the first step (`started` still

@@ -118,20 +118,31 @@ def random_crop_flip(images, padding, generator):
 
 # ---- The moving average ------------------------------------------------------------------------
 
-def ema_model(model, decay):
-    """AveragedModel over parameters and buffers: averaged = decay*averaged + (1-decay)*weights;
-    the first update copies. On torch 2.x as its documentation writes it, get_ema_multi_avg_fn
-    (one foreach lerp per dtype; it also averages num_batches_tracked, which evaluation does not
-    read); torch 1.13 has no multi_avg_fn, so there a per-tensor avg_fn, the integer buffers
-    copied as dptrain copies them."""
-    ema_multi = getattr(swa_utils, "get_ema_multi_avg_fn", None)
-    if ema_multi is not None:
-        return swa_utils.AveragedModel(model, multi_avg_fn=ema_multi(decay), use_buffers=True)
+def ema_decay(decay, count):
+    """dptrain's decay at its global step t (Note [The averaged weights' decay] in
+    lib/include/dptrain/train/weight_average.h): min(decay, (1 + t) / (10 + t)). AveragedModel
+    copies at its first update and passes the updates so far, `count`, from the second on: the
+    update after step t = count sees that count."""
+    return min(decay, (1 + count) / (10 + count))
 
-    def average(averaged, current, _count):
+
+def ema_model(model, decay):
+    """AveragedModel over parameters and buffers: averaged = d*averaged + (1-d)*weights with
+    dptrain's warmed-up d (ema_decay); the first update copies. On torch 2.x a multi_avg_fn (one
+    foreach lerp per dtype, as get_ema_multi_avg_fn does; it also averages num_batches_tracked,
+    which evaluation does not read); torch 1.13 has no multi_avg_fn, so there a per-tensor
+    avg_fn, the integer buffers copied as dptrain copies them."""
+    if hasattr(swa_utils, "get_ema_multi_avg_fn"):
+        def average_all(averaged, current, count):
+            d = ema_decay(decay, int(count))
+            torch._foreach_lerp_(averaged, current, 1 - d)
+        return swa_utils.AveragedModel(model, multi_avg_fn=average_all, use_buffers=True)
+
+    def average(averaged, current, count):
         if not averaged.is_floating_point():
             return current
-        return decay * averaged + (1 - decay) * current
+        d = ema_decay(decay, int(count))
+        return d * averaged + (1 - d) * current
     return swa_utils.AveragedModel(model, avg_fn=average, use_buffers=True)
 
 

@@ -552,12 +552,18 @@ TEST(CliRun, FirstLineSaysTheLayoutAndPrecision) {
       run_dptrain({"train",      "--devices",     "cpu", "--width",      "2",  "--epochs",
                    "1",          "--train-limit", "64",  "--test-limit", "32", "--batch-size",
                    "32",         "--threads",     "1",   "--max-steps",  "1",  "--memory-format",
-                   "contiguous", "--amp",         "bf16"},
+                   "contiguous", "--amp",         "bf16",  "--momentum", "0.9", "--ema",
+                   "0.99"},
                   {}, 300);
   ASSERT_EQ(result.exit_code, 0) << describe(result);
   const auto first_line = result.out.substr(0, result.out.find('\n'));
   EXPECT_TRUE(contains(first_line, "; width 2; rank 0 of 1; cpu: contiguous, bf16 autocast"))
       << first_line;
+  // A recipe beyond the book's is named at the end, and so is what --ema evaluates and saves.
+  EXPECT_TRUE(contains(first_line, "; recipe: --momentum 0.9 --ema 0.99; evaluated and saved: "
+                                   "the weights' moving average"))
+      << first_line;
+  EXPECT_EQ(first_line.find("recipe"), first_line.rfind("recipe")) << first_line;
 }
 
 // Where oneDNN has no bf16 units to run on (here: its ISA cap at AVX2, as on an AVX2-only
@@ -573,6 +579,7 @@ TEST(CliRun, Bf16WithoutBf16UnitsTrainsAndTheFirstLineSaysSo) {
   const auto first_line = result.out.substr(0, result.out.find('\n'));
   EXPECT_TRUE(contains(first_line, "; cpu: contiguous, bf16 autocast without bf16 units ("))
       << first_line;
+  EXPECT_FALSE(contains(first_line, "recipe")) << first_line;  // the book's says nothing of it
   EXPECT_TRUE(contains(result.out, "test acc: ")) << describe(result);
 }
 

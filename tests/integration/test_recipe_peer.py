@@ -157,9 +157,12 @@ class Optimizer(unittest.TestCase):
         now = model.state_dict()
         got = averaged.module.state_dict()
         lerp = hasattr(swa_utils, "get_ema_multi_avg_fn")  # torch 2.x: a foreach lerp
+        d = min(0.9, 2 / 11)  # dptrain's warmed-up decay at the second update: (1 + 1) / (10 + 1)
+        self.assertEqual(peer.ema_decay(0.9, 1), d)
+        self.assertEqual(peer.ema_decay(0.9, 10 ** 6), 0.9)
         for key in ("0.weight", "0.bias", "1.running_mean", "1.running_var"):
-            expected = 0.9 * first[key] + (1 - 0.9) * now[key]
-            if lerp:  # first + 0.1 * (now - first): the same to float32 rounding
+            expected = d * first[key] + (1 - d) * now[key]
+            if lerp:  # first + (1 - d) * (now - first): the same to float32 rounding
                 torch.testing.assert_close(got[key], expected, rtol=1e-6, atol=1e-7)
             else:
                 self.assertTrue(torch.equal(got[key], expected), key)
