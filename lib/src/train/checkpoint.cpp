@@ -645,7 +645,10 @@ void check_checkpoint_matches(const CheckpointConfig& saved, const CheckpointCon
 
 std::vector<std::pair<std::string, torch::Tensor>> evaluated_weights(const Checkpoint& checkpoint,
                                                                      const std::string& name) {
-  if (checkpoint.config.recipe.ema_decay == 0) return checkpoint.tensors;
+  // A --save-model file already holds what was evaluated, the average with --ema, as its model.
+  if (checkpoint.config.recipe.ema_decay == 0 || checkpoint.kind == CheckpointKind::kModel) {
+    return checkpoint.tensors;
+  }
   std::vector<std::pair<std::string, torch::Tensor>> averaged;
   const std::string prefix = kAveragePrefix;
   for (const auto& [key, tensor] : checkpoint.state) {

@@ -14,7 +14,6 @@
 #include <cstdint>
 #include <exception>
 #include <limits>
-#include <map>
 #include <memory>
 #include <optional>
 #include <stdexcept>
@@ -53,6 +52,7 @@
 #include "dptrain/train/options.h"
 #include "dptrain/train/step_gpu_time.h"
 #include "dptrain/train/weight_average.h"
+#include "optimizer_state.h"
 
 namespace dptrain {
 namespace {
@@ -189,64 +189,7 @@ int agreed_stop_signal(const std::atomic<int>* stop_signal, Communicator& commun
   return static_cast<int>(flag.item<int64_t>());
 }
 
-// ---- The optimizer's state in checkpoints
-// --------------------------------------------------------
-
-// The optimizer's state (Checkpoint::state): every parameter's momentum buffer once there are
-// any, and with --ema the averaged weights, CPU copies under prefixed names.
-std::vector<std::pair<std::string, torch::Tensor>> optimizer_state(const ResNet& model,
-                                                                   const BucketSgd& sgd,
-                                                                   const ResNet& averaged) {
-  std::vector<std::pair<std::string, torch::Tensor>> state;
-  if (sgd.has_momentum()) {
-    size_t k = 0;
-    for (const auto& item : model->named_parameters()) {
-      state.emplace_back(kMomentumPrefix + item.key(),
-                         sgd.momentum_buffer(k++).detach().to(torch::kCPU).contiguous().clone());
-    }
-  }
-  if (averaged) {
-    for (auto& [name, tensor] : model_tensors(*averaged)) {
-      state.emplace_back(kAveragePrefix + name, std::move(tensor));
-    }
-  }
-  return state;
-}
-
-// `prefix`'s part of a checkpoint's state, under the model's names; empty when it has none.
-std::vector<std::pair<std::string, torch::Tensor>> state_part(const Checkpoint& checkpoint,
-                                                              const std::string& prefix) {
-  std::vector<std::pair<std::string, torch::Tensor>> part;
-  for (const auto& [name, tensor] : checkpoint.state) {
-    if (name.rfind(prefix, 0) == 0) part.emplace_back(name.substr(prefix.size()), tensor);
-  }
-  return part;
-}
-
-// A resume's optimizer state: the momentum buffers where the checkpoint has them (a run whose
-// every step was skipped has none yet), and the averaged weights, which a run with --ema always
-// saves. A part that is missing or incomplete is a DataError naming the tensor.
-void load_optimizer_state(const Checkpoint& start, const std::string& name, ResNet& model,
-                          BucketSgd& sgd, ResNet& averaged) {
-  const auto momentum = state_part(start, kMomentumPrefix);
-  if (!momentum.empty()) {
-    if (sgd.options().momentum == 0) {
-      throw DataError("checkpoint " + name + ": holds momentum buffers, and its recipe has none");
-    }
-    std::map<std::string, torch::Tensor> by_name(momentum.begin(), momentum.end());
-    std::vector<torch::Tensor> buffers;
-    for (const auto& item : model->named_parameters()) {
-      const auto found = by_name.find(item.key());
-      if (found == by_name.end()) {
-        throw DataError("checkpoint " + name + ": has no tensor '" + kMomentumPrefix + item.key() +
-                        "', the momentum buffer its recipe keeps");
-      }
-      buffers.push_back(found->second);
-    }
-    sgd.load_momentum(buffers);
-  }
-  if (averaged) load_model_tensors(*averaged, state_part(start, kAveragePrefix), name + " (ema.)");
-}
+// ---- The weights' average ---------------------------------------------------------------------
 
 // --ema's averaged weights: a model like the replica, laid out alike, starting from its weights
 // (Note [The averaged weights' decay]). None without --ema.

@@ -98,8 +98,8 @@ void check_checkpoint_matches(const CheckpointConfig& saved, const CheckpointCon
                               const std::string& name);
 
 // The weights a checkpoint's run evaluated after each epoch: with --ema the averaged ones (its
-// "ema." state, under the model's names), else its weights. A DataError when the recipe says
-// --ema and the state lacks the average.
+// "ema." state, under the model's names; a --save-model file holds them as its model), else its
+// weights. A DataError when the recipe says --ema and a checkpoint lacks the average.
 std::vector<std::pair<std::string, torch::Tensor>> evaluated_weights(const Checkpoint& checkpoint,
                                                                      const std::string& name);
 
