@@ -105,8 +105,8 @@ TEST(RecipeFlags, BadValuesAreOneLineNamingTheFlag) {
   expect_parse_error({"--crop-padding", "29"}, "--crop-padding: '29' is out of range");
   expect_parse_error({"--clip-grad-norm", "-1"}, "--clip-grad-norm: '-1' is out of range");
   expect_parse_error({"--ema", "1"}, "--ema: '1' is out of range");
-  expect_parse_error({"--recipe", "fastest"}, "--recipe: 'fastest' is not one of book");
-  expect_parse_error({"--recipe=fastest"}, "--recipe: 'fastest' is not one of book");
+  expect_parse_error({"--recipe", "fastest"}, "--recipe: 'fastest' is not one of book, fast");
+  expect_parse_error({"--recipe=fastest"}, "--recipe: 'fastest' is not one of book, fast");
 }
 
 TEST(RecipeFlags, APresetIsItsFlagsWhereItStands) {
@@ -130,6 +130,23 @@ TEST(RecipeFlags, APresetIsItsFlagsWhereItStands) {
   EXPECT_EQ(book.epochs, plain.epochs);
   EXPECT_EQ(book.lr, plain.lr);
   EXPECT_EQ(book.amp, plain.amp);
+}
+
+TEST(RecipeFlags, TheFastPresetIsTheSearchsChoiceAndLaterFlagsOverrideIt) {
+  const auto fast = parse_train({"--recipe", "fast"});
+  EXPECT_EQ(fast.width, 8);
+  EXPECT_EQ(fast.batch_size, 256);
+  EXPECT_EQ(fast.epochs, 6);
+  EXPECT_EQ(fast.lr, 0.1);
+  EXPECT_EQ(recipe_flags(fast.recipe),
+            "--momentum 0.9 --nesterov --weight-decay 0.0005 --weight-decay-skip-norm-bias "
+            "--lr-schedule onecycle --warmup-epochs 1 --label-smoothing 0.1");
+  const auto longer = parse_train({"--recipe", "fast", "--epochs", "8", "--width", "16"});
+  EXPECT_EQ(longer.epochs, 8);
+  EXPECT_EQ(longer.width, 16);
+  EXPECT_EQ(longer.recipe.sgd.momentum, 0.9);
+  // The book's after the fast one undoes it whole.
+  EXPECT_TRUE(is_book_recipe(parse_train({"--recipe", "fast", "--recipe", "book"}).recipe));
 }
 
 }  // namespace
