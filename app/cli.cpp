@@ -40,14 +40,6 @@ constexpr const char* kProgramHelp =
     "\n"
     "Run 'dptrain <command> --help' for the flags of a command.\n";
 
-// An argument as error messages show it: in quotes, and cut short when it is long (a value may
-// be as long as the system allows, some 128 KiB).
-std::string quote_argument(const std::string& text) {
-  constexpr size_t kShown = 40;
-  if (text.size() <= kShown + 20) return "'" + text + "'";
-  return "'" + text.substr(0, kShown) + "...' (" + std::to_string(text.size()) + " characters)";
-}
-
 // Every value is taken as text and checked by us, for one-line errors that name the flag.
 // One flag per entry reads better than what the formatter would make of the chains.
 // clang-format off
@@ -345,18 +337,6 @@ std::optional<cxxopts::ParseResult> parse_flags(cxxopts::Options& options, int a
   return result;
 }
 
-// The value of a flag as text. cxxopts takes whatever follows a flag as its value, even the
-// next flag; and no flag of ours has a meaning for the empty text.
-std::string flag_text(const cxxopts::ParseResult& result, const char* flag) {
-  auto value = result[flag].as<std::string>();
-  if (value.rfind("--", 0) == 0 && value.size() > 2) {
-    throw UsageError(std::string("--") + flag + ": missing value (got " + quote_argument(value) +
-                     ")");
-  }
-  if (value.empty()) throw UsageError(std::string("--") + flag + ": empty value");
-  return value;
-}
-
 // A path: the system refuses longer ones (ENAMETOOLONG) anyway, with a less clear message.
 std::string path_text(const cxxopts::ParseResult& result, const char* flag) {
   auto path = flag_text(result, flag);
@@ -425,6 +405,26 @@ void read_common_flags(const cxxopts::ParseResult& result, TrainCommand& train) 
 }
 
 }  // namespace
+
+// An argument as error messages show it: in quotes, and cut short when it is long (a value may
+// be as long as the system allows, some 128 KiB).
+std::string quote_argument(const std::string& text) {
+  constexpr size_t kShown = 40;
+  if (text.size() <= kShown + 20) return "'" + text + "'";
+  return "'" + text.substr(0, kShown) + "...' (" + std::to_string(text.size()) + " characters)";
+}
+
+// The value of a flag as text. cxxopts takes whatever follows a flag as its value, even the
+// next flag; and no flag of ours has a meaning for the empty text.
+std::string flag_text(const cxxopts::ParseResult& result, const char* flag) {
+  auto value = result[flag].as<std::string>();
+  if (value.rfind("--", 0) == 0 && value.size() > 2) {
+    throw UsageError(std::string("--") + flag + ": missing value (got " + quote_argument(value) +
+                     ")");
+  }
+  if (value.empty()) throw UsageError(std::string("--") + flag + ": empty value");
+  return value;
+}
 
 int64_t parse_integer_flag(const std::string& flag, const std::string& text, int64_t min_value,
                            int64_t max_value) {

@@ -10,6 +10,10 @@
 #include "dptrain/core/cpu_allocator.h"
 #include "dptrain/train/options.h"
 
+namespace cxxopts {
+class ParseResult;
+}  // namespace cxxopts
+
 namespace dptrain {
 
 // What the user asked for on the command line, checked for range but not against the machine.
@@ -67,6 +71,12 @@ struct ParsedCommandLine {
 
 // Throws UsageError with a one-line message naming the flag and what is wrong.
 ParsedCommandLine parse_command_line(int argc, const char* const argv[]);
+
+// An argument as error messages show it: in quotes, and cut short when it is long.
+std::string quote_argument(const std::string& text);
+// The value of a flag as text: a UsageError for an empty one, or for the next flag taken as the
+// value ("--momentum --nesterov": a missing value).
+std::string flag_text(const cxxopts::ParseResult& result, const char* flag);
 
 // Strict number parsing for flag values: the whole text must be a number in range.
 int64_t parse_integer_flag(const std::string& flag, const std::string& text, int64_t min_value,

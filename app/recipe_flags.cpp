@@ -55,17 +55,12 @@ double parse_number_flag(const std::string& flag, const std::string& text, doubl
   const double value = std::strtod(text.c_str(), &end);
   if (text.empty() || std::isspace(static_cast<unsigned char>(text[0])) ||
       end != text.c_str() + text.size()) {
-    throw UsageError("--" + flag + ": '" + text + "' is not a number");
+    throw UsageError("--" + flag + ": " + quote_argument(text) + " is not a number");
   }
   if (!std::isfinite(value) || value < low || value > high || (!high_included && value == high)) {
-    throw UsageError("--" + flag + ": '" + text + "' is out of range; expected " + expected);
+    throw UsageError("--" + flag + ": " + quote_argument(text) + " is out of range; expected " +
+                     expected);
   }
-  return value;
-}
-
-std::string text_of(const cxxopts::ParseResult& result, const char* flag) {
-  const auto value = result[flag].as<std::string>();
-  if (value.empty()) throw UsageError(std::string("--") + flag + ": empty value");
   return value;
 }
 
@@ -112,7 +107,7 @@ void add_recipe_flags(cxxopts::Options& options) {
 // clang-format on
 
 Recipe read_recipe_flags(const cxxopts::ParseResult& result) {
-  const auto text = [&](const char* flag) { return text_of(result, flag); };
+  const auto text = [&](const char* flag) { return flag_text(result, flag); };
   const auto below_one = [&](const char* flag) {
     return parse_number_flag(flag, text(flag), 0, 1, false, "0 to below 1");
   };
@@ -156,7 +151,7 @@ std::vector<std::string> recipe_preset_arguments(const std::string& name) {
     if (name == preset.name) return preset.arguments;
     names += std::string(names.empty() ? "" : ", ") + preset.name;
   }
-  throw UsageError("--recipe: '" + name + "' is not one of " + names);
+  throw UsageError("--recipe: " + quote_argument(name) + " is not one of " + names);
 }
 
 }  // namespace dptrain

@@ -107,6 +107,11 @@ TEST(RecipeFlags, BadValuesAreOneLineNamingTheFlag) {
   expect_parse_error({"--ema", "1"}, "--ema: '1' is out of range");
   expect_parse_error({"--recipe", "fastest"}, "--recipe: 'fastest' is not one of book, fast");
   expect_parse_error({"--recipe=fastest"}, "--recipe: 'fastest' is not one of book, fast");
+  // As every other flag: the next flag is no value, and a long value is cut short.
+  expect_parse_error({"--momentum", "--nesterov"}, "--momentum: missing value (got '--nesterov')");
+  expect_parse_error({"--momentum=" + std::string(300, '9')},
+                     "--momentum: '9999999999999999999999999999999999999999...' (300 characters)");
+  expect_parse_error({"--recipe", std::string(300, 'a')}, "(300 characters) is not one of");
 }
 
 TEST(RecipeFlags, APresetIsItsFlagsWhereItStands) {
