@@ -16,6 +16,7 @@
 #include "dptrain/report/tensorboard.h"
 #include "dptrain/train/callbacks.h"
 #include "dptrain/train/epoch_stats.h"
+#include "dptrain/train/lr_schedule.h"
 #include "dptrain/train/run_configuration.h"
 
 namespace dptrain {
@@ -33,6 +34,11 @@ void RunRecords::log_tensorboard(const std::string& dir, int64_t steps_per_epoch
   tensorboard_dir_ = dir;
   steps_per_epoch_ = steps_per_epoch;
   checkpoint_dir_ = checkpoint_dir;
+}
+
+void RunRecords::follow_schedule(const LrSchedule& schedule, int64_t steps_per_epoch) {
+  schedule_ = schedule;
+  schedule_steps_per_epoch_ = steps_per_epoch;
 }
 
 // Note [A failed record costs only itself]
@@ -102,7 +108,11 @@ void RunRecords::add_loss(const LossStats& loss) {
 }
 
 void RunRecords::append_record(const EpochStats& stats) {
-  records_.push_back(make_epoch_record(stats, lr_, devices_));
+  // The epoch's last step is global step epoch * S - 1 (0-based).
+  const double lr = schedule_ ? lr_at(lr_, *schedule_, stats.epoch * schedule_steps_per_epoch_ - 1,
+                                      schedule_steps_per_epoch_, epochs_)
+                              : lr_;
+  records_.push_back(make_epoch_record(stats, lr, devices_));
   // The first epoch carries the warm-up and stays out of the steady figure (report.h).
   if (records_.size() > 1) {
     if (upper_.empty() || stats.seconds >= upper_.top()) {

@@ -10,8 +10,8 @@
 #pragma once
 
 #include <cstdint>
-#include <memory>
 #include <functional>
+#include <memory>
 #include <optional>
 #include <queue>
 #include <string>
@@ -21,6 +21,7 @@
 #include "dptrain/report/tensorboard.h"
 #include "dptrain/train/callbacks.h"
 #include "dptrain/train/epoch_stats.h"
+#include "dptrain/train/lr_schedule.h"
 #include "dptrain/train/run_configuration.h"
 
 namespace dptrain {
@@ -36,6 +37,10 @@ class RunRecords {
   // placed at their last step of `steps_per_epoch` each.
   void log_tensorboard(const std::string& dir, int64_t steps_per_epoch,
                        const std::optional<std::string>& checkpoint_dir);
+  // The records' `lr` is then the rate of each epoch's last step under `schedule`, with
+  // `steps_per_epoch` steps an epoch (lr_at); without this call, or with the book's constant
+  // rate, it is the base `lr` itself.
+  void follow_schedule(const LrSchedule& schedule, int64_t steps_per_epoch);
   // Once the world is up: every rank's device, and the epochs a resumed run already has. Opens
   // (truncates) the metrics file and writes those epochs. With --tensorboard, opens the event
   // file (in the run's folder: a new one, or the resumed run's when `resumed`) and writes
@@ -64,6 +69,8 @@ class RunRecords {
   std::optional<std::string> metrics_path_;
   std::optional<std::string> plot_path_;
   double lr_;
+  std::optional<LrSchedule> schedule_;
+  int64_t schedule_steps_per_epoch_ = 0;
   int64_t batch_size_;
   int64_t epochs_;
   std::vector<std::string> devices_;

@@ -1,18 +1,21 @@
 // The driver's run records (app/run_records.h): a resumed history is written once, its steady
-// seconds the same as the report's median over every prefix, and each epoch after it appended.
+// seconds the same as the report's median over every prefix, and each epoch after it appended;
+// the `lr` column follows the schedule.
 #include <gtest/gtest.h>
 #include <sys/stat.h>
 
 #include <cmath>
 #include <cstdint>
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
 
-#include "support/cli_support.h"
 #include "dptrain/report/metrics.h"
 #include "dptrain/report/report.h"
+#include "dptrain/train/lr_schedule.h"
 #include "run_records.h"
+#include "support/cli_support.h"
 #include "support/test_support.h"
 
 namespace dptrain {
@@ -85,6 +88,57 @@ TEST(RunRecords, AFailedWriteDropsThatOutputAloneAndIsReportedOnce) {
   EXPECT_NE(reports[0].find(plot), std::string::npos) << reports[0];
   EXPECT_EQ(records.lost(), std::vector<std::string>{"--plot"});
   EXPECT_EQ(testing::split_lines(testing::read_text(metrics)).size(), 3u);  // header, 2 epochs
+}
+
+// Under a schedule the `lr` column is the rate of each epoch's last step, for a resumed run's
+// earlier epochs too; the base rate 0.5 makes every rate exact. One-cycle, 3 epochs of 4 steps,
+// a 1-epoch warm-up: steps 3, 7 and 11 take 0.5 * 4/4, 0.5 * (12-7)/8 and 0.5 * (12-11)/8.
+TEST(RunRecords, TheLrColumnIsTheRateOfEachEpochsLastStep) {
+  testing::TempDir dir;
+  const std::string metrics = dir.file("m.csv");
+  RunRecords records(metrics, std::nullopt, 0.5, 256, 3);
+  LrSchedule schedule;
+  schedule.shape = LrShape::kOneCycle;
+  schedule.warmup_epochs = 1;
+  records.follow_schedule(schedule, 4);
+  records.start({"cpu"}, {epoch_with_seconds(1, 1.0)});
+  records.add(epoch_with_seconds(2, 1.0));
+  records.add(epoch_with_seconds(3, 1.0));
+  const auto lines = testing::split_lines(testing::read_text(metrics));
+  ASSERT_EQ(lines.size(), 4u);
+  const auto column = [](const std::string& line, size_t index) {
+    std::vector<std::string> fields(1);
+    for (const char c : line) {
+      if (c == ',') {
+        fields.emplace_back();
+      } else {
+        fields.back() += c;
+      }
+    }
+    return fields.at(index);
+  };
+  size_t lr_index = 0;
+  while (column(lines[0], lr_index) != "lr") ++lr_index;
+  EXPECT_EQ(column(lines[1], lr_index), "0.5");
+  EXPECT_EQ(column(lines[2], lr_index), "0.3125");
+  EXPECT_EQ(column(lines[3], lr_index), "0.0625");
+}
+
+// The book's constant rate, and a run that names no schedule, write the base rate itself.
+TEST(RunRecords, TheLrColumnOfAConstantRateIsTheBaseRate) {
+  testing::TempDir dir;
+  for (const bool follow : {false, true}) {
+    const std::string metrics = dir.file(follow ? "a.csv" : "b.csv");
+    RunRecords records(metrics, std::nullopt, 0.1, 256, 3);
+    if (follow) records.follow_schedule(LrSchedule{}, 4);
+    records.start({"cpu"}, {});
+    records.add(epoch_with_seconds(1, 1.0));
+    const auto lines = testing::split_lines(testing::read_text(metrics));
+    ASSERT_EQ(lines.size(), 2u);
+    EXPECT_EQ(lines[1] + "\n",
+              format_metrics_record(make_epoch_record(epoch_with_seconds(1, 1.0), 0.1, {"cpu"}),
+                                    MetricsFormat::kCsv));
+  }
 }
 
 }  // namespace
