@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "dptrain/core/errors.h"
 #include "dptrain/parallel/bucket_sgd.h"
 #include "dptrain/parallel/distributed.h"
 #include "dptrain/parallel/reducer.h"
@@ -176,7 +177,7 @@ TEST(FusedSgdMisuse, NesterovWithoutMomentumAndBuffersOfAnotherCountAreRefused) 
   Communicator single;
   auto params = make_parameters(5);
   Reducer reducer(params, single, /*bucket_bytes=*/200);
-  EXPECT_THROW(BucketSgd(reducer, SgdOptions{0, true, 0, false}), c10::Error);
+  EXPECT_THROW(BucketSgd(reducer, SgdOptions{0, true, 0, false}), UsageError);
   BucketSgd plain(reducer, SgdOptions{});
   EXPECT_THROW(plain.load_momentum({torch::zeros({4})}), c10::Error);
   BucketSgd with_momentum(reducer, SgdOptions{0.9, false, 0, false});

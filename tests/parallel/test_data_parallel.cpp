@@ -7,12 +7,14 @@
 #include <torch/nn/module.h>
 #include <torch/nn/modules/linear.h>
 #include <torch/nn/pimpl.h>
+#include <torch/nn/utils/clip_grad.h>
 #include <torch/optim/adam.h>
 #include <torch/optim/optimizer.h>
 #include <torch/optim/sgd.h>
 #include <torch/version.h>
 
 #include <chrono>
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <exception>
@@ -25,6 +27,7 @@
 #include <vector>
 
 #include "dptrain/core/errors.h"
+#include "dptrain/parallel/bucket_sgd.h"
 #include "dptrain/parallel/data_parallel.h"
 #include "dptrain/parallel/distributed.h"
 #include "dptrain/parallel/world.h"
@@ -327,6 +330,73 @@ TEST(DataParallel, SgdStepIsBitIdenticalToTorchOptimSgd) {
     const auto b = plain->parameters();
     for (size_t i = 0; i < a.size(); ++i) EXPECT_TRUE(torch::equal(a[i], b[i])) << i;
   });
+}
+
+// The wrapper's SGD with Nesterov momentum and weight decay, at a rate that changes every step,
+// and clipping on the last two steps, against torch::optim::SGD and clip_grad_norm_ on a wrapped
+// copy of the same model: the same bits, and the same norm.
+TEST(DataParallel, SgdStepWithNesterovWeightDecayAndClippingIsBitIdenticalToTorchOptim) {
+  const auto batches = make_batches(4, 8, 16);
+  const double lrs[] = {0.3, 0.1, 0.2, 0.05};
+  run_thread_ranks(2, [&](Communicator& communicator) {
+    auto fused = seeded(61, [] { return Mlp(); });
+    auto plain = seeded(61, [] { return Mlp(); });
+    DataParallelOptions options;
+    options.sgd.momentum = 0.9;
+    options.sgd.nesterov = true;
+    options.sgd.weight_decay = 0.01;
+    DataParallel fused_parallel(fused.ptr(), communicator, options);
+    DataParallel plain_parallel(plain.ptr(), communicator);
+    torch::optim::SGD sgd(
+        plain->parameters(),
+        torch::optim::SGDOptions(lrs[0]).momentum(0.9).nesterov(true).weight_decay(0.01));
+    for (size_t step = 0; step < batches.size(); ++step) {
+      const auto mine = shard(batches[step], 2, communicator.rank());
+      fused_parallel.zero_grad();
+      fused_parallel.backward(mse(fused, mine));
+      optimizer_zero_grad(sgd);
+      plain_parallel.backward(mse(plain, mine));
+      if (step >= 2) {
+        const auto norm = fused_parallel.clip_grad_norm(0.05);
+        EXPECT_EQ(norm.item<double>(), torch::nn::utils::clip_grad_norm_(plain->parameters(), 0.05))
+            << "step " << step;
+      }
+      fused_parallel.sgd_step(lrs[step]);
+      static_cast<torch::optim::SGDOptions&>(sgd.param_groups()[0].options()).lr(lrs[step]);
+      sgd.step();
+    }
+    ASSERT_TRUE(fused_parallel.sgd().has_momentum());
+    const auto a = fused->parameters();
+    const auto b = plain->parameters();
+    for (size_t i = 0; i < a.size(); ++i) EXPECT_TRUE(torch::equal(a[i], b[i])) << i;
+  });
+}
+
+// SGD options out of range are refused when wrapping, a clipping bound that is not a positive
+// number when clipping: one UsageError line each, naming the value.
+TEST(DataParallel, SgdOptionsOutOfRangeAndABadClippingBoundAreRefused) {
+  Communicator single;
+  auto model = seeded(62, [] { return Mlp(); });
+  const auto refused = [&](SgdOptions sgd, const std::string& expected) {
+    DataParallelOptions options;
+    options.sgd = sgd;
+    try {
+      DataParallel parallel(model.ptr(), single, options);
+      ADD_FAILURE() << "accepted: " << expected;
+    } catch (const UsageError& e) {
+      EXPECT_EQ(std::string(e.what()), expected);
+    }
+  };
+  refused({1.0, false, 0, false}, "SGD: momentum 1 is out of range; expected 0 <= momentum < 1");
+  refused({-0.5, false, 0, false},
+          "SGD: momentum -0.5 is out of range; expected 0 <= momentum < 1");
+  refused({0, false, std::nan(""), false},
+          "SGD: weight decay nan is out of range; expected a finite number >= 0");
+  refused({0, true, 0, false}, "SGD: Nesterov momentum needs momentum > 0");
+  DataParallel parallel(model.ptr(), single);
+  for (const double bound : {0.0, -1.0, std::nan("")}) {
+    EXPECT_THROW(parallel.clip_grad_norm(bound), UsageError) << bound;
+  }
 }
 
 // .grad set undefined (LibTorch 2.x's zero_grad) or replaced by another tensor between steps:

@@ -7,7 +7,6 @@
 #include <torch/nn/modules/container/sequential.h>
 #include <torch/nn/modules/conv.h>
 #include <torch/nn/modules/linear.h>
-#include <torch/optim/sgd.h>
 
 #include <cstdint>
 #include <mutex>
@@ -131,31 +130,6 @@ TEST(Reducer, ChannelsLastParameterKeepsItsLayout) {
   EXPECT_TRUE(params[0].is_contiguous(at::MemoryFormat::ChannelsLast));
   EXPECT_EQ(params[0].grad().strides(), params[0].strides());
   EXPECT_TRUE(torch::equal(params[0], values));
-}
-
-TEST(Reducer, SgdStepIsBitIdenticalToTorchOptimSgd) {
-  Communicator single;
-  auto params = make_parameters({{3, 4}, {4}, {4, 2}}, 6);
-  auto reference = make_parameters({{3, 4}, {4}, {4, 2}}, 6);
-  Reducer reducer(params, single, /*bucket_bytes=*/40);
-  torch::optim::SGD sgd(reference, torch::optim::SGDOptions(0.37));
-  const auto x = torch::randn({6, 3});
-  const auto loss_of = [&](const std::vector<torch::Tensor>& p) {
-    return torch::tanh(x.matmul(p[0]) + p[1]).matmul(p[2]).pow(2).sum();
-  };
-  for (int step = 0; step < 3; ++step) {
-    reducer.zero_grad();
-    reducer.prepare_for_backward();
-    loss_of(params).backward();
-    reducer.finalize_backward();
-    reducer.sgd_step(0.37);
-    sgd.zero_grad();
-    loss_of(reference).backward();
-    sgd.step();
-  }
-  for (size_t i = 0; i < params.size(); ++i) {
-    EXPECT_TRUE(torch::equal(params[i], reference[i])) << "parameter " << i;
-  }
 }
 
 TEST(Reducer, UnusedParameterIsAnErrorNamingIt) {

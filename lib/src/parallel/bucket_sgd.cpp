@@ -4,16 +4,36 @@
 
 #include <c10/util/Optional.h>
 
+#include <cmath>
 #include <cstddef>
+#include <sstream>
 #include <vector>
 
+#include "dptrain/core/errors.h"
 #include "dptrain/parallel/reducer.h"
 
 namespace dptrain {
 
+void check_sgd_options(const SgdOptions& options) {
+  const auto bad = [](const char* what, double value, const char* expected) {
+    std::ostringstream message;
+    message << "SGD: " << what << " " << value << " is out of range; expected " << expected;
+    throw UsageError(message.str());
+  };
+  if (!std::isfinite(options.momentum) || options.momentum < 0 || options.momentum >= 1) {
+    bad("momentum", options.momentum, "0 <= momentum < 1");
+  }
+  if (!std::isfinite(options.weight_decay) || options.weight_decay < 0) {
+    bad("weight decay", options.weight_decay, "a finite number >= 0");
+  }
+  if (options.nesterov && options.momentum == 0) {
+    throw UsageError("SGD: Nesterov momentum needs momentum > 0");
+  }
+}
+
 BucketSgd::BucketSgd(const Reducer& reducer, SgdOptions options)
     : reducer_(reducer), options_(options) {
-  TORCH_CHECK(!options_.nesterov || options_.momentum > 0, "Nesterov momentum needs momentum > 0");
+  check_sgd_options(options_);
   if (options_.weight_decay == 0 || !options_.weight_decay_skip_vectors) return;
   torch::NoGradGuard no_grad;
   for (size_t b = 0; b < reducer_.num_buckets(); ++b) {

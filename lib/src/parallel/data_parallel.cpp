@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -17,6 +18,7 @@
 #include <vector>
 
 #include "dptrain/core/errors.h"
+#include "dptrain/parallel/bucket_sgd.h"
 #include "dptrain/parallel/distributed.h"
 #include "dptrain/parallel/reducer.h"
 #include "dptrain/parallel/replicas.h"
@@ -98,6 +100,7 @@ DataParallel::DataParallel(std::shared_ptr<torch::nn::Module> module, Communicat
                            const DataParallelOptions& options)
     : module_(std::move(module)), communicator_(communicator), options_(options) {
   if (!module_) throw UsageError("DataParallel: no module to wrap");
+  check_sgd_options(options_.sgd);
   check_same_parameters(*module_, communicator_);
   broadcast_from_rank0(*module_, communicator_);
   ReducerOptions reducer_options;
@@ -116,6 +119,7 @@ DataParallel::DataParallel(std::shared_ptr<torch::nn::Module> module, Communicat
   }
   reducer_options.names = names_;
   reducer_ = std::make_unique<Reducer>(parameters_, communicator_, reducer_options);
+  sgd_ = std::make_unique<BucketSgd>(*reducer_, options_.sgd);
   for (const auto& p : parameters_) {
     data_.push_back(p.data_ptr());
     grad_data_.push_back(p.grad().data_ptr());
@@ -229,8 +233,20 @@ void DataParallel::zero_grad() {
 void DataParallel::sgd_step(double lr) {
   check_module_unchanged();
   reducer_->restore_gradient_views();  // a gradient set to none moves its parameter by nothing
-  reducer_->sgd_step(lr);
+  sgd_->step(lr);
   reduced_since_step_ = false;
+}
+
+torch::Tensor DataParallel::clip_grad_norm(double max_norm) {
+  if (!std::isfinite(max_norm) || max_norm <= 0) {
+    std::ostringstream message;
+    message << "DataParallel::clip_grad_norm: max_norm " << max_norm
+            << " is out of range; expected a finite number > 0";
+    throw UsageError(message.str());
+  }
+  check_module_unchanged();
+  reducer_->restore_gradient_views();
+  return clip_gradient_norm(*reducer_, max_norm);
 }
 
 void DataParallel::average_buffers() { dptrain::average_buffers(*module_, communicator_); }

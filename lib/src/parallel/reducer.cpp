@@ -220,11 +220,6 @@ void Reducer::zero_grad() {
   for (auto& bucket : buckets_) bucket.flat.zero_();
 }
 
-void Reducer::sgd_step(double lr) {
-  torch::NoGradGuard no_grad;
-  for (auto& bucket : buckets_) bucket.parameter_flat.add_(bucket.flat, -lr);
-}
-
 torch::Tensor Reducer::slice_of(size_t k, const torch::Tensor& flat) const {
   const auto& p = parameters_[k];
   TORCH_CHECK(flat.dim() == 1 && flat.numel() == buckets_[bucket_of_[k]].flat.numel(),

@@ -23,6 +23,10 @@ struct SgdOptions {
   bool weight_decay_skip_vectors = false;
 };
 
+// A UsageError naming the first option out of range: momentum outside [0, 1), a negative or
+// non-finite weight decay, Nesterov without momentum.
+void check_sgd_options(const SgdOptions& options);
+
 // Note [Fused SGD is torch::optim::SGD]
 // torch::optim::SGD (dampening 0) takes, per parameter, d = g + wd * p; on the first step
 // buf = d, then buf = momentum * buf + d; d = d + momentum * buf (Nesterov) or d = buf; and
@@ -32,7 +36,8 @@ struct SgdOptions {
 // excluded from weight decay sees g + wd * (p * 0) = g, exactly.
 class BucketSgd {
  public:
-  // The reducer (which owns the parameters' flat storage) must outlive this.
+  // The reducer (which owns the parameters' flat storage) must outlive this. Options out of
+  // range are a UsageError (check_sgd_options).
   BucketSgd(const Reducer& reducer, SgdOptions options);
 
   // One update of every parameter from its reduced gradient (.grad, the bucket views).

@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "dptrain/parallel/bucket_sgd.h"
 #include "dptrain/parallel/bucket_size.h"
 #include "dptrain/parallel/distributed.h"
 
@@ -44,6 +45,9 @@ struct DataParallelOptions {
   // Hands the world's communicator to every module inside that implements
   // SynchronisedAcrossReplicas (dptrain::BatchNorm: statistics over the global batch).
   bool sync_batch_norm = false;
+  // What sgd_step applies: momentum, Nesterov, weight decay (bucket_sgd.h). The defaults are
+  // plain SGD; a value out of range is a UsageError when wrapping.
+  SgdOptions sgd;
 };
 
 // A module whose forward needs the other replicas (sync BatchNorm): DataParallel with
@@ -98,9 +102,15 @@ class DataParallel {
   // Zeroes every gradient in place. Optimizers' own zero_grad (which in LibTorch 2.x sets .grad
   // undefined) works too: the next backward puts the bucket views back.
   void zero_grad();
-  // Plain SGD, p -= lr * p.grad, one fused update per bucket: bit-identical to
-  // torch::optim::SGD(lr) without momentum or weight decay (a test shows it).
+  // SGD with options().sgd (by default plain: p -= lr * p.grad), one fused update per bucket:
+  // bit-identical to torch::optim::SGD with the same lr, momentum, Nesterov and weight decay
+  // (tests show it). The rate may change from step to step (a schedule).
   void sgd_step(double lr);
+  // torch::nn::utils::clip_grad_norm_(parameters, max_norm) on the reduced gradients, between
+  // backward and sgd_step; returns the norm before clipping, a () tensor on the device.
+  torch::Tensor clip_grad_norm(double max_norm);
+  // The fused SGD's state: its momentum buffers, to checkpoint and load_momentum on a resume.
+  BucketSgd& sgd() { return *sgd_; }
   // Every floating-point buffer replaced by its mean over the ranks (before evaluating).
   void average_buffers();
   // A CollectiveError naming `when` unless every rank's parameters are bit-identical.
@@ -130,6 +140,7 @@ class DataParallel {
   std::vector<const void*> data_;          // where each one's data lives in its bucket
   std::vector<const void*> grad_data_;     // where each one's .grad lives in its bucket
   std::unique_ptr<Reducer> reducer_;
+  std::unique_ptr<BucketSgd> sgd_;  // steps the reducer's buckets
   int no_sync_depth_ = 0;
   // Set by a synchronised backward; a second one before a step or zero_grad is refused.
   bool reduced_since_step_ = false;

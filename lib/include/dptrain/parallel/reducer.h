@@ -1,9 +1,10 @@
 // Our gradient all-reduce: parameters are grouped into flat buckets, every .grad is a view into
 // its bucket, and each bucket's asynchronous all-reduce starts as soon as autograd has
 // accumulated all of its gradients, so communication overlaps the rest of backward.
-// The parameters themselves move into the same flat layout, so that plain SGD is one update per
-// bucket. Not here: wrapping a whole module, with its checks and buffers (data_parallel.h); the
-// driver's loss weighting that makes the sum a mean (RankTraining::step in lib/src/train/rank.cpp).
+// The parameters themselves move into the same flat layout, so that SGD is one update per bucket
+// (bucket_sgd.h). Not here: wrapping a whole module, with its checks and buffers
+// (data_parallel.h); the driver's loss weighting that makes the sum a mean (RankTraining::step in
+// lib/src/train/rank.cpp).
 #pragma once
 
 #include <torch/csrc/autograd/variable.h>
@@ -76,10 +77,6 @@ class Reducer {
   // UsageError naming a parameter that got no gradient unless ReducerOptions::find_unused (this
   // rank's process group is aborted first, so that its peers fail at once instead of waiting).
   void finalize_backward();
-
-  // Plain SGD on every parameter: p -= lr * p.grad, one fused update per bucket. Bit-identical
-  // to torch::optim::SGD without momentum or weight decay.
-  void sgd_step(double lr);
 
   size_t num_buckets() const { return buckets_.size(); }
   // The flat gradient storage of bucket `i`, (numel) of the parameters' dtype: the gradients
