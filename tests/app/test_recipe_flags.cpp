@@ -139,16 +139,16 @@ TEST(RecipeFlags, APresetIsItsFlagsWhereItStands) {
 
 TEST(RecipeFlags, TheFastPresetIsTheSearchsChoiceAndLaterFlagsOverrideIt) {
   const auto fast = parse_train({"--recipe", "fast"});
-  EXPECT_EQ(fast.width, 8);
+  EXPECT_EQ(fast.width, 16);
   EXPECT_EQ(fast.batch_size, 256);
   EXPECT_EQ(fast.epochs, 6);
   EXPECT_EQ(fast.lr, 0.1);
   EXPECT_EQ(recipe_flags(fast.recipe),
             "--momentum 0.9 --nesterov --weight-decay 0.0005 --weight-decay-skip-norm-bias "
             "--lr-schedule onecycle --warmup-epochs 1 --label-smoothing 0.1");
-  const auto longer = parse_train({"--recipe", "fast", "--epochs", "8", "--width", "16"});
+  const auto longer = parse_train({"--recipe", "fast", "--epochs", "8", "--width", "8"});
   EXPECT_EQ(longer.epochs, 8);
-  EXPECT_EQ(longer.width, 16);
+  EXPECT_EQ(longer.width, 8);
   EXPECT_EQ(longer.recipe.sgd.momentum, 0.9);
   // The book's after the fast one undoes it whole.
   EXPECT_TRUE(is_book_recipe(parse_train({"--recipe", "fast", "--recipe", "book"}).recipe));
