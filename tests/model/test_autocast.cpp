@@ -104,9 +104,11 @@ void expect_bf16_convolution_within_its_bound(bool sums_in_float32) {
   EXPECT_GT(error.max().item<double>(), 1e-4 * magnitude.max().item<double>());
 }
 
+// oneDNN has bf16 convolutions from AVX-512 up; below it (an AVX2 CPU) LibTorch 1.13 takes its
+// own kernel even with oneDNN on, whose sums may be bf16, so that is the bound there.
 TEST_F(OneDnnSwitch, Bf16ConvolutionOnOneDnnStaysWithinBf16sBound) {
   at::globalContext().setUserEnabledMkldnn(true);
-  expect_bf16_convolution_within_its_bound(true);
+  expect_bf16_convolution_within_its_bound(dptrain::detect_cpu_kernels().runs_avx512());
 }
 
 TEST_F(OneDnnSwitch, Bf16ConvolutionOnLibTorchsOwnKernelsStaysWithinBf16sBound) {
