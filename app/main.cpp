@@ -396,12 +396,12 @@ int run_train(dptrain::TrainCommand command, CheckedStdout& out) {
   if (talk) print(describe_run(data, data_dir, options, world));
 
   dptrain::RunRecords records(command.metrics, command.plot, options.lr, options.batch_size,
-                              options.epochs);
-  const auto steps_per_epoch = dptrain::num_batches(data.train.size(), options.batch_size);
-  records.follow_schedule(options.recipe.schedule, steps_per_epoch);
+                              options.epochs,
+                              dptrain::num_batches(data.train.size(), options.batch_size));
+  records.follow_schedule(options.recipe.schedule);
   say_when_a_record_is_lost(records, progress, prefix);
   if (command.tensorboard) {
-    records.log_tensorboard(*command.tensorboard, steps_per_epoch, options.checkpoint_dir);
+    records.log_tensorboard(*command.tensorboard, options.checkpoint_dir);
   }
   dptrain::TrainCallbacks callbacks;
   bool started = false;

@@ -22,24 +22,21 @@
 namespace dptrain {
 
 RunRecords::RunRecords(std::optional<std::string> metrics, std::optional<std::string> plot,
-                       double lr, int64_t batch_size, int64_t epochs)
+                       double lr, int64_t batch_size, int64_t epochs, int64_t steps_per_epoch)
     : metrics_path_(std::move(metrics)),
       plot_path_(std::move(plot)),
       lr_(lr),
       batch_size_(batch_size),
-      epochs_(epochs) {}
+      epochs_(epochs),
+      steps_per_epoch_(steps_per_epoch) {}
 
-void RunRecords::log_tensorboard(const std::string& dir, int64_t steps_per_epoch,
+void RunRecords::log_tensorboard(const std::string& dir,
                                  const std::optional<std::string>& checkpoint_dir) {
   tensorboard_dir_ = dir;
-  steps_per_epoch_ = steps_per_epoch;
   checkpoint_dir_ = checkpoint_dir;
 }
 
-void RunRecords::follow_schedule(const LrSchedule& schedule, int64_t steps_per_epoch) {
-  schedule_ = schedule;
-  schedule_steps_per_epoch_ = steps_per_epoch;
-}
+void RunRecords::follow_schedule(const LrSchedule& schedule) { schedule_ = schedule; }
 
 // Note [A failed record costs only itself]
 // The records are written at the end of each epoch, beside the checkpoint, and a full disk or a
@@ -109,8 +106,8 @@ void RunRecords::add_loss(const LossStats& loss) {
 
 void RunRecords::append_record(const EpochStats& stats) {
   // The epoch's last step is global step epoch * S - 1 (0-based).
-  const double lr = schedule_ ? lr_at(lr_, *schedule_, stats.epoch * schedule_steps_per_epoch_ - 1,
-                                      schedule_steps_per_epoch_, epochs_)
+  const double lr = schedule_ ? lr_at(lr_, *schedule_, stats.epoch * steps_per_epoch_ - 1,
+                                      steps_per_epoch_, epochs_)
                               : lr_;
   records_.push_back(make_epoch_record(stats, lr, devices_));
   // The first epoch carries the warm-up and stays out of the steady figure (report.h).

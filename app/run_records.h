@@ -28,19 +28,19 @@ namespace dptrain {
 
 class RunRecords {
  public:
-  // `metrics`, `plot`: the paths, or none; lr, batch size and epochs for the records and title.
+  // `metrics`, `plot`: the paths, or none; lr, batch size and epochs for the records and title;
+  // `steps_per_epoch`, the steps of each epoch, to place an epoch at its last step (the
+  // schedule's rate, TensorBoard's step).
   RunRecords(std::optional<std::string> metrics, std::optional<std::string> plot, double lr,
-             int64_t batch_size, int64_t epochs);
+             int64_t batch_size, int64_t epochs, int64_t steps_per_epoch);
 
   // --tensorboard: from start() on, also an event file in the run's folder in `dir` (prepared
   // and locked; tensorboard_run_folder, with the run's `checkpoint_dir`), whose epochs are
-  // placed at their last step of `steps_per_epoch` each.
-  void log_tensorboard(const std::string& dir, int64_t steps_per_epoch,
-                       const std::optional<std::string>& checkpoint_dir);
-  // The records' `lr` is then the rate of each epoch's last step under `schedule`, with
-  // `steps_per_epoch` steps an epoch (lr_at); without this call, or with the book's constant
-  // rate, it is the base `lr` itself.
-  void follow_schedule(const LrSchedule& schedule, int64_t steps_per_epoch);
+  // placed at their last step.
+  void log_tensorboard(const std::string& dir, const std::optional<std::string>& checkpoint_dir);
+  // The records' `lr` is then the rate of each epoch's last step under `schedule` (lr_at);
+  // without this call, or with the book's constant rate, it is the base `lr` itself.
+  void follow_schedule(const LrSchedule& schedule);
   // Once the world is up: every rank's device, and the epochs a resumed run already has. Opens
   // (truncates) the metrics file and writes those epochs. With --tensorboard, opens the event
   // file (in the run's folder: a new one, or the resumed run's when `resumed`) and writes
@@ -70,14 +70,13 @@ class RunRecords {
   std::optional<std::string> plot_path_;
   double lr_;
   std::optional<LrSchedule> schedule_;
-  int64_t schedule_steps_per_epoch_ = 0;
   int64_t batch_size_;
   int64_t epochs_;
+  int64_t steps_per_epoch_;
   std::vector<std::string> devices_;
   std::unique_ptr<MetricsWriter> metrics_;
   std::optional<std::string> tensorboard_dir_;
   std::optional<std::string> checkpoint_dir_;
-  int64_t steps_per_epoch_ = 0;
   std::unique_ptr<TensorBoardLog> tensorboard_;
   std::vector<EpochRecord> records_;
   // The seconds of epochs 2 on, split at their median (a running median: a resumed history of

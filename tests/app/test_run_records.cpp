@@ -45,7 +45,7 @@ TEST(RunRecords, ResumedHistoryIsWrittenOnceWithTheReportsSteadySeconds) {
     seconds.push_back(static_cast<double>(random() % 50) / 8);  // many equal values
     history.push_back(epoch_with_seconds(epoch, seconds.back()));
   }
-  RunRecords records(metrics, dir.file("p.svg"), 0.1, 256, 10000);
+  RunRecords records(metrics, dir.file("p.svg"), 0.1, 256, 10000, 4);
   records.start({"cpu"}, history);
   records.add(epoch_with_seconds(2002, 100.0));
   seconds.push_back(100.0);
@@ -73,7 +73,7 @@ TEST(RunRecords, AFailedWriteDropsThatOutputAloneAndIsReportedOnce) {
   testing::TempDir dir;
   const std::string metrics = dir.file("m.csv");
   const std::string plot = dir.file("p.svg");
-  RunRecords records(metrics, plot, 0.1, 256, 10000);
+  RunRecords records(metrics, plot, 0.1, 256, 10000, 4);
   std::vector<std::string> reports;
   records.on_lost([&](const std::string& flag, const std::string& what) {
     reports.push_back(flag + ": " + what);
@@ -96,11 +96,11 @@ TEST(RunRecords, AFailedWriteDropsThatOutputAloneAndIsReportedOnce) {
 TEST(RunRecords, TheLrColumnIsTheRateOfEachEpochsLastStep) {
   testing::TempDir dir;
   const std::string metrics = dir.file("m.csv");
-  RunRecords records(metrics, std::nullopt, 0.5, 256, 3);
+  RunRecords records(metrics, std::nullopt, 0.5, 256, 3, 4);
   LrSchedule schedule;
   schedule.shape = LrShape::kOneCycle;
   schedule.warmup_epochs = 1;
-  records.follow_schedule(schedule, 4);
+  records.follow_schedule(schedule);
   records.start({"cpu"}, {epoch_with_seconds(1, 1.0)});
   records.add(epoch_with_seconds(2, 1.0));
   records.add(epoch_with_seconds(3, 1.0));
@@ -129,8 +129,8 @@ TEST(RunRecords, TheLrColumnOfAConstantRateIsTheBaseRate) {
   testing::TempDir dir;
   for (const bool follow : {false, true}) {
     const std::string metrics = dir.file(follow ? "a.csv" : "b.csv");
-    RunRecords records(metrics, std::nullopt, 0.1, 256, 3);
-    if (follow) records.follow_schedule(LrSchedule{}, 4);
+    RunRecords records(metrics, std::nullopt, 0.1, 256, 3, 4);
+    if (follow) records.follow_schedule(LrSchedule{});
     records.start({"cpu"}, {});
     records.add(epoch_with_seconds(1, 1.0));
     const auto lines = testing::split_lines(testing::read_text(metrics));
