@@ -1,8 +1,10 @@
 // dptrain as a library: gradient accumulation. Each optimizer step takes K micro-batches; the
 // first K-1 backward passes run inside no_sync() (local, nothing reduced) and the last one
 // all-reduces the accumulated gradients once, as with PyTorch DDP's no_sync(). A LeNet-like CNN
-// with BatchNorm and SGD with momentum, on Fashion-MNIST. Under torchrun each process is a rank;
-// `--replicas N` runs N replicas as threads of this one process.
+// with BatchNorm, on Fashion-MNIST, stepped by DataParallel's own SGD (Nesterov momentum, weight
+// decay off the biases and norms, gradient clipping: one fused update per bucket, equal to
+// torch::optim::SGD's); examples/mlp_adam steps with a LibTorch optimizer instead. Under torchrun
+// each process is a rank; `--replicas N` runs N replicas as threads of this one process.
 // Not here: anything of the dptrain driver (checkpoints, metrics, the book's model).
 #include <torch/torch.h>
 
@@ -41,8 +43,12 @@ struct Flags {
 void train(dptrain::World& world, const dptrain::FashionMnist& data, const Flags& flags) {
   LeNet model;
   model->to(world.device());
-  dptrain::DataParallel parallel(model, world);
-  torch::optim::SGD optimizer(model->parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
+  dptrain::DataParallelOptions options;
+  options.sgd.momentum = 0.9;
+  options.sgd.nesterov = true;
+  options.sgd.weight_decay = 5e-4;
+  options.sgd.weight_decay_skip_vectors = true;
+  dptrain::DataParallel parallel(model, world, options);
   torch::data::samplers::DistributedRandomSampler sampler(data.train.size(), world.world_size(),
                                                           world.rank());
   for (int epoch = 0; epoch < flags.epochs; ++epoch) {
@@ -54,7 +60,7 @@ void train(dptrain::World& world, const dptrain::FashionMnist& data, const Flags
       auto micro_images = images.to(world.device()).split(flags.micro_batch);
       auto micro_labels = data.train.labels.index_select(0, index).to(world.device())
                               .split(flags.micro_batch);
-      optimizer.zero_grad();
+      parallel.zero_grad();
       const auto count = static_cast<int64_t>(micro_images.size());
       for (int64_t k = 0; k < count; ++k) {
         // Each micro-batch's mean loss over K: the step's gradient is the mean over all of them.
@@ -67,7 +73,8 @@ void train(dptrain::World& world, const dptrain::FashionMnist& data, const Flags
           parallel.backward(loss);  // reduces the K micro-batches' sum once
         }
       }
-      optimizer.step();
+      parallel.clip_grad_norm(5.0);  // on the reduced gradients, the same on every rank
+      parallel.sgd_step(0.05);
     }
   }
   parallel.average_buffers();  // BatchNorm's running statistics: the ranks' mean

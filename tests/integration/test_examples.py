@@ -18,11 +18,11 @@ import textwrap
 
 # What each example runs with (a few seconds each on two cores) and the accuracy it must reach:
 # the floors sit some 5 points under what the runs reached on Debian's LibTorch 1.13 (mlp_adam
-# 0.80, accumulate 0.76, both ways; the test prints each run's).
+# 0.80, accumulate 0.81 with DataParallel's Nesterov SGD, both ways; the test prints each run's).
 EXAMPLES = {
     "mlp_adam": (["--epochs", "2", "--train-limit", "6000", "--test-limit", "2000"], 0.75),
     "accumulate": (["--epochs", "2", "--accumulate", "4", "--train-limit", "6000",
-                    "--test-limit", "2000"], 0.70),
+                    "--test-limit", "2000"], 0.76),
 }
 # The settings of this build that a project built beside it must share: the same compiler and
 # LibTorch, found the way this build found them.

@@ -553,6 +553,41 @@ TEST(DataParallel, ParameterReplacedAfterWrappingIsNamed) {
   });
 }
 
+// A rank whose options are out of range refuses them, and its peer learns it in the same
+// collective instead of waiting for it until the timeout; valid options that differ between
+// ranks (here Nesterov on one) are refused on both, each saying its own.
+TEST(DataParallel, RanksWithBadOrDifferentOptionsAreRefusedOnEveryRank) {
+  std::vector<std::string> errors(2);
+  const auto wrap_all = [&](const std::function<SgdOptions(int)>& sgd_of_rank) {
+    run_thread_ranks(2, [&](Communicator& communicator) {
+      auto model = seeded(132, [] { return Mlp(); });
+      DataParallelOptions options;
+      options.sgd = sgd_of_rank(communicator.rank());
+      errors[communicator.rank()] =
+          error_of([&] { DataParallel parallel(model.ptr(), communicator, options); });
+    });
+  };
+  wrap_all([](int rank) { return rank == 1 ? SgdOptions{1.5, false, 0, false} : SgdOptions{}; });
+  EXPECT_EQ(errors[1], "SGD: momentum 1.5 is out of range; expected 0 <= momentum < 1");
+  EXPECT_EQ(errors[0],
+            "DataParallel: rank 1 refused its options (out of range; that rank names the option): "
+            "every rank must wrap with the same valid options");
+  wrap_all([](int rank) { return SgdOptions{0.9, rank == 1, 0, false}; });
+  for (int rank = 0; rank < 2; ++rank) {
+    EXPECT_EQ(errors[rank],
+              "rank " + std::to_string(rank) +
+                  "'s DataParallelOptions differ from another rank's (here: "
+                  "bucket_bytes 26214400, average 1, find_unused_parameters 0, "
+                  "buffers broadcast, sync_batch_norm 0, momentum 0.90000000000000002, "
+                  "nesterov " +
+                  std::to_string(rank) +
+                  ", weight_decay 0, weight_decay_skip_vectors 0): every rank must "
+                  "wrap with the same options");
+  }
+  wrap_all([](int) { return SgdOptions{0.9, true, 5e-4, true}; });  // the same on both: accepted
+  EXPECT_EQ(errors, std::vector<std::string>(2, "no UsageError"));
+}
+
 TEST(DataParallel, RanksWithDifferentParametersAreRefusedByName) {
   std::vector<std::string> errors(2);
   run_thread_ranks(2, [&](Communicator& communicator) {

@@ -66,12 +66,64 @@ std::vector<std::pair<int64_t, int64_t>> extremes(const std::vector<int64_t>& va
   return result;
 }
 
+// The device of the wrapper's collectives: the module's (NCCL takes CUDA tensors only).
+torch::Device collective_device(const torch::nn::Module& module) {
+  const auto named = module.named_parameters();
+  return named.is_empty() ? torch::Device(torch::kCPU) : named[0].value().device();
+}
+
+// Every option that shapes the buckets, the collectives or the step, exactly (doubles to 17
+// digits), for comparing across ranks.
+std::string describe_options(const DataParallelOptions& o) {
+  std::ostringstream text;
+  text.precision(17);
+  text << "bucket_bytes " << o.bucket_bytes << ", average " << o.average
+       << ", find_unused_parameters " << o.find_unused_parameters << ", buffers "
+       << (o.buffers == BufferSync::kBroadcast ? "broadcast" : "none") << ", sync_batch_norm "
+       << o.sync_batch_norm << ", momentum " << o.sgd.momentum << ", nesterov " << o.sgd.nesterov
+       << ", weight_decay " << o.sgd.weight_decay << ", weight_decay_skip_vectors "
+       << o.sgd.weight_decay_skip_vectors;
+  return text.str();
+}
+
+// Every rank must wrap with the same valid options. A rank whose options are out of range
+// refuses them after one collective that tells its peers, which refuse too, naming it: without
+// it they would wait for that rank in the parameter check until the timeout. Ranks with
+// different options would bucket, reduce or step differently: each learns it here.
+void check_same_options(const DataParallelOptions& options, const torch::Device& device,
+                        Communicator& communicator) {
+  std::string fault;
+  try {
+    check_sgd_options(options.sgd);
+  } catch (const UsageError& e) {
+    fault = e.what();
+  }
+  if (communicator.world_size() > 1) {
+    const auto rank = communicator.rank();
+    const auto text = describe_options(options);
+    const auto ranges =
+        extremes({fault.empty() ? 0 : int64_t{rank} + 1, hash63(text)}, device, communicator,
+                 "the check that every rank wraps with the same options");
+    if (fault.empty() && ranges[0].first > 0) {
+      throw UsageError("DataParallel: rank " + std::to_string(ranges[0].first - 1) +
+                       " refused its options (out of range; that rank names the option): every "
+                       "rank must wrap with the same valid options");
+    }
+    if (fault.empty() && ranges[1].first != ranges[1].second) {
+      throw UsageError("rank " + std::to_string(rank) +
+                       "'s DataParallelOptions differ from another rank's (here: " + text +
+                       "): every rank must wrap with the same options");
+    }
+  }
+  if (!fault.empty()) throw UsageError(fault);
+}
+
 // Every rank must wrap the same parameters (names, dtypes, shapes, which ones train): else the
 // broadcast and the buckets would pair different tensors. Each rank learns the first difference.
-void check_same_parameters(const torch::nn::Module& module, Communicator& communicator) {
+void check_same_parameters(const torch::nn::Module& module, const torch::Device& device,
+                           Communicator& communicator) {
   if (communicator.world_size() == 1) return;
   const auto named = module.named_parameters();
-  const auto device = named.is_empty() ? torch::Device(torch::kCPU) : named[0].value().device();
   const std::string what = "the check that every rank wraps the same parameters";
   const std::string rank = "rank " + std::to_string(communicator.rank());
   const auto count = static_cast<int64_t>(named.size());
@@ -100,8 +152,9 @@ DataParallel::DataParallel(std::shared_ptr<torch::nn::Module> module, Communicat
                            const DataParallelOptions& options)
     : module_(std::move(module)), communicator_(communicator), options_(options) {
   if (!module_) throw UsageError("DataParallel: no module to wrap");
-  check_sgd_options(options_.sgd);
-  check_same_parameters(*module_, communicator_);
+  const auto device = collective_device(*module_);
+  check_same_options(options_, device, communicator_);
+  check_same_parameters(*module_, device, communicator_);
   broadcast_from_rank0(*module_, communicator_);
   ReducerOptions reducer_options;
   reducer_options.bucket_bytes = options_.bucket_bytes;

@@ -46,7 +46,7 @@ struct DataParallelOptions {
   // SynchronisedAcrossReplicas (dptrain::BatchNorm: statistics over the global batch).
   bool sync_batch_norm = false;
   // What sgd_step applies: momentum, Nesterov, weight decay (bucket_sgd.h). The defaults are
-  // plain SGD; a value out of range is a UsageError when wrapping.
+  // plain SGD; a value out of range is a UsageError when wrapping, on every rank.
   SgdOptions sgd;
 };
 
@@ -60,12 +60,14 @@ class SynchronisedAcrossReplicas {
 
 class DataParallel {
  public:
-  // Checks that every rank's module has the same parameters (names, dtypes, shapes; a
-  // difference is a UsageError naming the first parameter that differs), then copies rank 0's
-  // parameters and buffers to every rank and puts the parameters that require a gradient into
-  // the reducer's buckets (one dtype and device per bucket; values unchanged). The module and
-  // the communicator must outlive the wrapper; the module's parameters must not be replaced
-  // or moved afterwards (a later backward names the one that was).
+  // Checks that every rank wraps with the same valid options (a UsageError on every rank, the
+  // refusing rank's naming the option, the others that rank) and that every rank's module has
+  // the same parameters (names, dtypes, shapes; a difference is a UsageError naming the first
+  // parameter that differs), then copies rank 0's parameters and buffers to every rank and
+  // puts the parameters that require a gradient into the reducer's buckets (one dtype and
+  // device per bucket; values unchanged). The module and the communicator must outlive the
+  // wrapper; the module's parameters must not be replaced or moved afterwards (a later backward
+  // names the one that was).
   DataParallel(std::shared_ptr<torch::nn::Module> module, Communicator& communicator,
                const DataParallelOptions& options = {});
   DataParallel(std::shared_ptr<torch::nn::Module> module, World& world,
