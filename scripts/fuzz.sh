@@ -2,12 +2,14 @@
 # Builds the libFuzzer targets (fuzz/) with clang into build-sanitize, or
 # $DPTRAIN_SANITIZE_BUILD_DIR (scripts/configure-sanitized.sh: the build scripts/sanitize.sh
 # makes, whose library they reuse), and runs them all at once, each for the given seconds
-# (default 60) from its seed corpus in fuzz/corpus/.
+# (default 60) from its seed corpus in fuzz/corpus/; --build-only builds them alone.
 # Crashes land in build-sanitize/crashes/<target>/ and make the script exit non-zero; the corpus
 # grown while fuzzing stays in build-sanitize/corpus/, never in the source tree.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 seconds="${1:-60}"
+build_only=false
+[ "$seconds" = --build-only ] && build_only=true
 build_dir="${DPTRAIN_SANITIZE_BUILD_DIR:-build-sanitize}"
 # clang, libFuzzer with clang's sanitizer runtimes, and llvm-symbolizer for readable stacks.
 bash scripts/install-deps.sh clang libclang-rt-14-dev llvm
@@ -16,6 +18,7 @@ bash scripts/configure-sanitized.sh "$build_dir"
 targets=()
 for source in fuzz/fuzz_*.cpp; do targets+=("$(basename "$source" .cpp)"); done
 cmake --build "$build_dir" -j "${DPTRAIN_SANITIZE_JOBS:-$(nproc)}" --target "${targets[@]}"
+if $build_only; then exit 0; fi
 
 # A leak in a parser fails the run like a crash: libFuzzer runs LeakSanitizer after any input
 # whose allocations and frees do not balance.

@@ -10,7 +10,7 @@
 set -euo pipefail
 
 packages=(
-  cmake g++ make
+  cmake g++ make ninja-build
   libtorch-dev libgloo-dev      # LibTorch 1.13 (CPU) and the Gloo headers c10d needs
   libcxxopts-dev libgtest-dev zlib1g-dev
   libtcmalloc-minimal4          # the dptrain binary's malloc, linked (core/cpu_allocator.h)

@@ -5,8 +5,11 @@
 # numbers, the command line, the rendezvous, the reducer, checkpoints, one binary run of each
 # kind. Not the training and multi-process tests (label `slow`): they spend minutes in LibTorch,
 # which is not instrumented.
+# --build-only: the build alone (.ci/run builds it beside the other tests, at the lowest priority).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+build_only=false
+[ "${1:-}" = --build-only ] && build_only=true
 build_dir="${DPTRAIN_SANITIZE_BUILD_DIR:-build-sanitize}"
 suppressions="$PWD/tests/sanitizers"
 # clang, clang's sanitizer runtimes and libFuzzer, and llvm-symbolizer for readable stacks.
@@ -20,6 +23,7 @@ export UBSAN_OPTIONS="suppressions=$suppressions/ubsan.supp:print_stacktrace=1:h
 
 bash scripts/configure-sanitized.sh "$build_dir"
 cmake --build "$build_dir" -j "${DPTRAIN_SANITIZE_JOBS:-$(nproc)}" --target dptrain_test_binaries
+if $build_only; then exit 0; fi
 
 # The quick tests (tests/CMakeLists.txt, Note [One test binary per layer]): every layer's tests
 # but those its binary names as slow, as GoogleTest shards, two at a time on two cores. Their

@@ -6,15 +6,21 @@ included. LibTorch's headers are left out both ways (.clang-tidy says why). Not 
 fuzz/ and bench/ (their includes serve GoogleTest and the fuzzers' own builds).
 
     python3 tests/include_check.py --build BUILD [--clang-tidy PATH] [--only FILE...] [--fix]
-                                   [ROOT]       # the check; --fix edits the includes as it says
+                                   [--all] [--update-verified] [ROOT]
+                                                # the check; --fix edits the includes as it says
     python3 tests/include_check.py --build BUILD --self-test  # plants an unused and a missing
                                                               # include in a copy, which must fail
+
+Files whose inputs are those of an earlier passing check are not checked again (Note [Files
+verified earlier]): after changing lib/ or app/, run it with --update-verified and commit
+tests/include_check_verified.txt with the change; --all checks every file.
 
 clang-tidy is PyPI's wheel, pinned in scripts/test-venv.sh (Debian 12's is version 14, which lacks
 the check). When it fails, remove the include or include the header that declares the name.
 """
 import argparse
 import concurrent.futures
+import hashlib
 import json
 import os
 import re
@@ -32,6 +38,22 @@ PATTERNS = [("lib/src", ".cpp"), ("app", ".cpp"), ("lib/include/dptrain", ".h"),
 FINDING = re.compile(r"^(.*?):(\d+):(\d+): (?:warning|error): (.*?)(?: \[[\w.-]+\])?$", re.M)
 # Compiled only under DPTRAIN_WITH_CUDA: CI's build has no CUDA headers to parse it with.
 CUDA_ONLY = ("lib/src/train/cuda_event.h",)
+VERIFIED = os.path.join(HERE, "tests", "include_check_verified.txt")
+QUOTED_INCLUDE = re.compile(r'^\s*#\s*include\s*"([^"]+)"', re.M)
+
+# Note [Files verified earlier]
+# clang-tidy spends some 6 to 11 s of CPU on each file, nearly all of it parsing LibTorch's
+# headers, so the whole check takes 3.5 minutes of CI's two cores on an AVX-512 EPYC and 10.5 on
+# an AVX2 one (bench/results/2026-12-04-ci-times.md). Its verdict on a file is a function of its
+# inputs: the file, the files of ours it includes (transitively), its compile flags, the
+# .clang-tidy options and the tools and libraries (clang-tidy, the compiler, glibc, LibTorch,
+# protoc). tests/include_check_verified.txt holds, for each file of the last passing check, a
+# SHA-256 of all of them (verified_key); a file whose key is there passed with exactly these
+# inputs and is not parsed again. A key differs, and the file is checked, when any input
+# differs: a change to the file or to a header of ours it reaches, other flags, another
+# LibTorch (2.x), a newer compiler. So a stale list costs time, never a finding: a commit that
+# changes lib/ or app/ without --update-verified is checked in full where it changed. Includes of
+# ours are followed by their quoted #include lines (any branch of an #if: more inputs, not fewer).
 
 
 def files(root):
@@ -91,6 +113,112 @@ def openmp_folder(scratch):
     return folder
 
 
+def version(command):
+    try:
+        return subprocess.run(command, capture_output=True, text=True).stdout.strip()
+    except OSError:
+        return "absent"
+
+
+def tool_inputs(clang_tidy, build, root):
+    """What every file's verdict depends on besides its own sources and flags: the tools and
+    libraries, as text."""
+    with open(os.path.join(build, "CMakeCache.txt"), encoding="utf-8") as f:
+        torch_dir = re.search(r"^Torch_DIR:PATH=(.*)$", f.read(), re.M)
+    torch_version = ""
+    if torch_dir:
+        version_file = os.path.join(torch_dir.group(1), "TorchConfigVersion.cmake")
+        if os.path.exists(version_file):
+            with open(version_file, encoding="utf-8") as f:
+                torch_version = f.read()
+    with open(os.path.join(root, ".clang-tidy"), encoding="utf-8") as f:
+        config = f.read()
+    return "\n".join([version([clang_tidy, "--version"]), config,
+                      version(["g++", "-dumpfullversion"]),
+                      os.confstr("CS_GNU_LIBC_VERSION") or "", torch_version,
+                      version(["protoc", "--version"])])
+
+
+def ours_included(path, root, found):
+    """Adds to `found` the files of ours that `path` includes, and theirs (quoted includes,
+    resolved beside the includer, then in lib/include; a protoc header by its .proto); a name
+    found nowhere is kept as a name."""
+    with open(path, encoding="utf-8") as f:
+        text = f.read()
+    for name in QUOTED_INCLUDE.findall(text):
+        for candidate in (os.path.join(os.path.dirname(path), name),
+                          os.path.join(root, "lib", "include", name)):
+            if os.path.isfile(candidate):
+                candidate = os.path.realpath(candidate)
+                if candidate not in found:
+                    found.add(candidate)
+                    ours_included(candidate, root, found)
+                break
+        else:
+            # protoc's header, generated from the .proto beside the includer: that file counts.
+            proto = os.path.join(os.path.dirname(path), name[:-len(".pb.h")] + ".proto")
+            if name.endswith(".pb.h") and os.path.isfile(proto):
+                found.add(os.path.realpath(proto))
+            else:
+                found.add("unresolved:" + name)
+
+
+def normalised_commands(database, build, root):
+    """{source path: its compile command without paths of this clone or build}."""
+    with open(os.path.join(database, "compile_commands.json"), encoding="utf-8") as f:
+        entries = json.load(f)
+    commands = {}
+    for e in entries:
+        words = e["command"].split()
+        kept = [w for i, w in enumerate(words) if w not in ("-o", "-c") and
+                (i == 0 or words[i - 1] not in ("-o", "-c"))]
+        text = " ".join(kept).replace(os.path.realpath(build), "BUILD").replace(
+            os.path.realpath(root), "ROOT")
+        commands[os.path.realpath(os.path.join(e["directory"], e["file"]))] = text
+    return commands
+
+
+def verified_key(path, root, tools, commands):
+    """SHA-256 of every input of the check's verdict on `path` (Note [Files verified earlier])."""
+    digest = hashlib.sha256(tools.encode())
+    real = os.path.realpath(path)
+    # A header has no command of its own: clang-tidy borrows a source's, so all of them count.
+    flags = [commands[real]] if real in commands else sorted(set(commands.values()))
+    digest.update("\n".join(flags).encode())
+    inputs = {real}
+    ours_included(real, root, inputs)
+    for item in sorted(inputs):
+        if item.startswith("unresolved:"):
+            digest.update(item.encode())
+            continue
+        with open(item, "rb") as f:
+            digest.update(os.path.relpath(item, root).encode() + b"\0" +
+                          hashlib.sha256(f.read()).digest())
+    return digest.hexdigest()
+
+
+def read_verified():
+    """{relative path: key} of tests/include_check_verified.txt, or {} without it."""
+    if not os.path.exists(VERIFIED):
+        return {}
+    verified = {}
+    with open(VERIFIED, encoding="utf-8") as f:
+        for line in f:
+            if line.strip() and not line.startswith("#"):
+                name, key = line.split()
+                verified[name] = key
+    return verified
+
+
+def write_verified(keys):
+    lines = ["# Written by tests/include_check.py --update-verified: each file of lib/ and app/ "
+             "that passed,",
+             "# with the SHA-256 of the inputs it passed with (Note [Files verified earlier]).",
+             *[f"{name} {key}" for name, key in sorted(keys.items())]]
+    with open(VERIFIED, "w", encoding="utf-8") as f:
+        f.write("\n".join(lines) + "\n")
+
+
 def tidy(clang_tidy, database, openmp, root, path, fix):
     """misc-include-cleaner's findings in one file, and any error that stopped it, as lines
     relative to `root` (with `fix`, the file's includes edited as the check suggests)."""
@@ -106,13 +234,26 @@ def tidy(clang_tidy, database, openmp, root, path, fix):
     return findings
 
 
-def check(clang_tidy, build, root, only, fix=False):
+def check(clang_tidy, build, root, only, fix=False, use_verified=False, update_verified=False):
+    """(findings, files checked, files verified earlier and skipped)."""
     paths = [os.path.join(root, p) for p in only] if only else files(root)
     with tempfile.TemporaryDirectory() as scratch, \
             concurrent.futures.ThreadPoolExecutor(os.cpu_count() or 1) as pool:
         database, openmp = compile_database(build, root, scratch), openmp_folder(scratch)
-        results = pool.map(lambda p: tidy(clang_tidy, database, openmp, root, p, fix), paths)
-        return [finding for result in results for finding in result], len(paths)
+        keys = {}
+        if use_verified or update_verified:
+            tools = tool_inputs(clang_tidy, build, root)
+            commands = normalised_commands(database, build, root)
+            keys = {os.path.relpath(p, root): verified_key(p, root, tools, commands)
+                    for p in paths}
+        verified = read_verified() if use_verified else {}
+        unchecked = [p for p in paths if verified.get(os.path.relpath(p, root)) !=
+                     keys.get(os.path.relpath(p, root), "")]
+        results = pool.map(lambda p: tidy(clang_tidy, database, openmp, root, p, fix), unchecked)
+        findings = [finding for result in results for finding in result]
+        if update_verified and not findings:
+            write_verified(keys)
+        return findings, len(unchecked), len(paths) - len(unchecked)
 
 
 def self_test(args):
@@ -140,6 +281,10 @@ def main():
         os.path.dirname(sys.executable), "clang-tidy"), help="clang-tidy 18 or later")
     parser.add_argument("--only", nargs="*", default=[], help="files to check, from ROOT")
     parser.add_argument("--fix", action="store_true", help="edit the includes as it suggests")
+    parser.add_argument("--all", action="store_true",
+                        help="check every file, also those verified earlier")
+    parser.add_argument("--update-verified", action="store_true",
+                        help="when every file passes, write tests/include_check_verified.txt")
     parser.add_argument("--self-test", action="store_true")
     parser.add_argument("root", nargs="?", default=HERE)
     args = parser.parse_args()
@@ -153,16 +298,27 @@ def main():
         return 1
     if args.self_test:
         return self_test(args)
-    findings, count = check(args.clang_tidy, args.build, args.root, args.only,
-                             args.fix)
+    this_checkout = os.path.realpath(args.root) == os.path.realpath(HERE)
+    if args.update_verified and (args.only or args.fix or not this_checkout):
+        print("includes: --update-verified takes the whole tree of this checkout, without --only "
+              "or --fix")
+        return 1
+    # The list of verified files speaks of this checkout's tree only (not of a copy's).
+    use_verified = not (args.all or args.only or args.fix) and this_checkout
+    findings, count, skipped = check(args.clang_tidy, args.build, args.root, args.only,
+                                     args.fix, use_verified, args.update_verified)
     for finding in findings:
         print(finding)
     if findings:
         print(f"includes: {len(findings)} finding(s) in {count} files; remove the include, or "
               f"include the header that declares the name")
         return 1
-    print(f"includes: every include of the {count} files of lib/ and app/ is used, and every "
-          f"name's header included")
+    earlier = (f"; {skipped} more passed earlier with the same inputs "
+               f"(tests/include_check_verified.txt)" if skipped else "")
+    print(f"includes: every include of the {count} files of lib/ and app/ checked is used, and "
+          f"every name's header included{earlier}")
+    if args.update_verified:
+        print(f"includes: wrote {os.path.relpath(VERIFIED, HERE)}")
     return 0
 
 
