@@ -49,51 +49,15 @@ sys.path.insert(0, os.path.join(ROOT, "scripts"))
 from pytorch_peer import load_set  # noqa: E402
 from pytorch_resnet import resnet18  # noqa: E402
 from read_checkpoint import read_checkpoint  # noqa: E402
+from dptrain_draws import epoch_order  # noqa: E402
 
-MASK = (1 << 64) - 1
 TRAIN_SIZE = 60000
 BATCH = 512
 WORLD = 2
 LR = 0.2
 
 
-# ---- dptrain's data order, bit for bit (lib/src/core/random.cpp, lib/src/data/batching.cpp) ----
-
-class Rng:
-    """SplitMix64, as dptrain::Rng."""
-
-    def __init__(self, seed):
-        self.state = seed & MASK
-
-    def next_u64(self):
-        self.state = (self.state + 0x9E3779B97F4A7C15) & MASK
-        z = self.state
-        z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & MASK
-        z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & MASK
-        return z ^ (z >> 31)
-
-    def next_below(self, bound):
-        threshold = ((1 << 64) - bound) % bound
-        while True:
-            draw = self.next_u64()
-            if draw >= threshold:
-                return draw % bound
-
-
-def derive_seed(seed, stream):
-    mixer = Rng(seed ^ ((stream * 0xD1B54A32D192ED03) & MASK))
-    mixer.next_u64()
-    return mixer.next_u64()
-
-
-def epoch_order(n, seed, epoch):
-    rng = Rng(derive_seed(seed, epoch))
-    order = list(range(n))
-    for i in range(n - 1, 0, -1):
-        j = rng.next_below(i + 1)
-        order[i], order[j] = order[j], order[i]
-    return order
-
+# ---- dptrain's shards (lib/src/data/batching.cpp); its order is tests/support/dptrain_draws.py's --
 
 def shard_range(global_size, world_size, rank):
     base, extra = divmod(global_size, world_size)
@@ -152,7 +116,7 @@ def peer_rank(rank, args, port, start_path, out_path):
     model.train()
     done = 0
     while done < args.peer_steps:
-        order = torch.tensor(epoch_order(TRAIN_SIZE, args.seed, epoch), dtype=torch.int64)
+        order = epoch_order(TRAIN_SIZE, args.seed, epoch)
         for b in range(per_epoch):
             if done == args.peer_steps:
                 break
