@@ -256,8 +256,32 @@ def check(clang_tidy, build, root, only, fix=False, use_verified=False, update_v
         return findings, len(unchecked), len(paths) - len(unchecked)
 
 
+def staleness_guard_fails(build):
+    """configured_before on a tree of one CMakeLists.txt, before and after the build's database
+    (a newer file in a build folder of the tree does not count): the wrong verdict, or None."""
+    made = os.path.getmtime(os.path.join(build, "compile_commands.json"))
+    with tempfile.TemporaryDirectory() as root:
+        for folder in ("lib", "build-x"):
+            os.makedirs(os.path.join(root, folder))
+            with open(os.path.join(root, folder, "CMakeLists.txt"), "w", encoding="utf-8"):
+                pass
+        lists = os.path.join(root, "lib", "CMakeLists.txt")
+        os.utime(os.path.join(root, "build-x", "CMakeLists.txt"), (made + 60, made + 60))
+        for offset, expected in ((-60, None), (60, os.path.join("lib", "CMakeLists.txt"))):
+            os.utime(lists, (made + offset, made + offset))
+            found = configured_before(build, root)
+            if found != expected:
+                return f"a CMakeLists.txt {offset:+d} s from the database gave {found!r}"
+    return None
+
+
 def self_test(args):
-    """A copy with an unused include and a missing one planted in one source must fail there."""
+    """A copy with an unused include and a missing one planted in one source must fail there;
+    --update-verified must refuse a build configured before a CMake file changed."""
+    wrong = staleness_guard_fails(args.build)
+    if wrong:
+        print(f"include self-test: --update-verified's check of the build folder failed: {wrong}")
+        return 1
     planted = "lib/src/core/random.cpp"
 
     def unused(copy):
@@ -272,6 +296,21 @@ def self_test(args):
     extra = ["--build", args.build, "--clang-tidy", args.clang_tidy, "--only", planted, "--"]
     return self_test_support.run_self_test("include", os.path.abspath(__file__), HERE,
                                            ("lib", "app", ".clang-tidy"), plants, extra)
+
+
+def configured_before(build, root):
+    """A CMake file of the tree newer than the build's compile_commands.json, or None: keys made
+    from such a build would hold flags that a fresh build no longer has, and a fresh clone would
+    check every file again."""
+    made = os.path.getmtime(os.path.join(build, "compile_commands.json"))
+    for directory, folders, names in os.walk(root):
+        folders[:] = [f for f in folders if not f.startswith((".", "build"))]
+        for name in names:
+            path = os.path.join(directory, name)
+            if (name == "CMakeLists.txt" or name.endswith(".cmake")) and \
+                    os.path.getmtime(path) > made:
+                return os.path.relpath(path, root)
+    return None
 
 
 def main():
@@ -303,6 +342,12 @@ def main():
         print("includes: --update-verified takes the whole tree of this checkout, without --only "
               "or --fix")
         return 1
+    if args.update_verified:
+        stale = configured_before(args.build, args.root)
+        if stale:
+            print(f"includes: {args.build} was configured before {stale} last changed, so its "
+                  f"compile commands are not this tree's; build it, then --update-verified")
+            return 1
     # The list of verified files speaks of this checkout's tree only (not of a copy's).
     use_verified = not (args.all or args.only or args.fix) and this_checkout
     findings, count, skipped = check(args.clang_tidy, args.build, args.root, args.only,
