@@ -198,12 +198,15 @@ int physical_cores_counted_from_siblings() {
 // with: a default that follows LibTorch's then fails wherever the process may use two physical
 // cores or more (the one-core runner cannot tell them apart). OMP_NUM_THREADS is set before a
 // fresh process starts, as a user sets it, to two more threads than this machine has CPUs: no
-// count of cores can pass for it.
+// count of cores can pass for it. A LibTorch with MKL (PyPI's) sizes OpenMP's pool by MKL's
+// count, which MKL caps at the physical cores while MKL_DYNAMIC is on (its default: 2.11 takes 2
+// of OMP_NUM_THREADS=4 on two cores, and 4 with MKL_DYNAMIC=FALSE), so the child turns that off.
 TEST(DefaultIntraOpThreads, OmpNumThreadsWinsElseThePhysicalCoresThisThreadMayUse) {
   const int cores = usable_cpu_cores();
   {
     const int asked = cores + 2;
     const testing::FreshChildEnvironment omp("OMP_NUM_THREADS", std::to_string(asked));
+    const testing::FreshChildEnvironment mkl("MKL_DYNAMIC", "FALSE");
     EXPECT_EXIT(std::_Exit(default_intra_op_threads(std::getenv("OMP_NUM_THREADS")).threads),
                 ::testing::ExitedWithCode(asked), "");
   }
