@@ -17,8 +17,9 @@ recipe), and the ratios compare each precision with its own peers and bf16 with 
 (ONEDNN_VERBOSE=1; the executions of a 2-step run less those of a 1-step run, one replica) by
 kind and implementation, e.g. "convolution brg:avx512_core_bf16".
 Contestants whose program is missing are left out, saying so. dptrain-V-system-allocator
-(dptrain with --cpu-allocator system, which binaries that link tcmalloc run by default) runs only
-when --only names it.
+(dptrain with --cpu-allocator system, which binaries that link tcmalloc run by default) and
+dptrain-V-channels-last (--memory-format channels-last, --recipe fast's layout, where the default
+is contiguous: a CPU without AVX-512) run only when --only names them.
 
 Every round runs each contestant once, in an order rotated from round to round; round 0 warms
 caches (and Inductor's) and is not counted. Each run trains --warmup steps, then --steps steps
@@ -213,6 +214,10 @@ def torch_version(python):
     return result.stdout.strip() if result.returncode == 0 else None
 
 
+# Contestants that run only when --only names them.
+ONLY_WHEN_NAMED = ("-system-allocator", "-channels-last")
+
+
 def contestants(args):
     chosen, missing = [], []
     precisions = args.precisions.split(",")
@@ -226,6 +231,9 @@ def contestants(args):
             # for a binary that links tcmalloc (bench/results/2026-12-04-cpu-allocators.md)
             chosen.append(dptrain_contestant(name + "-system-allocator", binary,
                                              name.split("-")[1], ["--cpu-allocator", "system"]))
+            # channels-last where the default is contiguous (an AVX2 CPU): --recipe fast's layout
+            chosen.append(dptrain_contestant(name + "-channels-last", binary, name.split("-")[1],
+                                             ["--memory-format", "channels-last"]))
         else:
             missing.append(f"{name} ({binary} is not built)")
     tuned = ["--channels-last", "--inplace"]
@@ -243,7 +251,7 @@ def contestants(args):
                                               tuned + ["--compile"] + amp))
     wanted = set(args.only.split(",")) if args.only else None
     chosen = [c for c in chosen if (c["name"] in wanted if wanted else
-                                    not c["name"].endswith("-system-allocator"))]
+                                    not c["name"].endswith(ONLY_WHEN_NAMED))]
     return chosen, missing
 
 

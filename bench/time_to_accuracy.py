@@ -15,9 +15,10 @@ bench/recipe_flags.py), choosing the recipe (the --val-split search).
     /usr/bin/python3 bench/time_to_accuracy.py --dptrain build/app/dptrain --threads 2 \
         --width 16 --epochs 10 --target 0.93 --momentum 0.9 --nesterov ... --seeds 0,1,2
 
-The peer runs tuned (--peer-flags, default the in-place ReLUs, and channels-last where dptrain's
-auto layout picks it; --peer-flags "... --compile" with a torch 2.x --python), with the same
---amp. The peer's --val-split holds out as many images as dptrain's, but not the same ones.
+dptrain runs in --layout, by default channels-last as `--recipe fast` asks where the CPU has AVX2
+(else contiguous). The peer runs tuned (--peer-flags, default the in-place ReLUs, and
+channels-last exactly where dptrain runs it; --peer-flags "... --compile" with a torch 2.x
+--python), with the same --amp. The peer's --val-split holds out as many images as dptrain's, but not the same ones.
 """
 import argparse
 import datetime
@@ -89,7 +90,8 @@ def common_argv(args, seed):
 
 def dptrain_command(args, seed, metrics):
     return ([args.dptrain, "train", "--devices", "cpu", "--quiet", "--metrics", metrics] +
-            common_argv(args, seed) + shlex.split(args.dptrain_flags))
+            common_argv(args, seed) + ["--memory-format", args.layout] +
+            shlex.split(args.dptrain_flags))
 
 
 def peer_command(args, seed):
@@ -148,7 +150,8 @@ def write_report(record, base):
              f"Machine: {m['cpu']}, {m['cores']} cores, flags: "
              f"{', '.join(m['flags']) or 'none of these'} (of {', '.join(NOTED_FLAGS)}). "
              f"Width {s['width']}, batch {s['batch_size']}, {s['epochs']} epochs, lr {s['lr']}, "
-             f"{s['threads']} threads, amp {s['amp']}; recipe: "
+             f"{s['threads']} threads, amp {s['amp']}, dptrain's layout {s['layout']}, the "
+             f"peer's flags `{s['peer_flags']}`; recipe: "
              f"`{' '.join(s['recipe']) or 'the book (no recipe flags)'}`. Runs alternate, "
              f"dptrain then the peer for each seed. Time: from the first step to the end of "
              f"the first epoch at or above the target, training and evaluation (eval apart). "
@@ -207,10 +210,16 @@ def settings_with_defaults(args):
     for key, value in preset.items():
         if getattr(args, key) is None:
             setattr(args, key, value)
+    flags = cpu_flags()
+    if args.layout is None:  # as --recipe fast, which dptrain refuses below AVX2
+        args.layout = "channels-last" if "avx2" in flags else "contiguous"
     if args.peer_flags is None:
-        # channels-last only where dptrain's auto layout picks it: on AVX2-only CPUs LibTorch's
-        # channels-last CPU kernels corrupt the heap (docs/channels-last.md)
-        args.peer_flags = "--inplace" + (" --channels-last" if "avx512f" in cpu_flags() else "")
+        # The peer in dptrain's layout (auto: channels-last where the CPU has AVX-512). In
+        # channels-last on AVX2 kernels the peer runs oneDNN's strided 1x1 convolution, whose
+        # backward dptrain avoids (docs/channels-last.md); at width 16 it has not failed there.
+        channels_last = args.layout == "channels-last" or (args.layout == "auto" and
+                                                           "avx512f" in flags)
+        args.peer_flags = "--inplace" + (" --channels-last" if channels_last else "")
 
 
 def parser():
@@ -221,7 +230,10 @@ def parser():
     p.add_argument("--peer-script", default=os.path.join(HERE, "recipe_peer.py"))
     p.add_argument("--peer-flags", default=None,
                    help="the peer's own tuning flags (default: the tuned peer's, --inplace, and "
-                        "--channels-last where the CPU has AVX-512 as dptrain's auto layout)")
+                        "--channels-last where dptrain runs channels-last)")
+    p.add_argument("--layout", choices=["auto", "channels-last", "contiguous"], default=None,
+                   help="dptrain's --memory-format (default: channels-last, as --recipe fast, "
+                        "where the CPU has AVX2, else contiguous)")
     p.add_argument("--dptrain-flags", default="", help="dptrain's own extra flags")
     p.add_argument("--data-dir", default=os.environ.get("DPTRAIN_DATA") or
                    "/usr/share/datasets/fashion-mnist")
@@ -274,7 +286,8 @@ def main(argv=None):
                      "lr": args.lr, "threads": args.threads, "amp": args.amp,
                      "target": args.target, "train_limit": args.train_limit,
                      "test_limit": args.test_limit, "seeds": seeds,
-                     "recipe": recipe_argv(args), "peer_flags": args.peer_flags,
+                     "recipe": recipe_argv(args), "layout": args.layout,
+                     "peer_flags": args.peer_flags,
                      "dptrain_flags": args.dptrain_flags},
         "runs": runs, "summary": summary, "notes": notes,
     }

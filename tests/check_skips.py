@@ -70,6 +70,7 @@ def machine_facts(build_dir=None):
         "always": True,
         "no-gpu": not gpu,
         "gpu": gpu,
+        "no-avx2": "avx2" not in flags,
         "no-avx512": "avx512f" not in flags,
         "avx512": "avx512f" in flags,
         "root": os.geteuid() == 0,
@@ -79,7 +80,7 @@ def machine_facts(build_dir=None):
     }
 
 
-CONDITIONS = ("always", "no-gpu", "gpu", "no-avx512", "avx512", "root", "not-root", "sanitizer",
+CONDITIONS = ("always", "no-gpu", "gpu", "no-avx2", "no-avx512", "avx512", "root", "not-root", "sanitizer",
               "pypi-libtorch")
 
 

@@ -8,6 +8,7 @@
 
 #include "cli.h"
 #include "dptrain/core/errors.h"
+#include "dptrain/model/memory_format.h"
 #include "dptrain/train/recipe.h"
 #include "support/test_support.h"
 
@@ -135,6 +136,7 @@ TEST(RecipeFlags, APresetIsItsFlagsWhereItStands) {
   EXPECT_EQ(book.epochs, plain.epochs);
   EXPECT_EQ(book.lr, plain.lr);
   EXPECT_EQ(book.amp, plain.amp);
+  EXPECT_EQ(book.memory_format, plain.memory_format);
 }
 
 TEST(RecipeFlags, TheFastPresetIsTheSearchsChoiceAndLaterFlagsOverrideIt) {
@@ -143,6 +145,7 @@ TEST(RecipeFlags, TheFastPresetIsTheSearchsChoiceAndLaterFlagsOverrideIt) {
   EXPECT_EQ(fast.batch_size, 256);
   EXPECT_EQ(fast.epochs, 6);
   EXPECT_EQ(fast.lr, 0.1);
+  EXPECT_EQ(fast.memory_format, MemoryFormat::kChannelsLast);
   EXPECT_EQ(recipe_flags(fast.recipe),
             "--momentum 0.9 --nesterov --weight-decay 0.0005 --weight-decay-skip-norm-bias "
             "--lr-schedule onecycle --warmup-epochs 1 --label-smoothing 0.1");
@@ -150,8 +153,12 @@ TEST(RecipeFlags, TheFastPresetIsTheSearchsChoiceAndLaterFlagsOverrideIt) {
   EXPECT_EQ(longer.epochs, 8);
   EXPECT_EQ(longer.width, 8);
   EXPECT_EQ(longer.recipe.sgd.momentum, 0.9);
+  EXPECT_EQ(parse_train({"--recipe", "fast", "--memory-format", "contiguous"}).memory_format,
+            MemoryFormat::kContiguous);
   // The book's after the fast one undoes it whole.
-  EXPECT_TRUE(is_book_recipe(parse_train({"--recipe", "fast", "--recipe", "book"}).recipe));
+  const auto undone = parse_train({"--recipe", "fast", "--recipe", "book"});
+  EXPECT_TRUE(is_book_recipe(undone.recipe));
+  EXPECT_EQ(undone.memory_format, MemoryFormat::kAuto);
 }
 
 }  // namespace

@@ -91,6 +91,35 @@ TEST(GuardedKernelsDeathTest, Avx2ChannelsLastConvolutionStopsAtTheGuardPage) {
       ::testing::ExitedWithCode(0), "");
 }
 
+// The AVX2 kernels, which every x86 CPU dptrain meets can run (ONEDNN_MAX_CPU_ISA=AVX2 selects
+// them on an AVX-512 CPU too), at the widths whose stage-2 shortcut overruns natively (1 to 7)
+// and beyond: with the strided 1x1 convolution out of the way (Note [The strided 1x1 convolution
+// on the CPU]), every training step must stay inside its tensors, at the batches above and at
+// an odd one. This is what lets dptrain run channels-last on AVX2 kernels.
+TEST(GuardedKernelsDeathTest, Avx2ChannelsLastTrainsEveryWidthInBoundsWithoutTheStridedKernel) {
+#if !(defined(__x86_64__) || defined(__i386__))
+  GTEST_SKIP() << "oneDNN's AVX2 kernels exist only on x86";
+#endif
+  if (!__builtin_cpu_supports("avx2")) GTEST_SKIP() << "this CPU has no AVX2";
+  for (const int threads : {1, 2}) {
+    EXPECT_EXIT(
+        {
+          ::setenv("ONEDNN_MAX_CPU_ISA", "AVX2", 1);
+          install_cpu_allocator(CpuAllocatorKind::kGuarded);
+          at::set_num_threads(threads);
+          for (int64_t width = 1; width <= 16; ++width) {
+            model_step(width, 256);
+            model_step(width, 96);
+            model_step(width, 31);
+          }
+          model_step(64, 16);
+          std::exit(0);
+        },
+        ::testing::ExitedWithCode(0), "")
+        << threads << " thread(s)";
+  }
+}
+
 TEST(GuardedKernelsDeathTest, Avx512ChannelsLastTrainsEveryWidthInBounds) {
   if (!has_avx512()) GTEST_SKIP() << "this CPU has no AVX-512: dptrain keeps it contiguous";
   if (const char* cap = std::getenv("ONEDNN_MAX_CPU_ISA"); cap && *cap) {

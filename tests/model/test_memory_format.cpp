@@ -1,5 +1,5 @@
 // Tests of the layout choice (memory_format.h): the defaults per device, the refusal of
-// channels-last where oneDNN runs its AVX2 kernels, and how the ISA cap is read.
+// channels-last where oneDNN runs kernels below AVX2, and how the ISA cap is read.
 #include <gtest/gtest.h>
 #include <stdlib.h>
 
@@ -22,10 +22,19 @@ using dptrain::resolve_memory_format;
 const torch::Device kCpu(torch::kCPU);
 const torch::Device kCuda(torch::kCUDA, 0);
 
+// A CPU with AVX-512 (and so AVX2), or with neither, under an ISA cap.
 CpuKernels kernels(bool avx512, const std::string& cap = "") {
   CpuKernels cpu;
+  cpu.avx2 = avx512;
   cpu.avx512 = avx512;
   cpu.isa_cap = cap;
+  return cpu;
+}
+
+// A CPU with AVX2 and no AVX-512 (AMD EPYC up to Zen 3).
+CpuKernels avx2_kernels(const std::string& cap = "") {
+  auto cpu = kernels(false, cap);
+  cpu.avx2 = true;
   return cpu;
 }
 
@@ -40,7 +49,10 @@ TEST(ResolveMemoryFormat, AutoIsChannelsLastOnCudaAndOnAvx512KernelsElseContiguo
   EXPECT_EQ(resolve_memory_format(MemoryFormat::kAuto, kCpu, kernels(true, "avx512_core")),
             MemoryFormat::kChannelsLast);
 #endif
-  for (const auto& cpu : {kernels(false), kernels(true, "AVX2"), kernels(true, "avx2_vnni")}) {
+  // Contiguous on AVX2 kernels, though channels-last is allowed there: Note [Why auto stays
+  // contiguous on AVX2].
+  for (const auto& cpu : {kernels(false), avx2_kernels(), kernels(true, "AVX2"),
+                          kernels(true, "avx2_vnni"), kernels(true, "SSE41")}) {
     EXPECT_EQ(resolve_memory_format(MemoryFormat::kAuto, kCpu, cpu), MemoryFormat::kContiguous)
         << "cap '" << cpu.isa_cap << "'";
   }
@@ -57,6 +69,14 @@ TEST(ResolveMemoryFormat, ExplicitChoicesStandWhereTheyAreSafe) {
             MemoryFormat::kChannelsLast);
   EXPECT_EQ(resolve_memory_format(MemoryFormat::kChannelsLast, kCpu, kernels(true, "avx512_core")),
             MemoryFormat::kChannelsLast);
+  // The AVX2 kernels, sound in channels-last with the strided 1x1 kernel out of the way (Note
+  // [Channels-last on the CPU]).
+  for (const auto& cpu :
+       {avx2_kernels(), avx2_kernels("AVX2"), avx2_kernels("avx2_vnni"), kernels(true, "AVX2")}) {
+    EXPECT_EQ(resolve_memory_format(MemoryFormat::kChannelsLast, kCpu, cpu),
+              MemoryFormat::kChannelsLast)
+        << "cap '" << cpu.isa_cap << "'";
+  }
 }
 
 #if defined(__x86_64__) || defined(__i386__)
@@ -70,16 +90,16 @@ std::optional<std::string> refusal(const CpuKernels& cpu) {
   return std::nullopt;
 }
 
-TEST(ResolveMemoryFormat, ChannelsLastOnAvx2KernelsIsAUsageErrorNamingTheFlag) {
-  for (const auto& cpu : {kernels(false), kernels(true, "AVX2"), kernels(true, "avx2"),
-                          kernels(true, "AVX2_VNNI"), kernels(true, "SSE41")}) {
+TEST(ResolveMemoryFormat, ChannelsLastBelowAvx2KernelsIsAUsageErrorNamingTheFlag) {
+  for (const auto& cpu : {kernels(false), kernels(true, "AVX"), kernels(true, "sse41"),
+                          avx2_kernels("SSE41"), avx2_kernels("AVX")}) {
     const auto message = refusal(cpu);
     ASSERT_TRUE(message) << "not refused with cap '" << cpu.isa_cap << "'";
     EXPECT_NE(message->find("--memory-format channels-last"), std::string::npos) << *message;
     EXPECT_NE(message->find("--memory-format contiguous"), std::string::npos) << *message;
   }
-  EXPECT_NE(refusal(kernels(false))->find("this CPU has no AVX-512"), std::string::npos);
-  EXPECT_NE(refusal(kernels(true, "AVX2"))->find("the oneDNN ISA cap AVX2 turns AVX-512 off"),
+  EXPECT_NE(refusal(kernels(false))->find("this CPU has no AVX2"), std::string::npos);
+  EXPECT_NE(refusal(avx2_kernels("AVX"))->find("the oneDNN ISA cap AVX turns AVX2 off"),
             std::string::npos);
 }
 #endif
@@ -91,6 +111,18 @@ TEST(CpuKernelsTest, AnIsaCapBelowAvx512DisablesIt) {
   EXPECT_FALSE(kernels(true, "AVX2").runs_avx512());
   EXPECT_FALSE(kernels(false).runs_avx512());
   EXPECT_FALSE(kernels(false, "ALL").runs_avx512());
+}
+
+TEST(CpuKernelsTest, AnIsaCapBelowAvx2DisablesIt) {
+  EXPECT_TRUE(avx2_kernels().runs_avx2());
+  EXPECT_TRUE(avx2_kernels("AVX2_VNNI").runs_avx2());
+  EXPECT_TRUE(kernels(true).runs_avx2());
+  EXPECT_TRUE(kernels(true, "AVX2").runs_avx2());
+  EXPECT_FALSE(avx2_kernels().runs_avx512());
+  EXPECT_FALSE(avx2_kernels("AVX").runs_avx2());
+  EXPECT_FALSE(kernels(true, "SSE41").runs_avx2());
+  EXPECT_FALSE(kernels(false).runs_avx2());
+  EXPECT_FALSE(kernels(false, "ALL").runs_avx2());
 }
 
 // Sets an environment variable for one test and restores it after.
@@ -163,6 +195,7 @@ TEST(DetectCpuKernels, Bf16UnitsAgreeWithTheKernelsCpuFlags) {
   const bool avx512 = flags.count("avx512f") && flags.count("avx512bw") &&
                       flags.count("avx512vl") && flags.count("avx512dq");
   EXPECT_EQ(cpu.avx512, avx512);
+  EXPECT_EQ(cpu.avx2, flags.count("avx2") > 0 && flags.count("fma") > 0);
   EXPECT_EQ(cpu.avx512_bf16, avx512 && flags.count("avx512_bf16") > 0);
   EXPECT_EQ(cpu.amx_bf16, avx512 && flags.count("amx_bf16") > 0);
   const std::string expected = !avx512                      ? ""

@@ -17,31 +17,33 @@
 namespace dptrain {
 
 // Note [Channels-last on the CPU]
-// LibTorch runs CPU convolutions in channels-last through oneDNN. On a CPU without AVX-512
-// (AMD EPYC up to Zen 3, many laptops) oneDNN picks its AVX2 kernels, and their convolution
-// backward writes past the end of a heap block: in Debian's LibTorch 1.13 and in PyPI's 2.11
-// alike, a 1x1 stride-2 convolution from 4 to 8 channels (the book's stage-2 shortcut at
-// --width 4) aborts with "double free or corruption", and valgrind names an 8-byte write past
-// a 3,264-byte block. scripts/repro/channels_last_heap.py shows it in PyTorch alone, on any x86
-// CPU: ONEDNN_MAX_CPU_ISA=AVX2 (or valgrind, which has no AVX-512) selects those kernels.
-// Every width from 1 to 7 breaks, so there the CPU default is contiguous, and an explicit
-// channels-last request is refused.
+// LibTorch runs CPU convolutions through oneDNN, which picks its kernels by the CPU's instruction
+// set. One of them is broken: the backward of the 1x1 stride-2 convolution writes past its
+// buffers (Note [The strided 1x1 convolution on the CPU], projection.cpp). On the AVX2 kernels
+// (AMD EPYC up to Zen 3, many laptops) it does so at a batch of 256 in channels-last: the book's
+// stage-2 shortcut at widths 1 to 7 aborts with "double free or corruption", in Debian's LibTorch
+// 1.13 and PyPI's 2.11 alike (scripts/repro/channels_last_heap.py, in PyTorch alone;
+// ONEDNN_MAX_CPU_ISA=AVX2 selects those kernels on any x86 CPU). dptrain never runs that kernel
+// on the CPU: it subsamples and convolves at unit stride. With it out of the way, every other
+// kernel of the book's model stays inside its tensors in channels-last under the guarded
+// allocator (cpu_allocator.h: each tensor's end against an inaccessible page, which stops
+// oneDNN's generated code too), on the AVX2 kernels and on the AVX-512 ones: a training step at
+// every width from 1 to 16 at batches of 256 and 96 (and 31 on AVX2), on 1 and 2 threads, and at
+// width 64 (tests/model/test_guarded_kernels.cpp, where the shortcut's native strided kernel
+// faults at the guard page). Memcheck, which runs the AVX2 kernels, agrees at widths 4 and 16
+// (docs/channels-last.md). So channels-last is allowed wherever oneDNN runs AVX2 kernels or
+// better. Below AVX2 (a CPU without it, or an ISA cap of SSE41 or AVX) no CI test runs those
+// kernels in it, and channels-last is refused. CUDA convolutions are cuDNN's: channels-last is
+// their fast layout, and the default there.
 //
-// The AVX-512 kernels are other code, and valgrind cannot run them. The guarded allocator
-// (cpu_allocator.h) can check them: it puts every tensor's end against an inaccessible page,
-// which stops oneDNN's generated code too. It stops the AVX2 overrun above at the faulting
-// write, and it trains the book's model in channels-last on the AVX-512 kernels at every width
-// from 1 to 16, at batches of 256 and 96, on 1 and 2 threads, and at width 64, without a fault
-// (tests/model/test_guarded_kernels.cpp, on every machine that has AVX-512). At odd batches the
-// AVX-512 kernels break, in both layouts and both LibTorch versions, in the same strided 1x1
-// convolution (the weight gradient of the stage-2 shortcut comes back as 2.2e21 at width 4,
-// batch 31); dptrain does not run that kernel on the CPU (Note [The strided 1x1 convolution
-// on the CPU], projection.cpp). Channels-last is the faster layout there (at width 16 on 2
-// threads: bench/results/2026-12-01-cpu-notes.md), and the layout in which BatchNorm, the
-// shortcut and the ReLU run fused (fused_batch_norm.h), so where oneDNN runs AVX-512 the CPU
-// default is channels-last. No test shows the AVX2 kernels sound with the strided 1x1 kernel out
-// of the way, so there channels-last is refused. CUDA convolutions are
-// cuDNN's: channels-last is their fast layout, and the default there.
+// Note [Why auto stays contiguous on AVX2]
+// Channels-last is the faster CPU layout (at width 16 on 2 threads: about 1.3x on AVX-512,
+// bench/results/2026-12-01-cpu-notes.md, and 1.2x on an AVX2 EPYC,
+// bench/results/2026-12-07-cpu-avx2-channels-last.md), and the layout in which BatchNorm, the
+// shortcut and the ReLU run fused (fused_batch_norm.h). Where oneDNN runs AVX-512 it is the
+// default. Where it runs AVX2 the default stays contiguous: a layout changes the rounding, and a
+// run with every default, the book's, keeps the bits it had on such a CPU. `--recipe fast` asks
+// for channels-last (app/recipe_flags.cpp), as may any user.
 
 namespace {
 
@@ -53,16 +55,16 @@ std::string upper(std::string text) {
 
 // The units oneDNN's kernels may use, from lowest to highest; each ISA cap oneDNN documents
 // allows those up to one of them.
-enum class IsaLevel { kBelowAvx512, kAvx512, kAvx512Bf16, kAmx };
+enum class IsaLevel { kBelowAvx2, kAvx2, kAvx512, kAvx512Bf16, kAmx };
 
 // The level `cap` allows; none for a name oneDNN does not know (it ignores those) or "ALL".
 std::optional<IsaLevel> cap_level(const std::string& cap) {
   static const std::pair<const char*, IsaLevel> kCaps[] = {
-      {"SSE41", IsaLevel::kBelowAvx512},
-      {"AVX", IsaLevel::kBelowAvx512},
-      {"AVX2", IsaLevel::kBelowAvx512},
-      {"AVX2_VNNI", IsaLevel::kBelowAvx512},
-      {"AVX2_VNNI_2", IsaLevel::kBelowAvx512},
+      {"SSE41", IsaLevel::kBelowAvx2},
+      {"AVX", IsaLevel::kBelowAvx2},
+      {"AVX2", IsaLevel::kAvx2},
+      {"AVX2_VNNI", IsaLevel::kAvx2},
+      {"AVX2_VNNI_2", IsaLevel::kAvx2},
       {"AVX512_CORE", IsaLevel::kAvx512},
       {"AVX512_CORE_VNNI", IsaLevel::kAvx512},
       {"AVX512_CORE_BF16", IsaLevel::kAvx512Bf16},
@@ -103,10 +105,20 @@ std::string memory_format_name(MemoryFormat format) {
 
 bool CpuKernels::runs_avx512() const { return avx512 && cap_allows(isa_cap, IsaLevel::kAvx512); }
 
+bool CpuKernels::runs_avx2() const {
+  return (avx2 || avx512) && cap_allows(isa_cap, IsaLevel::kAvx2);
+}
+
 std::string CpuKernels::describe() const {
   if (runs_avx512()) return "this CPU has AVX-512";
   if (avx512) return "the oneDNN ISA cap " + isa_cap + " turns AVX-512 off";
   return "this CPU has no AVX-512";
+}
+
+std::string CpuKernels::describe_avx2() const {
+  if (runs_avx2()) return "this CPU has AVX2";
+  if (avx2 || avx512) return "the oneDNN ISA cap " + isa_cap + " turns AVX2 off";
+  return "this CPU has no AVX2";
 }
 
 // Note [bf16 without bf16 units]
@@ -147,6 +159,7 @@ CpuKernels detect_cpu_kernels() {
   CpuKernels cpu;
 #if defined(__x86_64__) || defined(__i386__)
   __builtin_cpu_init();
+  cpu.avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
   cpu.avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
                __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
   // CPUID leaf 7: subleaf 1's EAX bit 5 is AVX512-BF16, subleaf 0's EDX bit 22 AMX-BF16. Both
@@ -178,12 +191,11 @@ MemoryFormat resolve_memory_format(MemoryFormat requested, const torch::Device& 
   if (requested == MemoryFormat::kAuto) {
     return cpu.runs_avx512() ? MemoryFormat::kChannelsLast : MemoryFormat::kContiguous;
   }
-  if (requested == MemoryFormat::kChannelsLast && !cpu.runs_avx512()) {
-    throw UsageError("--memory-format channels-last on the CPU: " + cpu.describe() +
-                     ", so oneDNN runs its AVX2 (or older) kernels, whose channels-last "
-                     "convolution backward corrupts the heap (an upstream LibTorch bug: "
-                     "scripts/repro/channels_last_heap.py); use --memory-format contiguous, "
-                     "the CPU default");
+  if (requested == MemoryFormat::kChannelsLast && !cpu.runs_avx2()) {
+    throw UsageError("--memory-format channels-last on the CPU: " + cpu.describe_avx2() +
+                     ", so oneDNN runs kernels that no test has shown sound in channels-last "
+                     "(docs/channels-last.md); use --memory-format contiguous, the CPU default "
+                     "(after --recipe, whose fast preset asks for channels-last)");
   }
 #endif
   return requested == MemoryFormat::kAuto ? MemoryFormat::kContiguous : requested;
