@@ -38,7 +38,7 @@ namespace dptrain {
 //
 // Note [Why auto stays contiguous on AVX2]
 // Channels-last is the faster CPU layout (at width 16 on 2 threads: about 1.3x on AVX-512,
-// bench/results/2026-12-01-cpu-notes.md, and 1.2x on an AVX2 EPYC,
+// bench/results/2026-12-01-cpu-notes.md, and 1.17x on an AVX2 EPYC,
 // bench/results/2026-12-07-cpu-avx2-channels-last.md), and the layout in which BatchNorm, the
 // shortcut and the ReLU run fused (fused_batch_norm.h). Where oneDNN runs AVX-512 it is the
 // default. Where it runs AVX2 the default stays contiguous: a layout changes the rounding, and a
