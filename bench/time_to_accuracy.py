@@ -18,7 +18,8 @@ bench/recipe_flags.py), choosing the recipe (the --val-split search).
 dptrain runs in --layout, by default channels-last as `--recipe fast` asks where the CPU has AVX2
 (else contiguous). The peer runs tuned (--peer-flags, default the in-place ReLUs, and
 channels-last exactly where dptrain runs it; --peer-flags "... --compile" with a torch 2.x
---python), with the same --amp. The peer's --val-split holds out as many images as dptrain's, but not the same ones.
+--python), with the same --amp. The peer's --val-split holds out as many images as dptrain's,
+but not the same ones.
 """
 import argparse
 import datetime

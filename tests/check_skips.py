@@ -80,8 +80,8 @@ def machine_facts(build_dir=None):
     }
 
 
-CONDITIONS = ("always", "no-gpu", "gpu", "no-avx2", "no-avx512", "avx512", "root", "not-root", "sanitizer",
-              "pypi-libtorch")
+CONDITIONS = ("always", "no-gpu", "gpu", "no-avx2", "no-avx512", "avx512", "root", "not-root",
+              "sanitizer", "pypi-libtorch")
 
 
 def read_expected(path):

@@ -100,7 +100,7 @@ TEST(GuardedKernelsDeathTest, Avx2ChannelsLastTrainsEveryWidthInBoundsWithoutThe
 #if !(defined(__x86_64__) || defined(__i386__))
   GTEST_SKIP() << "oneDNN's AVX2 kernels exist only on x86";
 #endif
-  if (!__builtin_cpu_supports("avx2")) GTEST_SKIP() << "this CPU has no AVX2";
+  if (!detect_cpu_kernels().avx2) GTEST_SKIP() << "this CPU has no AVX2";
   for (const int threads : {1, 2}) {
     EXPECT_EXIT(
         {

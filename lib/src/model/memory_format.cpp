@@ -109,12 +109,6 @@ bool CpuKernels::runs_avx2() const {
   return (avx2 || avx512) && cap_allows(isa_cap, IsaLevel::kAvx2);
 }
 
-std::string CpuKernels::describe() const {
-  if (runs_avx512()) return "this CPU has AVX-512";
-  if (avx512) return "the oneDNN ISA cap " + isa_cap + " turns AVX-512 off";
-  return "this CPU has no AVX-512";
-}
-
 std::string CpuKernels::describe_avx2() const {
   if (runs_avx2()) return "this CPU has AVX2";
   if (avx2 || avx512) return "the oneDNN ISA cap " + isa_cap + " turns AVX2 off";

@@ -28,7 +28,6 @@ struct CpuKernels {
   std::string isa_cap;           // ONEDNN_MAX_CPU_ISA or DNNL_MAX_CPU_ISA as set, else empty
   bool runs_avx512() const;      // avx512, and no cap below AVX-512
   bool runs_avx2() const;        // avx2 (or avx512), and no cap below AVX2
-  std::string describe() const;  // "this CPU has no AVX-512", for messages
   std::string describe_avx2() const;  // "this CPU has no AVX2", for messages
   // The bf16 units oneDNN's kernels run on: "AMX", "AVX512-BF16", or "" where the CPU has none
   // or the ISA cap turns them off (Note [bf16 without bf16 units]).
