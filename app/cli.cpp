@@ -111,6 +111,11 @@ void add_device_flags(cxxopts::Options& options) {
        cxxopts::value<std::string>()->default_value("auto"), "NAME")
       ("amp", "autocast the forward pass: off or bf16",
        cxxopts::value<std::string>()->default_value("off"), "MODE")
+      ("conv-bias-grad", "the gradient of a convolution's bias that feeds a BatchNorm: library "
+                         "(oneDNN's or cuDNN's, as PyTorch's) or fused (summed in the fused "
+                         "BatchNorm's backward, where it runs: training on the CPU, "
+                         "channels-last)",
+       cxxopts::value<std::string>()->default_value("library"), "NAME")
       ("cudnn-benchmark", "let cuDNN pick the fastest algorithm per shape: on or off",
        cxxopts::value<std::string>()->default_value("on"), "ON|OFF")
       ("cpu-allocator", "CPU tensor memory: system (LibTorch's, over the tcmalloc linked into "
@@ -385,6 +390,8 @@ void read_common_flags(const cxxopts::ParseResult& result, TrainCommand& train) 
                                               : MemoryFormat::kAuto;
   o.amp =
       parse_choice_flag("amp", text("amp"), {"off", "bf16"}) == "bf16" ? Amp::kBFloat16 : Amp::kOff;
+  o.fused_conv_bias_grad =
+      parse_choice_flag("conv-bias-grad", text("conv-bias-grad"), {"library", "fused"}) == "fused";
   o.cudnn_benchmark =
       parse_choice_flag("cudnn-benchmark", text("cudnn-benchmark"), {"on", "off"}) == "on";
   train.cpu_allocator = parse_cpu_allocator(text("cpu-allocator"));

@@ -300,9 +300,14 @@ std::string describe_run(const dptrain::FashionMnist& data, const std::string& d
       recipe += "; evaluated and saved: the weights' moving average";
     }
   }
+  // --conv-bias-grad fused takes effect only where the fused BatchNorm trains (the CPU in
+  // channels-last); the line says so only where it does.
+  const bool fused_bias_grad = options.fused_conv_bias_grad && device.is_cpu() &&
+                               layout == dptrain::MemoryFormat::kChannelsLast;
   return header +
          dptrain::describe_arithmetic(device, layout, options.amp, options.cudnn_benchmark, cpu) +
-         "; " + dptrain::intra_op_threads(options, world).reason + recipe;
+         (fused_bias_grad ? ", conv bias gradients fused" : "") + "; " +
+         dptrain::intra_op_threads(options, world).reason + recipe;
 }
 
 // `train()`, where a failure that a stop request caused before the first step (`started` still

@@ -210,6 +210,11 @@ TEST(CliParse, FastPathAndRecoveryFlags) {
   expect_parse_error({"train", "--cpu-allocator", "tcmalloc"},
                      "--cpu-allocator: 'tcmalloc' is not an allocator");
   expect_parse_error({"train", "--amp", "fp16"}, "--amp: 'fp16' is not one of off or bf16");
+  EXPECT_FALSE(defaults.options.fused_conv_bias_grad);
+  EXPECT_TRUE(parse({"train", "--conv-bias-grad", "fused"}).train.options.fused_conv_bias_grad);
+  EXPECT_FALSE(parse({"train", "--conv-bias-grad", "library"}).train.options.fused_conv_bias_grad);
+  expect_parse_error({"train", "--conv-bias-grad", "fuse"},
+                     "--conv-bias-grad: 'fuse' is not one of library or fused");
   expect_parse_error({"train", "--on-nonfinite", "ignore"}, "--on-nonfinite");
   expect_parse_error({"train", "--log-every", "0"}, "--log-every");
   EXPECT_EQ(defaults.options.checkpoint_every_steps, 0);

@@ -137,6 +137,7 @@ TEST(RecipeFlags, APresetIsItsFlagsWhereItStands) {
   EXPECT_EQ(book.lr, plain.lr);
   EXPECT_EQ(book.amp, plain.amp);
   EXPECT_EQ(book.memory_format, plain.memory_format);
+  EXPECT_EQ(book.fused_conv_bias_grad, plain.fused_conv_bias_grad);
 }
 
 TEST(RecipeFlags, TheFastPresetIsTheSearchsChoiceAndLaterFlagsOverrideIt) {
@@ -146,6 +147,7 @@ TEST(RecipeFlags, TheFastPresetIsTheSearchsChoiceAndLaterFlagsOverrideIt) {
   EXPECT_EQ(fast.epochs, 6);
   EXPECT_EQ(fast.lr, 0.1);
   EXPECT_EQ(fast.memory_format, MemoryFormat::kChannelsLast);
+  EXPECT_TRUE(fast.fused_conv_bias_grad);
   EXPECT_EQ(recipe_flags(fast.recipe),
             "--momentum 0.9 --nesterov --weight-decay 0.0005 --weight-decay-skip-norm-bias "
             "--lr-schedule onecycle --warmup-epochs 1 --label-smoothing 0.1");
@@ -155,10 +157,13 @@ TEST(RecipeFlags, TheFastPresetIsTheSearchsChoiceAndLaterFlagsOverrideIt) {
   EXPECT_EQ(longer.recipe.sgd.momentum, 0.9);
   EXPECT_EQ(parse_train({"--recipe", "fast", "--memory-format", "contiguous"}).memory_format,
             MemoryFormat::kContiguous);
+  EXPECT_FALSE(
+      parse_train({"--recipe", "fast", "--conv-bias-grad", "library"}).fused_conv_bias_grad);
   // The book's after the fast one undoes it whole.
   const auto undone = parse_train({"--recipe", "fast", "--recipe", "book"});
   EXPECT_TRUE(is_book_recipe(undone.recipe));
   EXPECT_EQ(undone.memory_format, MemoryFormat::kAuto);
+  EXPECT_FALSE(undone.fused_conv_bias_grad);
 }
 
 }  // namespace

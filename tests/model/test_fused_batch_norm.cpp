@@ -4,9 +4,13 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <string>
 #include <tuple>
+#include <utility>
+#include <vector>
 
 #include "dptrain/model/fused_batch_norm.h"
 #include "dptrain/model/model.h"
@@ -27,9 +31,10 @@ torch::Tensor test_bias(int64_t c, torch::ScalarType type) {
 }
 
 // One forward and backward of relu(bn(x) + shortcut), fused or by LibTorch's kernels, from the
-// same inputs and a fixed upstream gradient.
+// same inputs and a fixed upstream gradient. With conv_bias_grad (fused only), the fused
+// operation also takes a conv_bias, whose gradient lands there.
 Result run(bool fused, const torch::Tensor& x0, const torch::Tensor& shortcut0,
-           const torch::Tensor& upstream) {
+           const torch::Tensor& upstream, torch::Tensor* conv_bias_grad = nullptr) {
   const int64_t c = x0.size(1);
   auto x = x0.clone().requires_grad_();
   auto shortcut = shortcut0.defined() ? shortcut0.clone().requires_grad_() : torch::Tensor();
@@ -42,8 +47,10 @@ Result run(bool fused, const torch::Tensor& x0, const torch::Tensor& shortcut0,
   auto running_mean = torch::linspace(-1, 1, c, options);
   auto running_var = torch::linspace(0.5, 2, c, options);
   torch::Tensor out;
+  auto conv_bias = conv_bias_grad ? torch::zeros({c}, options).requires_grad_() : torch::Tensor();
   if (fused) {
-    out = batch_norm_add_relu(x, shortcut, weight, bias, running_mean, running_var, 0.1, 1e-5);
+    out = batch_norm_add_relu(x, shortcut, weight, bias, running_mean, running_var, 0.1, 1e-5,
+                              conv_bias);
   } else {
     out = torch::batch_norm(x, weight, bias, running_mean, running_var, /*training=*/true, 0.1,
                             1e-5, /*cudnn_enabled=*/false);
@@ -51,6 +58,7 @@ Result run(bool fused, const torch::Tensor& x0, const torch::Tensor& shortcut0,
     out = torch::relu(out);
   }
   out.backward(upstream);
+  if (conv_bias_grad) *conv_bias_grad = conv_bias.grad();
   return {out.detach(),  x.grad(),    shortcut.defined() ? shortcut.grad() : torch::Tensor(),
           weight.grad(), bias.grad(), running_mean,
           running_var};
@@ -160,6 +168,37 @@ TEST_P(FusedBatchNorm, RepeatsBitForBit) {
   EXPECT_TRUE(torch::equal(first.grad_weight, second.grad_weight));
 }
 
+// With a conv_bias, every result is the same bits as without, and the bias's gradient is x's
+// gradient summed over N, H and W: in float64 and rounded once to the bias's type, so within
+// half a float32 unit of the float64 sum of the stored values, beside float64's own rounding.
+TEST_P(FusedBatchNorm, ConvBiasGradientIsTheSumOfXsGradient) {
+  for (const auto type : {torch::kFloat32, torch::kBFloat16}) {
+    const auto x = input(type);
+    const auto s = shortcut(type);
+    const auto g = upstream(type);
+    torch::Tensor conv_bias_grad;
+    const auto with = run(true, x, s, g, &conv_bias_grad);
+    const auto without = run(true, x, s, g);
+    EXPECT_TRUE(torch::equal(with.out, without.out)) << "output";
+    EXPECT_TRUE(torch::equal(with.grad_x, without.grad_x)) << "x's gradient";
+    EXPECT_TRUE(torch::equal(with.grad_weight, without.grad_weight)) << "gamma's gradient";
+    EXPECT_TRUE(torch::equal(with.grad_bias, without.grad_bias)) << "beta's gradient";
+    EXPECT_TRUE(torch::equal(with.running_mean, without.running_mean)) << "running mean";
+    if (s.defined()) {
+      EXPECT_TRUE(torch::equal(with.grad_shortcut, without.grad_shortcut)) << "shortcut's";
+    }
+    ASSERT_TRUE(conv_bias_grad.defined());
+    ASSERT_EQ(conv_bias_grad.scalar_type(), torch::kFloat32);
+    const auto dx = with.grad_x.to(torch::kFloat64);
+    const auto want = dx.sum({0, 2, 3});
+    const auto values = static_cast<double>(dx.numel() / dx.size(1));
+    const auto bound = want.abs() * std::ldexp(1.0, -24) +
+                       values * std::ldexp(1.0, -50) * dx.abs().max().item<double>();
+    EXPECT_TRUE(((conv_bias_grad.to(torch::kFloat64) - want).abs() <= bound).all().item<bool>())
+        << torch::stack({conv_bias_grad.to(torch::kFloat64), want});
+  }
+}
+
 // bf16 values are widened to float exactly, computed on as the float32 path computes, and
 // rounded once when stored: the bf16 results are the float32 path's on the same (widened)
 // inputs, rounded to the nearest bf16 as LibTorch rounds, to the bit; the parameters' gradients
@@ -257,6 +296,10 @@ TEST(FusedBatchNormInputs, RefusesWhatItDoesNotHandle) {
   EXPECT_THROW(batch_norm_add_relu(torch::randn({1, 4, 1, 1}), {}, weight, torch::zeros({4}),
                                    running_mean, running_var, 0.1, 1e-5),
                c10::Error);
+  EXPECT_THROW(batch_norm_add_relu(x, {}, weight, torch::zeros({4}), running_mean, running_var, 0.1,
+                                   1e-5, torch::zeros({3})),
+               c10::Error)
+      << "a conv_bias of other channels";
 }
 
 // A shortcut in the other layout is accepted and gives the same values.
@@ -305,6 +348,65 @@ TEST(FusedBatchNormModel, ResNetGradientsMatchTheUnfusedModel) {
     any_bit_differs = any_bit_differs || !torch::equal(got, want);
   }
   EXPECT_TRUE(any_bit_differs) << "fused and unfused agree to the bit: the fused path did not run";
+}
+
+// --conv-bias-grad fused on the whole model: in channels-last the loss and every gradient but
+// those of the convolution biases that feed a BatchNorm are the same bits as the library's, and
+// those are the same to float32 rounding of the largest gradient (their exact value is zero);
+// in the contiguous layout, where nothing fuses, every bit is the same.
+TEST(FusedBatchNormModel, FusedConvBiasGradientsChangeOnlyThoseBiases) {
+  torch::manual_seed(6);
+  const auto x = torch::rand({12, 1, 28, 28});
+  const auto y = torch::randint(0, 10, {12}, torch::kLong);
+  for (const bool channels_last : {true, false}) {
+    std::vector<std::pair<torch::Tensor, std::vector<std::pair<std::string, torch::Tensor>>>> runs;
+    for (const bool fused_bias_grad : {false, true}) {
+      ResNetOptions options{10, 1, 4};
+      options.fused_conv_bias_grad = fused_bias_grad;
+      ResNet model(options);
+      init_reference_weights(*model, 11);
+      auto input = x;
+      if (channels_last) {
+        convert_to_channels_last(*model);
+        input = x.contiguous(at::MemoryFormat::ChannelsLast);
+      }
+      const auto loss = torch::nn::functional::cross_entropy(model->forward(input), y);
+      loss.backward();
+      std::vector<std::pair<std::string, torch::Tensor>> grads;
+      for (const auto& p : model->named_parameters()) grads.emplace_back(p.key(), p->grad());
+      for (const auto& b : model->named_buffers()) grads.emplace_back(b.key(), b->clone());
+      runs.emplace_back(loss.detach(), grads);
+    }
+    const auto& [library_loss, library] = runs[0];
+    const auto& [fused_loss, fused] = runs[1];
+    EXPECT_TRUE(torch::equal(library_loss, fused_loss));
+    double largest = 0;
+    for (const auto& [name, g] : library) largest = std::max(largest, g.abs().max().item<double>());
+    const auto feeds_batch_norm = [](const std::string& name) {
+      const auto ends = [&](const std::string& tail) {
+        return name.size() >= tail.size() &&
+               name.compare(name.size() - tail.size(), tail.size(), tail) == 0;
+      };
+      return name == "0.bias" || ends("conv1.bias") || ends("conv2.bias");
+    };
+    int biases = 0, differing = 0;
+    ASSERT_EQ(library.size(), fused.size());
+    for (size_t i = 0; i < library.size(); ++i) {
+      const auto& [name, want] = library[i];
+      const auto& got = fused[i].second;
+      if (channels_last && feeds_batch_norm(name)) {
+        ++biases;
+        differing += torch::equal(got, want) ? 0 : 1;
+        EXPECT_LT((got - want).abs().max().item<double>(), 1e-5 * largest) << name;
+      } else {
+        EXPECT_TRUE(torch::equal(got, want)) << name << (channels_last ? "" : ", contiguous");
+      }
+    }
+    if (channels_last) {
+      EXPECT_EQ(biases, 17) << "the stem's and the 16 of the blocks";
+      EXPECT_GT(differing, 0) << "every bias gradient the same bits: the fused sums did not run";
+    }
+  }
 }
 
 }  // namespace

@@ -399,8 +399,11 @@ INSTANTIATE_TEST_SUITE_P(, PerReplicaBatchNorm, ::testing::Values(2, 3),
 // there the largest error is 7e-5 on LibTorch 1.13, and the test holds channels-last to the
 // contiguous layout's bound. The pinned first losses still use the contiguous layout.
 std::vector<torch::Tensor> gradients_of(const torch::Tensor& x, const torch::Tensor& y,
-                                        bool channels_last, bool float64) {
-  ResNet model(ResNetOptions{10, 1, 4});
+                                        bool channels_last, bool float64,
+                                        bool fused_conv_bias_grad = false) {
+  ResNetOptions options{10, 1, 4};
+  options.fused_conv_bias_grad = fused_conv_bias_grad;
+  ResNet model(options);
   init_reference_weights(*model, 3);
   auto input = x;
   if (float64) {
@@ -420,11 +423,12 @@ std::vector<torch::Tensor> gradients_of(const torch::Tensor& x, const torch::Ten
 // Errors of float32 gradients against float64, each relative to the largest gradient of all
 // (the stem's): a conv bias before BatchNorm has an exact gradient of zero, of which float32
 // leaves some 1e-6 in either layout, so its own scale would measure nothing.
-std::vector<double> errors_against_float64(bool channels_last) {
+std::vector<double> errors_against_float64(bool channels_last, bool fused_conv_bias_grad = false) {
   const auto data = load_fashion_mnist(*real_data_dir(), 31, 1);
   const auto x = to_model_input(data.train.images);  // (31, 1, 28, 28)
   const auto exact = gradients_of(x, data.train.labels, false, true);
-  const auto float32 = gradients_of(x, data.train.labels, channels_last, false);
+  const auto float32 =
+      gradients_of(x, data.train.labels, channels_last, false, fused_conv_bias_grad);
   double largest = 0;
   for (const auto& g : exact) largest = std::max(largest, g.abs().max().item<double>());
   std::vector<double> errors;
@@ -452,6 +456,18 @@ TEST(MemoryFormat, ChannelsLastGradientsAgainstFloat64) {
                  << detect_cpu_kernels().describe_avx2();
   }
   const auto errors = errors_against_float64(true);
+  for (size_t i = 0; i < errors.size(); ++i) EXPECT_LT(errors[i], 1e-4) << "parameter " << i;
+}
+
+// --conv-bias-grad fused: the biases' gradients summed in the fused BatchNorm, held to the same
+// bound (Note [The convolution's bias gradient]).
+TEST(MemoryFormat, FusedConvBiasGradientsAgainstFloat64) {
+  if (!real_data_dir()) GTEST_SKIP() << "the real Fashion-MNIST is not installed";
+  if (!detect_cpu_kernels().runs_avx2()) {
+    GTEST_SKIP() << "channels-last is refused on this CPU: "
+                 << detect_cpu_kernels().describe_avx2();
+  }
+  const auto errors = errors_against_float64(true, /*fused_conv_bias_grad=*/true);
   for (size_t i = 0; i < errors.size(); ++i) EXPECT_LT(errors[i], 1e-4) << "parameter " << i;
 }
 

@@ -81,20 +81,27 @@ torch::Tensor BatchNormImpl::forward(const torch::Tensor& x) {
                            options_.momentum, options_.eps, /*cudnn_enabled=*/true);
 }
 
-torch::Tensor BatchNormImpl::forward_add_relu(const torch::Tensor& x,
-                                              const torch::Tensor& shortcut) {
+bool BatchNormImpl::fuses(const torch::Tensor& x, const torch::Tensor& shortcut) const {
   // Fused only in the channels-last layout, where it is faster than LibTorch's kernels at the
   // book's shapes on LibTorch 1.13 and 2.11; contiguous, its per-plane loops are not vectorised
   // and are slower than LibTorch's (bench/results/2026-12-01-cpu-fused-batch-norm.md).
-  if (options_.fused && is_training() && sync_ == nullptr &&
-      x.is_contiguous(at::MemoryFormat::ChannelsLast) &&
-      batch_norm_add_relu_applies(x, shortcut, weight)) {
+  return options_.fused && is_training() && sync_ == nullptr && x.defined() &&
+         x.is_contiguous(at::MemoryFormat::ChannelsLast) &&
+         batch_norm_add_relu_applies(x, shortcut, weight);
+}
+
+torch::Tensor BatchNormImpl::forward_add_relu(const torch::Tensor& x, const torch::Tensor& shortcut,
+                                              const torch::Tensor& conv_bias) {
+  const bool fused = fuses(x, shortcut);
+  TORCH_CHECK(fused || !conv_bias.defined(),
+              "BatchNorm::forward_add_relu takes a conv_bias only where it fuses");
+  if (fused) {
     {
       torch::NoGradGuard no_grad;
       num_batches_tracked.add_(1);
     }
     return batch_norm_add_relu(x, shortcut, weight, bias, running_mean, running_var,
-                               options_.momentum, options_.eps);
+                               options_.momentum, options_.eps, conv_bias);
   }
   // In place: BatchNorm's backward needs its input, not its output.
   auto y = forward(x);

@@ -11,7 +11,6 @@
 #include <cstdint>
 #include <cstring>
 #include <tuple>
-#include <utility>
 #include <vector>
 
 namespace dptrain {
@@ -57,6 +56,21 @@ namespace dptrain {
 // float32's yet take longer, as the widening and the rounding cost more than the bytes save
 // (bench/results/2026-12-05-cpu-bf16-fused-path.md, bench/cpp/fused_batch_norm_bench, with the
 // loop shapes measured and not taken).
+//
+// Note [The convolution's bias gradient]
+// Each convolution of the book's model that feeds a BatchNorm has a bias, and the gradient of
+// that bias is the sum of the convolution output's gradient over N, H and W. oneDNN forms it in a
+// loop of its own, one more pass over that gradient (in Debian's oneDNN 2.6 in 128-bit vectors):
+// at width 16 on an AVX2 EPYC some 6% of the step's CPU time
+// (bench/results/2026-12-07-cpu-fused-bias-grad.md). The BatchNorm's backward writes that
+// gradient here anyway, value by value; with a conv_bias the same loop adds each stored value into
+// float64 sums per channel and part (added in part order, as the statistics are), and the
+// convolution, which took its bias detached, skips its own sum. Its output, its input's gradient
+// and its weight's are the same bits either way (oneDNN computes them apart from the bias); only
+// the bias's gradient changes. Its exact value is zero, as BatchNorm in training takes each
+// channel's mean out and a constant added before it changes nothing, so float32 leaves rounding
+// either way, some 1e-6 of the largest gradient. Opt-in (--conv-bias-grad fused): the book's run
+// keeps oneDNN's bits.
 namespace {
 
 // ---- Layout -------------------------------------------------------------------------------
@@ -324,18 +338,29 @@ inline void gradient_sums_run(const S* __restrict grad, const S* __restrict out,
   }
 }
 
-// dx = g * a + (x - mean) * b + d, and ds = g where ds is not null.
+// dx = g * a + (x - mean) * b + d, and ds = g where ds is not null; where dx_sums is not null,
+// dx_sums += dx per channel, of the values as stored.
 template <typename S, typename T = Arithmetic<S>>
 inline void input_gradients_rows(const S* __restrict grad, const S* __restrict out,
                                  const S* __restrict x, int64_t begin, int64_t end, int64_t C,
                                  const T* __restrict hi, const T* __restrict lo,
                                  const T* __restrict a, const T* __restrict b,
-                                 const T* __restrict d, S* __restrict dx, S* __restrict ds) {
+                                 const T* __restrict d, S* __restrict dx, S* __restrict ds,
+                                 double* __restrict dx_sums) {
   for (int64_t row = begin; row < end; ++row) {
     const int64_t at = row * C;
-    for (int64_t c = 0; c < C; ++c) {
-      const T g = through_relu(widen(grad[at + c]), widen(out[at + c]));
-      dx[at + c] = narrow<S>(g * a[c] + (widen(x[at + c]) - hi[c] - lo[c]) * b[c] + d[c]);
+    if (dx_sums != nullptr) {
+      for (int64_t c = 0; c < C; ++c) {
+        const T g = through_relu(widen(grad[at + c]), widen(out[at + c]));
+        const S v = narrow<S>(g * a[c] + (widen(x[at + c]) - hi[c] - lo[c]) * b[c] + d[c]);
+        dx[at + c] = v;
+        dx_sums[c] += static_cast<double>(widen(v));
+      }
+    } else {
+      for (int64_t c = 0; c < C; ++c) {
+        const T g = through_relu(widen(grad[at + c]), widen(out[at + c]));
+        dx[at + c] = narrow<S>(g * a[c] + (widen(x[at + c]) - hi[c] - lo[c]) * b[c] + d[c]);
+      }
     }
     if (ds != nullptr) {
       for (int64_t c = 0; c < C; ++c) {
@@ -345,13 +370,33 @@ inline void input_gradients_rows(const S* __restrict grad, const S* __restrict o
   }
 }
 
+// Contiguous: as above for one run; with lanes not null, the stored dx also into kLanes running
+// sums and tail[0].
 template <typename S, typename T = Arithmetic<S>>
 inline void input_gradients_run(const S* __restrict grad, const S* __restrict out,
                                 const S* __restrict x, int64_t n, T hi, T lo, T a, T b, T d,
-                                S* __restrict dx, S* __restrict ds) {
-  for (int64_t i = 0; i < n; ++i) {
+                                S* __restrict dx, S* __restrict ds, double* __restrict lanes,
+                                double* __restrict tail) {
+  const auto gradient = [&](int64_t i) {
     const T g = through_relu(widen(grad[i]), widen(out[i]));
-    dx[i] = narrow<S>(g * a + (widen(x[i]) - hi - lo) * b + d);
+    return narrow<S>(g * a + (widen(x[i]) - hi - lo) * b + d);
+  };
+  if (lanes != nullptr) {
+    int64_t i = 0;
+    for (; i + kLanes <= n; i += kLanes) {
+      for (int64_t j = 0; j < kLanes; ++j) {
+        const S v = gradient(i + j);
+        dx[i + j] = v;
+        lanes[j] += static_cast<double>(widen(v));
+      }
+    }
+    for (; i < n; ++i) {
+      const S v = gradient(i);
+      dx[i] = v;
+      tail[0] += static_cast<double>(widen(v));
+    }
+  } else {
+    for (int64_t i = 0; i < n; ++i) dx[i] = gradient(i);
   }
   if (ds != nullptr) {
     for (int64_t i = 0; i < n; ++i) ds[i] = narrow<S>(through_relu(widen(grad[i]), widen(out[i])));
@@ -389,16 +434,16 @@ inline void input_gradients_run(const S* __restrict grad, const S* __restrict ou
                                             double* tail) {                                       \
     gradient_sums_run<S>(grad, out, x, n, hi, lo, lane1, lane2, tail);                            \
   }                                                                                               \
-  DPTRAIN_ISA_CLONES void input_gradients_rows(const S* grad, const S* out, const S* x,           \
-                                               int64_t begin, int64_t end, int64_t C,             \
-                                               const float* hi, const float* lo, const float* a,  \
-                                               const float* b, const float* d, S* dx, S* ds) {    \
-    input_gradients_rows<S>(grad, out, x, begin, end, C, hi, lo, a, b, d, dx, ds);                \
+  DPTRAIN_ISA_CLONES void input_gradients_rows(                                                   \
+      const S* grad, const S* out, const S* x, int64_t begin, int64_t end, int64_t C,             \
+      const float* hi, const float* lo, const float* a, const float* b, const float* d, S* dx,    \
+      S* ds, double* dx_sums) {                                                                   \
+    input_gradients_rows<S>(grad, out, x, begin, end, C, hi, lo, a, b, d, dx, ds, dx_sums);       \
   }                                                                                               \
   DPTRAIN_ISA_CLONES void input_gradients_run(const S* grad, const S* out, const S* x, int64_t n, \
                                               float hi, float lo, float a, float b, float d,      \
-                                              S* dx, S* ds) {                                     \
-    input_gradients_run<S>(grad, out, x, n, hi, lo, a, b, d, dx, ds);                             \
+                                              S* dx, S* ds, double* lanes, double* tail) {        \
+    input_gradients_run<S>(grad, out, x, n, hi, lo, a, b, d, dx, ds, lanes, tail);                \
   }
 
 DPTRAIN_LOOP_ENTRY_POINTS(float)
@@ -509,22 +554,42 @@ ChannelSums masked_gradient_sums(const S* grad, const S* out, const S* x, const 
 }
 
 // dx = g * a + (x - mean) * b + d per channel, with g masked as above; the masked g itself is
-// the shortcut's gradient, written when grad_shortcut is not null.
+// the shortcut's gradient, written when grad_shortcut is not null. With `sum_dx`, also the sum
+// of dx per channel, in float64 (ChannelSums::first; Note [The convolution's bias gradient]);
+// without it, an empty ChannelSums. dx is the same either way, value by value.
 template <typename S, typename T = Arithmetic<S>>
-void input_gradients(const S* grad, const S* out, const S* x, const Layout& layout,
-                     const SplitMean<T>& mean, const std::vector<T>& a, const std::vector<T>& b,
-                     const std::vector<T>& d, S* grad_x, S* grad_shortcut) {
+ChannelSums input_gradients(const S* grad, const S* out, const S* x, const Layout& layout,
+                            const SplitMean<T>& mean, const std::vector<T>& a,
+                            const std::vector<T>& b, const std::vector<T>& d, S* grad_x,
+                            S* grad_shortcut, bool sum_dx) {
+  const auto shortcut_at = [&](int64_t at) {
+    return grad_shortcut != nullptr ? grad_shortcut + at : nullptr;
+  };
+  if (sum_dx) {
+    return channel_sums(
+        layout,
+        [&](int64_t begin, int64_t end, double* s1, double*) {
+          input_gradients_rows(grad, out, x, begin, end, layout.channels, mean.hi.data(),
+                               mean.lo.data(), a.data(), b.data(), d.data(), grad_x, grad_shortcut,
+                               s1);
+        },
+        [&](int64_t at, int64_t c, double* lane1, double*, double* tail) {
+          input_gradients_run(grad + at, out + at, x + at, layout.inner, mean.hi[c], mean.lo[c],
+                              a[c], b[c], d[c], grad_x + at, shortcut_at(at), lane1, tail);
+        });
+  }
   for_each_value(
       layout,
       [&](int64_t begin, int64_t end) {
         input_gradients_rows(grad, out, x, begin, end, layout.channels, mean.hi.data(),
-                             mean.lo.data(), a.data(), b.data(), d.data(), grad_x, grad_shortcut);
+                             mean.lo.data(), a.data(), b.data(), d.data(), grad_x, grad_shortcut,
+                             nullptr);
       },
       [&](int64_t at, int64_t c) {
         input_gradients_run(grad + at, out + at, x + at, layout.inner, mean.hi[c], mean.lo[c], a[c],
-                            b[c], d[c], grad_x + at,
-                            grad_shortcut != nullptr ? grad_shortcut + at : nullptr);
+                            b[c], d[c], grad_x + at, shortcut_at(at), nullptr, nullptr);
       });
+  return ChannelSums(0, 0);
 }
 
 // ---- The autograd function -------------------------------------------------------------------
@@ -546,10 +611,12 @@ struct BatchStatistics {
 class BatchNormAddRelu : public torch::autograd::Function<BatchNormAddRelu> {
  public:
   // Without a shortcut, `shortcut` is an empty tensor and has_shortcut false: LibTorch 1.13's
-  // Function::apply does not take undefined tensors.
+  // Function::apply does not take undefined tensors. So with conv_bias: x already holds it, and
+  // only its gradient comes from here.
   static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x,
                                const torch::Tensor& shortcut, bool has_shortcut,
                                const torch::Tensor& weight, const torch::Tensor& bias,
+                               const torch::Tensor& conv_bias, bool has_conv_bias,
                                torch::Tensor running_mean, torch::Tensor running_var,
                                double momentum, double eps) {
     const Layout layout = layout_of(x);
@@ -570,6 +637,8 @@ class BatchNormAddRelu : public torch::autograd::Function<BatchNormAddRelu> {
     }
     ctx->save_for_backward({x, out, weight, stats.mean, stats.inverse_std});
     ctx->saved_data["has_shortcut"] = has_shortcut;
+    ctx->saved_data["conv_bias_type"] =
+        has_conv_bias ? static_cast<int64_t>(conv_bias.scalar_type()) : int64_t{-1};
     return out;
   }
 
@@ -584,17 +653,22 @@ class BatchNormAddRelu : public torch::autograd::Function<BatchNormAddRelu> {
     const bool has_shortcut = ctx->saved_data["has_shortcut"].toBool();
     auto grad_x = torch::empty_like(out);
     auto grad_shortcut = has_shortcut ? torch::empty_like(out) : torch::Tensor();
-    torch::Tensor grad_weight, grad_bias;
+    const int64_t conv_bias_type = ctx->saved_data["conv_bias_type"].toInt();
+    torch::Tensor grad_weight, grad_bias, grad_conv_bias;
     AT_DISPATCH_FLOATING_TYPES_AND(
         at::ScalarType::BFloat16, x.scalar_type(), "batch_norm_add_relu_backward", [&] {
-          std::tie(grad_weight, grad_bias) = backward_kernel<scalar_t>(
-              grad, out, x, weight, saved[3], saved[4], layout, grad_x, grad_shortcut);
+          std::tie(grad_weight, grad_bias, grad_conv_bias) =
+              backward_kernel<scalar_t>(grad, out, x, weight, saved[3], saved[4], layout, grad_x,
+                                        grad_shortcut, conv_bias_type >= 0);
         });
     return {grad_x,
             grad_shortcut,
             torch::Tensor(),
             grad_weight.to(weight.scalar_type()),
             grad_bias.to(weight.scalar_type()),
+            conv_bias_type >= 0 ? grad_conv_bias.to(static_cast<at::ScalarType>(conv_bias_type))
+                                : torch::Tensor(),
+            torch::Tensor(),
             torch::Tensor(),
             torch::Tensor(),
             torch::Tensor(),
@@ -637,10 +711,12 @@ class BatchNormAddRelu : public torch::autograd::Function<BatchNormAddRelu> {
   }
 
   template <typename S, typename T = Arithmetic<S>>
-  static std::pair<torch::Tensor, torch::Tensor> backward_kernel(
+  // The gradients of weight and bias, and with sum_dx the sum of dx per channel (else undefined),
+  // float64.
+  static std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> backward_kernel(
       const torch::Tensor& grad, const torch::Tensor& out, const torch::Tensor& x,
       const torch::Tensor& weight, const torch::Tensor& mean, const torch::Tensor& inverse_std,
-      const Layout& layout, torch::Tensor& grad_x, torch::Tensor& grad_shortcut) {
+      const Layout& layout, torch::Tensor& grad_x, torch::Tensor& grad_shortcut, bool sum_dx) {
     const int64_t C = layout.channels;
     const SplitMean<T> centre(mean.data_ptr<double>(), C);
     const auto sums = masked_gradient_sums(grad.data_ptr<S>(), out.data_ptr<S>(), x.data_ptr<S>(),
@@ -662,10 +738,17 @@ class BatchNormAddRelu : public torch::autograd::Function<BatchNormAddRelu> {
       dgamma[c] = sums.second[c] * s[c];
       dbeta[c] = sums.first[c];
     }
-    input_gradients(grad.data_ptr<S>(), out.data_ptr<S>(), x.data_ptr<S>(), layout, centre, a, b, d,
-                    grad_x.data_ptr<S>(),
-                    grad_shortcut.defined() ? grad_shortcut.data_ptr<S>() : nullptr);
-    return {grad_weight, grad_bias};
+    const auto dx_sums =
+        input_gradients(grad.data_ptr<S>(), out.data_ptr<S>(), x.data_ptr<S>(), layout, centre, a,
+                        b, d, grad_x.data_ptr<S>(),
+                        grad_shortcut.defined() ? grad_shortcut.data_ptr<S>() : nullptr, sum_dx);
+    torch::Tensor grad_input_bias;
+    if (sum_dx) {
+      grad_input_bias = torch::empty({C}, torch::kFloat64);
+      std::copy(dx_sums.first.begin(), dx_sums.first.begin() + C,
+                grad_input_bias.data_ptr<double>());
+    }
+    return {grad_weight, grad_bias, grad_input_bias};
   }
 };
 
@@ -693,16 +776,22 @@ bool batch_norm_add_relu_applies(const torch::Tensor& x, const torch::Tensor& sh
 torch::Tensor batch_norm_add_relu(const torch::Tensor& x, const torch::Tensor& shortcut,
                                   const torch::Tensor& weight, const torch::Tensor& bias,
                                   torch::Tensor& running_mean, torch::Tensor& running_var,
-                                  double momentum, double eps) {
+                                  double momentum, double eps, const torch::Tensor& conv_bias) {
   TORCH_CHECK(batch_norm_add_relu_applies(x, shortcut, weight),
               "batch_norm_add_relu does not take x of ", x.sizes(), " (", x.scalar_type(),
               ") here: ask batch_norm_add_relu_applies first");
+  const bool has_conv_bias = conv_bias.defined();
+  TORCH_CHECK(!has_conv_bias || (conv_bias.dim() == 1 && conv_bias.size(0) == x.size(1) &&
+                                 conv_bias.is_floating_point() && conv_bias.device().is_cpu()),
+              "batch_norm_add_relu takes a conv_bias of x's ", x.size(1), " channels, got ",
+              conv_bias.sizes());
   // The shortcut in x's layout, so one index serves both.
   const auto format = memory_format_of(layout_of(x));
   const bool has_shortcut = shortcut.defined();
   const auto aligned = has_shortcut ? shortcut.contiguous(format) : torch::empty({0}, x.options());
-  return BatchNormAddRelu::apply(x, aligned, has_shortcut, weight, bias, running_mean, running_var,
-                                 momentum, eps);
+  return BatchNormAddRelu::apply(x, aligned, has_shortcut, weight, bias,
+                                 has_conv_bias ? conv_bias : torch::empty({0}, weight.options()),
+                                 has_conv_bias, running_mean, running_var, momentum, eps);
 }
 
 }  // namespace dptrain

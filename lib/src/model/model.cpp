@@ -1,7 +1,9 @@
 // The book's ResNet-18 and its reference initialisation.
 #include "dptrain/model/model.h"
 
+#include <ATen/core/grad_mode.h>
 #include <torch/nn/functional/activation.h>
+#include <torch/nn/functional/conv.h>
 #include <torch/nn/functional/pooling.h>
 #include <torch/nn/modules/linear.h>
 
@@ -16,6 +18,7 @@
 #include <vector>
 
 #include "dptrain/core/random.h"
+#include "dptrain/model/batch_norm.h"
 #include "dptrain/model/flops.h"
 #include "dptrain/model/projection.h"
 
@@ -29,12 +32,40 @@ torch::nn::Conv2d conv(int64_t in, int64_t out, int64_t kernel, int64_t stride, 
       torch::nn::Conv2dOptions(in, out, kernel).stride(stride).padding(padding).bias(true));
 }
 
+// relu(bn(conv(x)) + shortcut), the shortcut undefined for none. With fused_bias_grad, where the
+// BatchNorm fuses, the convolution runs with its bias detached (the same call, so the same bits)
+// and the fused backward gives the bias its gradient (Note [The convolution's bias gradient]).
+torch::Tensor conv_batch_norm_relu(torch::nn::Conv2dImpl& conv, BatchNormImpl& bn,
+                                   const torch::Tensor& x, const torch::Tensor& shortcut,
+                                   bool fused_bias_grad) {
+  // Only channels-last CPU input can give an output the BatchNorm fuses; elsewhere (CUDA, the
+  // contiguous layout) the convolution is not run twice.
+  if (fused_bias_grad && conv.bias.defined() && conv.bias.requires_grad() &&
+      at::GradMode::is_enabled() && bn.is_training() && x.device().is_cpu() &&
+      x.suggest_memory_format() == at::MemoryFormat::ChannelsLast) {
+    const auto& o = conv.options;
+    const auto y = torch::nn::functional::conv2d(x, conv.weight,
+                                                 torch::nn::functional::Conv2dFuncOptions()
+                                                     .bias(conv.bias.detach())
+                                                     .stride(o.stride())
+                                                     .padding(o.padding())
+                                                     .dilation(o.dilation())
+                                                     .groups(o.groups()));
+    if (bn.fuses(y, shortcut)) return bn.forward_add_relu(y, shortcut, conv.bias);
+    // Not fused after all (a type or shape the fused BatchNorm does not take): the library's
+    // gradient, from the convolution run again with its bias.
+  }
+  return bn.forward_add_relu(conv.forward(x), shortcut);
+}
+
 }  // namespace
 
 // ---- ResidualBlock ----------------------------------------------------------
 
 ResidualBlockImpl::ResidualBlockImpl(int64_t in_channels, int64_t out_channels, bool use_1x1conv,
-                                     int64_t stride, bool fused_batch_norm) {
+                                     int64_t stride, bool fused_batch_norm,
+                                     bool fused_conv_bias_grad)
+    : fused_conv_bias_grad_(fused_conv_bias_grad) {
   conv1_ = register_module("conv1", conv(in_channels, out_channels, /*kernel=*/3, stride,
                                          /*padding=*/1));
   conv2_ = register_module("conv2", conv(out_channels, out_channels, /*kernel=*/3,
@@ -50,9 +81,11 @@ ResidualBlockImpl::ResidualBlockImpl(int64_t in_channels, int64_t out_channels, 
 torch::Tensor ResidualBlockImpl::forward(const torch::Tensor& x) {
   // BatchNorm, the shortcut's sum and the ReLU are one step (fused on the CPU): the book's
   // relu(bn(conv(x)) + shortcut).
-  auto y = bn1_->forward_add_relu(conv1_->forward(x), torch::Tensor());  // (N, C_out, H', W')
-  const auto shortcut = conv3_ ? project(*conv3_, x) : x;                // (N, C_out, H', W')
-  return bn2_->forward_add_relu(conv2_->forward(y), shortcut);           // (N, C_out, H', W')
+  const bool fused = fused_conv_bias_grad_;
+  // (N, C_out, H', W') each
+  const auto y = conv_batch_norm_relu(*conv1_, *bn1_, x, torch::Tensor(), fused);
+  const auto shortcut = conv3_ ? project(*conv3_, x) : x;
+  return conv_batch_norm_relu(*conv2_, *bn2_, y, shortcut, fused);
 }
 
 ActivationShape ResidualBlockImpl::count_flops(FlopCounter& counter, const std::string& name,
@@ -67,16 +100,16 @@ ActivationShape ResidualBlockImpl::count_flops(FlopCounter& counter, const std::
 }
 
 torch::nn::Sequential make_resnet_stage(int64_t in_channels, int64_t out_channels,
-                                        int64_t num_blocks, bool first_stage,
-                                        bool fused_batch_norm) {
+                                        int64_t num_blocks, bool first_stage, bool fused_batch_norm,
+                                        bool fused_conv_bias_grad) {
   torch::nn::Sequential stage;
   for (int64_t i = 0; i < num_blocks; ++i) {
     if (i == 0 && !first_stage) {
       stage->push_back(ResidualBlock(in_channels, out_channels, /*use_1x1conv=*/true,
-                                     /*stride=*/2, fused_batch_norm));
+                                     /*stride=*/2, fused_batch_norm, fused_conv_bias_grad));
     } else {
       stage->push_back(ResidualBlock(out_channels, out_channels, /*use_1x1conv=*/false,
-                                     /*stride=*/1, fused_batch_norm));
+                                     /*stride=*/1, fused_batch_norm, fused_conv_bias_grad));
     }
   }
   return stage;
@@ -93,22 +126,25 @@ ResNetImpl::ResNetImpl(const ResNetOptions& options) : options_(options) {
   stem_conv_ = register_module("0", conv(options.in_channels, w, /*kernel=*/3, /*stride=*/1,
                                          /*padding=*/1));
   const bool fused = options.fused_batch_norm;
+  const bool bias_grad = options.fused_conv_bias_grad;
   stem_bn_ = register_module("1", BatchNorm(w, fused));
   constexpr int64_t kBlocksPerStage = 2;  // ResNet-18: 4 stages x 2 blocks x 2 convs + 2
-  stage1_ = register_module("resnet_block1",
-                            make_resnet_stage(w, w, kBlocksPerStage, /*first_stage=*/true, fused));
-  stage2_ =
-      register_module("resnet_block2", make_resnet_stage(w, 2 * w, kBlocksPerStage, false, fused));
-  stage3_ = register_module("resnet_block3",
-                            make_resnet_stage(2 * w, 4 * w, kBlocksPerStage, false, fused));
-  stage4_ = register_module("resnet_block4",
-                            make_resnet_stage(4 * w, 8 * w, kBlocksPerStage, false, fused));
+  stage1_ =
+      register_module("resnet_block1", make_resnet_stage(w, w, kBlocksPerStage,
+                                                         /*first_stage=*/true, fused, bias_grad));
+  stage2_ = register_module("resnet_block2",
+                            make_resnet_stage(w, 2 * w, kBlocksPerStage, false, fused, bias_grad));
+  stage3_ = register_module(
+      "resnet_block3", make_resnet_stage(2 * w, 4 * w, kBlocksPerStage, false, fused, bias_grad));
+  stage4_ = register_module(
+      "resnet_block4", make_resnet_stage(4 * w, 8 * w, kBlocksPerStage, false, fused, bias_grad));
   fc_ = register_module("fc", torch::nn::Sequential(torch::nn::Flatten(),
                                                     torch::nn::Linear(8 * w, options.num_classes)));
 }
 
 torch::Tensor ResNetImpl::forward(const torch::Tensor& x) {
-  auto y = stem_bn_->forward_add_relu(stem_conv_->forward(x), torch::Tensor());  // (N, w, 28, 28)
+  auto y = conv_batch_norm_relu(*stem_conv_, *stem_bn_, x, torch::Tensor(),
+                                options_.fused_conv_bias_grad);                  // (N, w, 28, 28)
   y = stage1_->forward(y);                                                       // (N, w, 28, 28)
   y = stage2_->forward(y);                                                       // (N, 2w, 14, 14)
   y = stage3_->forward(y);                                                       // (N, 4w, 7, 7)

@@ -225,7 +225,9 @@ WorldSeat seat_of(const TrainOptions& options, const RankPlan& plan) {
 // The replica: the same seed on every rank (or the start's weights), laid out for its device,
 // and rank 0's state broadcast to make sure.
 ResNet make_replica(const TrainOptions& options, const RankPlan& plan, Communicator& communicator) {
-  ResNet model(ResNetOptions{kNumClasses, /*in_channels=*/1, plan.width});
+  ResNetOptions model_options{kNumClasses, /*in_channels=*/1, plan.width};
+  model_options.fused_conv_bias_grad = options.fused_conv_bias_grad;
+  ResNet model(model_options);
   init_reference_weights(*model, options.seed);
   if (plan.weights) load_model_tensors(*model, *plan.weights, plan.start_name);
   model->to(plan.device);

@@ -46,6 +46,7 @@ std::vector<RunSetting> run_settings(const TrainOptions& options, const std::str
       {"--sync-bn", on_off(options.sync_bn)},
       {"--memory-format", memory_format_name(options.memory_format)},
       {"--amp", options.amp == Amp::kBFloat16 ? "bf16" : "off"},
+      {"--conv-bias-grad", options.fused_conv_bias_grad ? "fused" : "library"},
       {"--cuda-graph", on_off(options.cuda_graph)},
       {"--bucket-mb", exact(static_cast<double>(options.bucket_bytes) / (1024 * 1024))},
       {"--backend", backend_name(options.backend)},

@@ -36,8 +36,15 @@ class BatchNormImpl : public torch::nn::Module, public SynchronisedAcrossReplica
   // mode on the CPU, per replica, with x channels-last: one fused operation (Note [Fusing
   // BatchNorm, the shortcut and the ReLU]); elsewhere those three steps, the sum and the ReLU in
   // place.
-  // x, shortcut: (N, C, H, W) -> (N, C, H, W)
-  torch::Tensor forward_add_relu(const torch::Tensor& x, const torch::Tensor& shortcut);
+  // conv_bias, only where fuses(x, shortcut): the bias of the convolution that made x, which
+  // that convolution took detached; its gradient then comes from the fused backward
+  // (batch_norm_add_relu, fused_batch_norm.h).
+  // x, shortcut: (N, C, H, W) -> (N, C, H, W); conv_bias: (C) or undefined
+  torch::Tensor forward_add_relu(const torch::Tensor& x, const torch::Tensor& shortcut,
+                                 const torch::Tensor& conv_bias = torch::Tensor());
+
+  // Whether forward_add_relu(x, shortcut) runs the fused operation.
+  bool fuses(const torch::Tensor& x, const torch::Tensor& shortcut) const;
 
   // With a communicator of several ranks, training-mode statistics are summed over them. The
   // communicator must outlive the module; nullptr returns to per-replica statistics.

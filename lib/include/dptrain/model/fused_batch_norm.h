@@ -18,10 +18,14 @@ bool batch_norm_add_relu_applies(const torch::Tensor& x, const torch::Tensor& sh
 // variance per channel, as torch::batch_norm in training mode followed by the sum and the ReLU;
 // updates running_mean and running_var in place as that call does (running_var with the
 // unbiased variance). Differentiable in x, shortcut, weight and bias; the result has x's layout.
-// x: (N, C, H, W); shortcut: (N, C, H, W) or undefined; weight, bias, running_*: (C)
+// conv_bias, when defined, is the bias the convolution that made x added to it, and that
+// convolution took it detached: its gradient, the sum of x's gradient over N, H and W, is
+// summed here in float64 while x's gradient is written (Note [The convolution's bias gradient]).
+// x: (N, C, H, W); shortcut: (N, C, H, W) or undefined; weight, bias, running_*, conv_bias: (C)
 torch::Tensor batch_norm_add_relu(const torch::Tensor& x, const torch::Tensor& shortcut,
                                   const torch::Tensor& weight, const torch::Tensor& bias,
                                   torch::Tensor& running_mean, torch::Tensor& running_var,
-                                  double momentum, double eps);
+                                  double momentum, double eps,
+                                  const torch::Tensor& conv_bias = torch::Tensor());
 
 }  // namespace dptrain

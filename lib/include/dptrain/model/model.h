@@ -28,6 +28,10 @@ struct ResNetOptions {
   int64_t in_channels = 1;       // grey-scale images
   int64_t width = 64;            // channels of the first stage; stages use width x {1, 2, 4, 8}
   bool fused_batch_norm = true;  // BatchNormOptions::fused for every BatchNorm
+  // The gradient of each convolution's bias that feeds a BatchNorm, from that BatchNorm's fused
+  // backward where it runs (Note [The convolution's bias gradient]); false: from the convolution
+  // library (oneDNN, cuDNN), as the book's PyTorch computes it.
+  bool fused_conv_bias_grad = false;
 };
 
 // One residual block (D2L 8.6): conv3x3-BN-ReLU-conv3x3-BN, plus a shortcut that is the identity
@@ -35,7 +39,7 @@ struct ResNetOptions {
 class ResidualBlockImpl : public torch::nn::Module {
  public:
   ResidualBlockImpl(int64_t in_channels, int64_t out_channels, bool use_1x1conv, int64_t stride,
-                    bool fused_batch_norm = true);
+                    bool fused_batch_norm = true, bool fused_conv_bias_grad = false);
 
   // x: (N, C_in, H, W) -> (N, C_out, H / stride, W / stride)
   torch::Tensor forward(const torch::Tensor& x);
@@ -50,13 +54,15 @@ class ResidualBlockImpl : public torch::nn::Module {
   torch::nn::Conv2d conv3_{nullptr};  // the projection shortcut; null for the identity
   BatchNorm bn1_{nullptr};
   BatchNorm bn2_{nullptr};
+  bool fused_conv_bias_grad_ = false;
 };
 TORCH_MODULE(ResidualBlock);
 
 // A stage of residual blocks; every stage but the first halves H and W and projects the shortcut.
 torch::nn::Sequential make_resnet_stage(int64_t in_channels, int64_t out_channels,
                                         int64_t num_blocks, bool first_stage,
-                                        bool fused_batch_norm = true);
+                                        bool fused_batch_norm = true,
+                                        bool fused_conv_bias_grad = false);
 
 class ResNetImpl : public torch::nn::Module {
  public:

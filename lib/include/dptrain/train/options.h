@@ -46,6 +46,10 @@ struct TrainOptions {
   MemoryFormat memory_format = MemoryFormat::kAuto;
   bool cudnn_benchmark = true;  // let cuDNN time its algorithms for each shape (CUDA only)
   Amp amp = Amp::kOff;          // autocast the forward pass
+  // The gradient of each convolution bias that feeds a BatchNorm from the fused BatchNorm's
+  // backward, where that runs (ResNetOptions::fused_conv_bias_grad); changes that gradient by
+  // float rounding, so opt-in.
+  bool fused_conv_bias_grad = false;
   // One device's dense peak in TFLOP/s at the run's precision (--peak-tflops), the denominator of
   // EpochStats::mfu; unset takes NVIDIA's figure for known GPUs and claims none on CPUs
   // (model/numerics.h).
