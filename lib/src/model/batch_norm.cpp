@@ -81,12 +81,15 @@ torch::Tensor BatchNormImpl::forward(const torch::Tensor& x) {
                            options_.momentum, options_.eps, /*cudnn_enabled=*/true);
 }
 
+bool BatchNormImpl::may_fuse() const {
+  return options_.fused && is_training() && sync_ == nullptr;
+}
+
 bool BatchNormImpl::fuses(const torch::Tensor& x, const torch::Tensor& shortcut) const {
   // Fused only in the channels-last layout, where it is faster than LibTorch's kernels at the
   // book's shapes on LibTorch 1.13 and 2.11; contiguous, its per-plane loops are not vectorised
   // and are slower than LibTorch's (bench/results/2026-12-01-cpu-fused-batch-norm.md).
-  return options_.fused && is_training() && sync_ == nullptr && x.defined() &&
-         x.is_contiguous(at::MemoryFormat::ChannelsLast) &&
+  return may_fuse() && x.defined() && x.is_contiguous(at::MemoryFormat::ChannelsLast) &&
          batch_norm_add_relu_applies(x, shortcut, weight);
 }
 

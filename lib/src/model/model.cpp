@@ -39,9 +39,9 @@ torch::Tensor conv_batch_norm_relu(torch::nn::Conv2dImpl& conv, BatchNormImpl& b
                                    const torch::Tensor& x, const torch::Tensor& shortcut,
                                    bool fused_bias_grad) {
   // Only channels-last CPU input can give an output the BatchNorm fuses; elsewhere (CUDA, the
-  // contiguous layout) the convolution is not run twice.
+  // contiguous layout, --sync-bn, evaluation) the convolution is not run twice.
   if (fused_bias_grad && conv.bias.defined() && conv.bias.requires_grad() &&
-      at::GradMode::is_enabled() && bn.is_training() && x.device().is_cpu() &&
+      at::GradMode::is_enabled() && bn.may_fuse() && x.device().is_cpu() &&
       x.suggest_memory_format() == at::MemoryFormat::ChannelsLast) {
     const auto& o = conv.options;
     const auto y = torch::nn::functional::conv2d(x, conv.weight,

@@ -43,8 +43,10 @@ class BatchNormImpl : public torch::nn::Module, public SynchronisedAcrossReplica
   torch::Tensor forward_add_relu(const torch::Tensor& x, const torch::Tensor& shortcut,
                                  const torch::Tensor& conv_bias = torch::Tensor());
 
-  // Whether forward_add_relu(x, shortcut) runs the fused operation.
+  // Whether forward_add_relu(x, shortcut) runs the fused operation; may_fuse(): whether it would
+  // for some x (fused, training, per replica), asked before x exists.
   bool fuses(const torch::Tensor& x, const torch::Tensor& shortcut) const;
+  bool may_fuse() const;
 
   // With a communicator of several ranks, training-mode statistics are summed over them. The
   // communicator must outlive the module; nullptr returns to per-replica statistics.
