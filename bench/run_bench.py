@@ -19,7 +19,8 @@ kind and implementation, e.g. "convolution brg:avx512_core_bf16".
 Contestants whose program is missing are left out, saying so. dptrain-V-system-allocator
 (dptrain with --cpu-allocator system, which binaries that link tcmalloc run by default) and
 dptrain-V-channels-last (--memory-format channels-last, --recipe fast's layout, where the default
-is contiguous: a CPU without AVX-512) run only when --only names them.
+is contiguous: a CPU without AVX-512) and dptrain-V-fast-step (--recipe fast's step: channels-last
+and --conv-bias-grad fused) run only when --only names them.
 
 Every round runs each contestant once, in an order rotated from round to round; round 0 warms
 caches (and Inductor's) and is not counted. Each run trains --warmup steps, then --steps steps
@@ -215,7 +216,7 @@ def torch_version(python):
 
 
 # Contestants that run only when --only names them.
-ONLY_WHEN_NAMED = ("-system-allocator", "-channels-last")
+ONLY_WHEN_NAMED = ("-system-allocator", "-channels-last", "-fast-step")
 
 
 def contestants(args):
@@ -234,6 +235,10 @@ def contestants(args):
             # channels-last where the default is contiguous (an AVX2 CPU): --recipe fast's layout
             chosen.append(dptrain_contestant(name + "-channels-last", binary, name.split("-")[1],
                                              ["--memory-format", "channels-last"]))
+            # --recipe fast's step: its layout and its fused conv bias gradients
+            chosen.append(dptrain_contestant(name + "-fast-step", binary, name.split("-")[1],
+                                             ["--memory-format", "channels-last",
+                                              "--conv-bias-grad", "fused"]))
         else:
             missing.append(f"{name} ({binary} is not built)")
     tuned = ["--channels-last", "--inplace"]

@@ -16,7 +16,7 @@ bench/recipe_flags.py), choosing the recipe (the --val-split search).
         --width 16 --epochs 10 --target 0.93 --momentum 0.9 --nesterov ... --seeds 0,1,2
 
 dptrain runs in --layout, by default channels-last as `--recipe fast` asks where the CPU has AVX2
-(else contiguous). The peer runs tuned (--peer-flags, default the in-place ReLUs, and
+(else contiguous), and with --conv-bias-grad, by default fused as `--recipe fast` asks. The peer runs tuned (--peer-flags, default the in-place ReLUs, and
 channels-last exactly where dptrain runs it; --peer-flags "... --compile" with a torch 2.x
 --python), with the same --amp. The peer's --val-split holds out as many images as dptrain's,
 but not the same ones.
@@ -92,6 +92,7 @@ def common_argv(args, seed):
 def dptrain_command(args, seed, metrics):
     return ([args.dptrain, "train", "--devices", "cpu", "--quiet", "--metrics", metrics] +
             common_argv(args, seed) + ["--memory-format", args.layout] +
+            ["--conv-bias-grad", args.conv_bias_grad] +
             shlex.split(args.dptrain_flags))
 
 
@@ -151,7 +152,8 @@ def write_report(record, base):
              f"Machine: {m['cpu']}, {m['cores']} cores, flags: "
              f"{', '.join(m['flags']) or 'none of these'} (of {', '.join(NOTED_FLAGS)}). "
              f"Width {s['width']}, batch {s['batch_size']}, {s['epochs']} epochs, lr {s['lr']}, "
-             f"{s['threads']} threads, amp {s['amp']}, dptrain's layout {s['layout']}, the "
+             f"{s['threads']} threads, amp {s['amp']}, dptrain's layout {s['layout']} and "
+             f"conv bias gradients {s.get('conv_bias_grad', 'library')}, the "
              f"peer's flags `{s['peer_flags']}`; recipe: "
              f"`{' '.join(s['recipe']) or 'the book (no recipe flags)'}`. Runs alternate, "
              f"dptrain then the peer for each seed. Time: from the first step to the end of "
@@ -235,6 +237,8 @@ def parser():
     p.add_argument("--layout", choices=["auto", "channels-last", "contiguous"], default=None,
                    help="dptrain's --memory-format (default: channels-last, as --recipe fast, "
                         "where the CPU has AVX2, else contiguous)")
+    p.add_argument("--conv-bias-grad", choices=["library", "fused"], default="fused",
+                   help="dptrain's --conv-bias-grad (default: fused, as --recipe fast)")
     p.add_argument("--dptrain-flags", default="", help="dptrain's own extra flags")
     p.add_argument("--data-dir", default=os.environ.get("DPTRAIN_DATA") or
                    "/usr/share/datasets/fashion-mnist")
@@ -288,6 +292,7 @@ def main(argv=None):
                      "target": args.target, "train_limit": args.train_limit,
                      "test_limit": args.test_limit, "seeds": seeds,
                      "recipe": recipe_argv(args), "layout": args.layout,
+                     "conv_bias_grad": args.conv_bias_grad,
                      "peer_flags": args.peer_flags,
                      "dptrain_flags": args.dptrain_flags},
         "runs": runs, "summary": summary, "notes": notes,
