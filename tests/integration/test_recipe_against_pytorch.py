@@ -6,10 +6,12 @@ AveragedModel) on the book's model (tests/support/pytorch_resnet.py). dptrain tr
 writes a checkpoint after the last two; PyTorch loads the first (weights, buffers, momentum
 buffers, the EMA) and takes step 33 on dptrain's batch and crops (tests/support/dptrain_draws.py).
 Every tensor of dptrain's second checkpoint must equal PyTorch's to float32 rounding, measured
-against how far the step moved it (Note [The tolerance of the replay]). Two runs: one replica
+against how far the step moved it (Note [The tolerance of the replay]). Three runs: one replica
 with momentum, Nesterov, weight decay off the norms and biases, one-cycle with a warm-up and
 label smoothing; two replicas with --sync-bn, adding clipping (at a bound the step's norm
-exceeds), crop-and-flip and the EMA.
+exceeds), crop-and-flip and the EMA; one replica as the first, in --recipe fast's step
+(channels-last, --conv-bias-grad fused), where the CPU has AVX2 (below it channels-last is
+refused, and the run says it did not run).
 One step from a trained state: from the book's N(0, 0.01) start a change of 1e-7 in the weights
 grows to a difference of order one within a few steps at lr 0.1, so a longer replay would compare
 chaos, not code (bench/results/2026-12-07-recipe-against-pytorch.md).
@@ -59,6 +61,8 @@ RUNS = [
     ("two replicas, --sync-bn: the same and clipping, crop-flip, the EMA",
      ["--devices", "cpu,cpu", "--sync-bn", *SGD, "--clip-grad-norm", "0.2", "--augment",
       "crop-flip", "--crop-padding", "3", "--ema", "0.9"]),
+    ("one replica, --recipe fast's step: channels-last and the fused conv bias gradients",
+     ["--devices", "cpu", *SGD, "--memory-format", "channels-last", "--conv-bias-grad", "fused"]),
 ]
 # Note [The tolerance of the replay]
 # From the same state, the two steps differ by the order of float32 sums alone (dptrain's
@@ -108,9 +112,20 @@ def read_safetensors(path):
     return tensors
 
 
+# dptrain's flags that are not the recipe's (the PyTorch side runs its own default layout and
+# conv bias gradients), each with its value if it takes one.
+NOT_RECIPE = {"--devices": 1, "--sync-bn": 0, "--memory-format": 1, "--conv-bias-grad": 1}
+
+
 def peer_args(flags):
     """recipe_peer's parsed flags for dptrain's recipe `flags`."""
-    recipe = [f for f in flags if f not in ("--devices", "cpu", "cpu,cpu", "--sync-bn")]
+    recipe, i = [], 0
+    while i < len(flags):
+        if flags[i] in NOT_RECIPE:
+            i += 1 + NOT_RECIPE[flags[i]]
+            continue
+        recipe.append(flags[i])
+        i += 1
     return peer.parser().parse_args(["--width", str(WIDTH), "--batch-size", str(BATCH), "--lr",
                                      str(LR), "--epochs", str(EPOCHS), *recipe])
 
@@ -222,7 +237,12 @@ def main():
     args = parser.parse_args()
     torch.set_num_threads(1)
     folder = data_dir()
+    with open("/proc/cpuinfo") as f:
+        avx2 = " avx2" in f.read()
     for what, flags in RUNS:
+        if "channels-last" in flags and not avx2:
+            print(f"{what}: not run, as dptrain refuses channels-last below AVX2")
+            continue
         with tempfile.TemporaryDirectory() as scratch:
             compare(what, flags, args.dptrain, folder, scratch)
     print("every run matched PyTorch's")
