@@ -114,7 +114,7 @@ void add_device_flags(cxxopts::Options& options) {
       ("conv-bias-grad", "the gradient of a convolution's bias that feeds a BatchNorm: library "
                          "(oneDNN's or cuDNN's, as PyTorch's) or fused (summed in the fused "
                          "BatchNorm's backward, where it runs: training on the CPU, "
-                         "channels-last)",
+                         "channels-last, without --sync-bn)",
        cxxopts::value<std::string>()->default_value("library"), "NAME")
       ("cudnn-benchmark", "let cuDNN pick the fastest algorithm per shape: on or off",
        cxxopts::value<std::string>()->default_value("on"), "ON|OFF")

@@ -301,9 +301,9 @@ std::string describe_run(const dptrain::FashionMnist& data, const std::string& d
     }
   }
   // --conv-bias-grad fused takes effect only where the fused BatchNorm trains (the CPU in
-  // channels-last); the line says so only where it does.
+  // channels-last, without --sync-bn); the line says so only where it does.
   const bool fused_bias_grad = options.fused_conv_bias_grad && device.is_cpu() &&
-                               layout == dptrain::MemoryFormat::kChannelsLast;
+                               layout == dptrain::MemoryFormat::kChannelsLast && !options.sync_bn;
   return header +
          dptrain::describe_arithmetic(device, layout, options.amp, options.cudnn_benchmark, cpu) +
          (fused_bias_grad ? ", conv bias gradients fused" : "") + "; " +

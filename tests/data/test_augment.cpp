@@ -86,6 +86,18 @@ TEST(CropFlip, KeepsChannelsLastAndRefusesMisshapenDraws) {
   const auto x = torch::rand({2, 3, 5, 5}).contiguous(at::MemoryFormat::ChannelsLast);
   const auto out = crop_flip(x, draw_crop_flip(0, 0, 0, 2, 1), 1);
   EXPECT_TRUE(out.is_contiguous(at::MemoryFormat::ChannelsLast));
+  // One channel, as the model's input is made (batch_input.cpp): the same strides as x, which
+  // oneDNN reads as channels-last.
+  const auto grey =
+      torch::empty({2, 1, 5, 5},
+                   torch::TensorOptions().memory_format(at::MemoryFormat::ChannelsLast))
+          .copy_(torch::rand({2, 1, 5, 5}));
+  const auto cropped = crop_flip(grey, draw_crop_flip(0, 0, 0, 2, 1), 1);
+  EXPECT_EQ(cropped.strides(), grey.strides());
+  EXPECT_EQ(cropped.suggest_memory_format(), at::MemoryFormat::ChannelsLast);
+  EXPECT_EQ(crop_flip(torch::rand({2, 1, 5, 5}), draw_crop_flip(0, 0, 0, 2, 1), 1).strides(),
+            torch::rand({2, 1, 5, 5}).strides())
+      << "contiguous stays contiguous";
   EXPECT_THROW(crop_flip(x, torch::zeros({3, 3}, torch::kInt64), 1), c10::Error);
   EXPECT_THROW(crop_flip(x.select(1, 0), torch::zeros({2, 3}, torch::kInt64), 1), c10::Error);
 }

@@ -45,6 +45,8 @@ TEST(RunSettings, EachDifferenceIsNamedWithBothValues) {
       {[](TrainOptions& o) { o.seed = 3; }, "--seed 3, rank 0 with --seed 0"},
       {[](TrainOptions& o) { o.sync_bn = true; }, "--sync-bn on, rank 0 with --sync-bn off"},
       {[](TrainOptions& o) { o.amp = Amp::kBFloat16; }, "--amp bf16, rank 0 with --amp off"},
+      {[](TrainOptions& o) { o.fused_conv_bias_grad = true; },
+       "--conv-bias-grad fused, rank 0 with --conv-bias-grad library"},
       // NCCL: whether a collective is captured in a graph must be the same on every rank.
       {[](TrainOptions& o) { o.cuda_graph = true; },
        "--cuda-graph on, rank 0 with --cuda-graph off"},

@@ -58,7 +58,10 @@ torch::Tensor crop_flip(const torch::Tensor& x, const torch::Tensor& draws, int6
   const auto channel = torch::arange(x.size(1), index).view({1, -1, 1, 1});
   const auto out =
       padded.index({batch, channel, rows.view({n, 1, height, 1}), columns.view({n, 1, 1, width})});
-  return out.contiguous(x.suggest_memory_format());
+  // x's own strides: with one channel, contiguous() would call the NCHW result channels-last
+  // as it is, and oneDNN, reading NCHW strides, would give the stem an NCHW output its BatchNorm
+  // does not fuse.
+  return torch::empty_like(x).copy_(out);
 }
 
 }  // namespace dptrain

@@ -377,7 +377,8 @@ inline void input_gradients_run(const S* __restrict grad, const S* __restrict ou
                                 const S* __restrict x, int64_t n, T hi, T lo, T a, T b, T d,
                                 S* __restrict dx, S* __restrict ds, double* __restrict lanes,
                                 double* __restrict tail) {
-  const auto gradient = [&](int64_t i) {
+  // By value: a lambda that took the pointers by reference could cost them __restrict.
+  const auto gradient = [=](int64_t i) {
     const T g = through_relu(widen(grad[i]), widen(out[i]));
     return narrow<S>(g * a + (widen(x[i]) - hi - lo) * b + d);
   };

@@ -38,11 +38,13 @@ torch::nn::Conv2d conv(int64_t in, int64_t out, int64_t kernel, int64_t stride, 
 torch::Tensor conv_batch_norm_relu(torch::nn::Conv2dImpl& conv, BatchNormImpl& bn,
                                    const torch::Tensor& x, const torch::Tensor& shortcut,
                                    bool fused_bias_grad) {
-  // Only channels-last CPU input can give an output the BatchNorm fuses; elsewhere (CUDA, the
-  // contiguous layout, --sync-bn, evaluation) the convolution is not run twice.
+  // oneDNN writes a channels-last output where the input or the weight is channels-last (as
+  // LibTorch decides), and only such an output can be fused; elsewhere (CUDA, the contiguous
+  // layout, --sync-bn, evaluation) the convolution is not run twice.
   if (fused_bias_grad && conv.bias.defined() && conv.bias.requires_grad() &&
       at::GradMode::is_enabled() && bn.may_fuse() && x.device().is_cpu() &&
-      x.suggest_memory_format() == at::MemoryFormat::ChannelsLast) {
+      (x.suggest_memory_format() == at::MemoryFormat::ChannelsLast ||
+       conv.weight.suggest_memory_format() == at::MemoryFormat::ChannelsLast)) {
     const auto& o = conv.options;
     const auto y = torch::nn::functional::conv2d(x, conv.weight,
                                                  torch::nn::functional::Conv2dFuncOptions()
