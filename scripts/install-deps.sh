@@ -4,8 +4,8 @@
 # zlib, libcurl, OpenSSL's libcrypto, nlohmann-json (safetensors headers), protobuf and ISA-L (--tensorboard's event files),
 # tcmalloc-minimal (linked: the dptrain binary's malloc), the
 # real Fashion-MNIST, Debian's python3-torch (torchrun for the multi-process tests), Chromium and
-# libpng (the plot test renders the SVG headless and reads the screenshot) and valgrind (the
-# memory-layout test).
+# libpng (the plot test renders the SVG headless and reads the screenshot), valgrind (the
+# memory-layout test) and universal-ctags (the unity builds' name check).
 # Arguments name more packages to install with them (scripts/fuzz.sh passes clang's).
 set -euo pipefail
 
@@ -25,6 +25,7 @@ packages=(
   python3-venv                  # quickstart.sh keeps the CUDA LibTorch of a GPU machine in a venv
   chromium                      # headless, renders the training plot's SVG in test_plot.cpp
   valgrind                      # checks the default layout for heap corruption (test_binary_runs.cpp)
+  universal-ctags               # names each test file defines (tests/unity_names_check.py)
 )
 packages+=("$@")
 

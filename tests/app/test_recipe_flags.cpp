@@ -23,7 +23,7 @@ TrainOptions parse_train(const std::vector<std::string>& args) {
   return parse_command_line(static_cast<int>(argv.size()) - 1, argv.data()).train.options;
 }
 
-void expect_parse_error(const std::vector<std::string>& args, const std::string& substring) {
+void expect_train_parse_error(const std::vector<std::string>& args, const std::string& substring) {
   const std::string message =
       dptrain::testing::expect_throws<UsageError>([&] { parse_train(args); }, {substring});
   EXPECT_EQ(message.find('\n'), std::string::npos) << "not one line: " << message;
@@ -85,34 +85,42 @@ TEST(RecipeFlags, EveryFlagsValueIsExact) {
 }
 
 TEST(RecipeFlags, BadValuesAreOneLineNamingTheFlag) {
-  expect_parse_error({"--momentum", "1"}, "--momentum: '1' is out of range; expected 0 to below 1");
-  expect_parse_error({"--momentum", "-0.1"}, "--momentum: '-0.1' is out of range");
-  expect_parse_error({"--momentum", "nan"}, "--momentum: 'nan' is out of range");
-  expect_parse_error({"--weight-decay", "x"}, "--weight-decay: 'x' is not a number");
-  expect_parse_error({"--nesterov"}, "--nesterov needs --momentum above 0");
-  expect_parse_error({"--weight-decay-skip-norm-bias"},
-                     "--weight-decay-skip-norm-bias needs --weight-decay above 0");
-  expect_parse_error({"--lr-schedule", "linear"},
-                     "--lr-schedule: 'linear' is not one of constant, step, cosine or onecycle");
-  expect_parse_error({"--lr-schedule", "step"}, "--lr-schedule step needs --lr-step-epochs N");
-  expect_parse_error({"--lr-step-epochs", "2"}, "--lr-step-epochs: only with --lr-schedule step");
-  expect_parse_error({"--lr-schedule", "step", "--lr-step-epochs", "0"},
-                     "--lr-step-epochs: '0' is out of range");
-  expect_parse_error({"--lr-schedule", "step", "--lr-step-epochs", "1", "--lr-step-gamma", "0"},
-                     "--lr-step-gamma: '0' is out of range");
-  expect_parse_error({"--warmup-epochs", "inf"}, "--warmup-epochs: 'inf' is out of range");
-  expect_parse_error({"--label-smoothing", "1"}, "--label-smoothing: '1' is out of range");
-  expect_parse_error({"--augment", "flip"}, "--augment: 'flip' is not one of none or crop-flip");
-  expect_parse_error({"--crop-padding", "29"}, "--crop-padding: '29' is out of range");
-  expect_parse_error({"--clip-grad-norm", "-1"}, "--clip-grad-norm: '-1' is out of range");
-  expect_parse_error({"--ema", "1"}, "--ema: '1' is out of range");
-  expect_parse_error({"--recipe", "fastest"}, "--recipe: 'fastest' is not one of book, fast");
-  expect_parse_error({"--recipe=fastest"}, "--recipe: 'fastest' is not one of book, fast");
+  expect_train_parse_error({"--momentum", "1"},
+                           "--momentum: '1' is out of range; expected 0 to below 1");
+  expect_train_parse_error({"--momentum", "-0.1"}, "--momentum: '-0.1' is out of range");
+  expect_train_parse_error({"--momentum", "nan"}, "--momentum: 'nan' is out of range");
+  expect_train_parse_error({"--weight-decay", "x"}, "--weight-decay: 'x' is not a number");
+  expect_train_parse_error({"--nesterov"}, "--nesterov needs --momentum above 0");
+  expect_train_parse_error({"--weight-decay-skip-norm-bias"},
+                           "--weight-decay-skip-norm-bias needs --weight-decay above 0");
+  expect_train_parse_error(
+      {"--lr-schedule", "linear"},
+      "--lr-schedule: 'linear' is not one of constant, step, cosine or onecycle");
+  expect_train_parse_error({"--lr-schedule", "step"},
+                           "--lr-schedule step needs --lr-step-epochs N");
+  expect_train_parse_error({"--lr-step-epochs", "2"},
+                           "--lr-step-epochs: only with --lr-schedule step");
+  expect_train_parse_error({"--lr-schedule", "step", "--lr-step-epochs", "0"},
+                           "--lr-step-epochs: '0' is out of range");
+  expect_train_parse_error(
+      {"--lr-schedule", "step", "--lr-step-epochs", "1", "--lr-step-gamma", "0"},
+      "--lr-step-gamma: '0' is out of range");
+  expect_train_parse_error({"--warmup-epochs", "inf"}, "--warmup-epochs: 'inf' is out of range");
+  expect_train_parse_error({"--label-smoothing", "1"}, "--label-smoothing: '1' is out of range");
+  expect_train_parse_error({"--augment", "flip"},
+                           "--augment: 'flip' is not one of none or crop-flip");
+  expect_train_parse_error({"--crop-padding", "29"}, "--crop-padding: '29' is out of range");
+  expect_train_parse_error({"--clip-grad-norm", "-1"}, "--clip-grad-norm: '-1' is out of range");
+  expect_train_parse_error({"--ema", "1"}, "--ema: '1' is out of range");
+  expect_train_parse_error({"--recipe", "fastest"}, "--recipe: 'fastest' is not one of book, fast");
+  expect_train_parse_error({"--recipe=fastest"}, "--recipe: 'fastest' is not one of book, fast");
   // As every other flag: the next flag is no value, and a long value is cut short.
-  expect_parse_error({"--momentum", "--nesterov"}, "--momentum: missing value (got '--nesterov')");
-  expect_parse_error({"--momentum=" + std::string(300, '9')},
-                     "--momentum: '9999999999999999999999999999999999999999...' (300 characters)");
-  expect_parse_error({"--recipe", std::string(300, 'a')}, "(300 characters) is not one of");
+  expect_train_parse_error({"--momentum", "--nesterov"},
+                           "--momentum: missing value (got '--nesterov')");
+  expect_train_parse_error(
+      {"--momentum=" + std::string(300, '9')},
+      "--momentum: '9999999999999999999999999999999999999999...' (300 characters)");
+  expect_train_parse_error({"--recipe", std::string(300, 'a')}, "(300 characters) is not one of");
 }
 
 TEST(RecipeFlags, APresetIsItsFlagsWhereItStands) {

@@ -34,7 +34,7 @@ using dptrain::testing::real_data_dir;
 using dptrain::testing::TempDir;
 using dptrain::testing::write_bytes;
 
-constexpr uint8_t kUByte = 0x08;
+constexpr uint8_t kIdxUnsignedByte = 0x08;
 constexpr int64_t kPixels = kImageSide * kImageSide;
 
 // Sets (or, with nullopt, unsets) an environment variable for the life of the guard.
@@ -92,7 +92,7 @@ std::vector<uint8_t> image_bytes(int64_t n, int salt = 0) {
 
 void write_idx(const std::string& path, const std::vector<uint32_t>& dims,
                const std::vector<uint8_t>& data, bool gzip) {
-  const auto bytes = make_idx(kUByte, dims, data);
+  const auto bytes = make_idx(kIdxUnsignedByte, dims, data);
   write_bytes(path, gzip ? gzip_bytes(bytes) : bytes);
 }
 

@@ -48,10 +48,12 @@ using testing::expect_no_crash;
 using testing::expect_one_error_line;
 using testing::fake_images;
 using testing::fake_labels;
+using testing::kRunTime;
 using testing::kTestImages;
 using testing::kTestLabels;
 using testing::kTrainImages;
 using testing::kTrainLabels;
+using testing::kUsage;
 using testing::run_dptrain;
 using testing::split_lines;
 using testing::tiny_data_dir;
@@ -151,9 +153,6 @@ struct ErrorCase {
 };
 
 void PrintTo(const ErrorCase& c, std::ostream* out) { *out << c.name; }
-
-constexpr int kUsage = 2;
-constexpr int kRunTime = 1;
 
 class CliErrors : public ::testing::TestWithParam<ErrorCase> {};
 

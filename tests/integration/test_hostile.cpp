@@ -35,15 +35,14 @@ using testing::contains;
 using testing::describe;
 using testing::expect_no_crash;
 using testing::expect_one_error_line;
+using testing::kRunTime;
+using testing::kUsage;
 using testing::read_text;
 using testing::run_dptrain;
 using testing::split_lines;
 using testing::TempDir;
 using testing::tiny_data_dir;
 using testing::wait_for_text;
-
-constexpr int kRunTime = 1;
-constexpr int kUsage = 2;
 
 // A one-epoch run of a width-`width` model on the tiny data set, plus `more`.
 std::vector<std::string> tiny_train(const std::vector<std::string>& more,

@@ -26,16 +26,15 @@ namespace {
 using testing::contains;
 using testing::describe;
 using testing::expect_one_error_line;
+using testing::kRunTime;
+using testing::kUsage;
 using testing::run_dptrain;
 using testing::TempDir;
 using testing::tiny_data_dir;
 
-constexpr int kRunTime = 1;
-constexpr int kUsage = 2;
-
 // A run of a width-1 model on the tiny data set for `epochs` epochs, plus `more`.
-std::vector<std::string> tiny_train(const std::string& epochs,
-                                    const std::vector<std::string>& more) {
+std::vector<std::string> tiny_train_for_epochs(const std::string& epochs,
+                                               const std::vector<std::string>& more) {
   std::vector<std::string> args{"train",   "--data-dir", tiny_data_dir(), "--devices", "cpu",
                                 "--width", "1",          "--epochs",      epochs,      "--threads",
                                 "1",       "--batch-size", "8"};
@@ -45,7 +44,7 @@ std::vector<std::string> tiny_train(const std::string& epochs,
 
 // The one checkpoint a one-epoch run leaves in `directory`.
 std::string trained_checkpoint(const std::string& directory) {
-  const auto result = run_dptrain(tiny_train("1", {"--checkpoint-dir", directory}));
+  const auto result = run_dptrain(tiny_train_for_epochs("1", {"--checkpoint-dir", directory}));
   EXPECT_EQ(result.exit_code, 0) << describe(result);
   const auto names = checkpoint_file_names(directory);
   EXPECT_EQ(names.size(), 1u);
@@ -66,7 +65,8 @@ TEST(HostileCheckpoint, AClaimedWidthTheRunCannotUseIsRefusedUnread) {
   testing::write_bytes(huge, header);
   ASSERT_EQ(::truncate(huge.c_str(), static_cast<off_t>(header.size() + data)), 0);
 
-  const auto resumed = run_dptrain(tiny_train("2", {"--checkpoint-dir", checkpoints, "--resume"}));
+  const auto resumed =
+      run_dptrain(tiny_train_for_epochs("2", {"--checkpoint-dir", checkpoints, "--resume"}));
   expect_one_error_line(resumed, kUsage,
                         "checkpoint " + huge + " was written for another model: --width 4096 " +
                             "(this run: 1); not read");
@@ -108,7 +108,8 @@ TEST(HostileCheckpoint, WeightsNoRunCanHaveAreRefusedNamingTheTensorAndTheFile) 
   Checkpoint nan = copy_of_good();
   tensor(nan, "0.weight").view(-1)[0] = std::numeric_limits<float>::quiet_NaN();
   write_checkpoint_atomically(nan, path);
-  const auto resumed = run_dptrain(tiny_train("2", {"--checkpoint-dir", checkpoints, "--resume"}));
+  const auto resumed =
+      run_dptrain(tiny_train_for_epochs("2", {"--checkpoint-dir", checkpoints, "--resume"}));
   expect_one_error_line(resumed, kUsage,
                         "checkpoint " + path + ": corrupt: impossible contents: tensor '0.weight' " +
                             "holds NaN or an infinity");
@@ -145,7 +146,7 @@ TEST(HostileCheckpoint, OutOfMemoryWhileLoadingDataNamesTheFile) {
   testing::ChildSetup limited;
   limited.address_space_limit_bytes = int64_t{3} << 30;
   std::vector<std::string> command{testing::dptrain_binary()};
-  for (const auto& arg : tiny_train("1", {})) command.push_back(arg);
+  for (const auto& arg : tiny_train_for_epochs("1", {})) command.push_back(arg);
   command[3] = dir.path();  // --data-dir
   const auto result = testing::run_command(command, {}, 60, limited);
   expect_one_error_line(result, kRunTime,
@@ -164,7 +165,7 @@ TEST(HostileCheckpoint, NamesFoundInTheCheckpointDirectoryAreEscaped) {
     SCOPED_TRACE(resume ? "--resume" : "no --resume");
     std::vector<std::string> more{"--checkpoint-dir", checkpoints};
     if (resume) more.push_back("--resume");
-    const auto result = run_dptrain(tiny_train("1", more));
+    const auto result = run_dptrain(tiny_train_for_epochs("1", more));
     expect_one_error_line(result, kUsage, "checkpoint-\\x1b]0;owned\\x07\\x1b[2J.safetensors");
     EXPECT_FALSE(contains(result.err, "\x1b")) << describe(result);
   }
@@ -196,8 +197,8 @@ TEST(HostileCheckpoint, FiguresNoRunProducesAreRefusedNotRepublished) {
     Checkpoint bad = good;
     c.edit(bad.history[0]);
     write_checkpoint_atomically(bad, path);
-    const auto resumed = run_dptrain(
-        tiny_train("2", {"--checkpoint-dir", checkpoints, "--resume", "--metrics", metrics}));
+    const auto resumed = run_dptrain(tiny_train_for_epochs(
+        "2", {"--checkpoint-dir", checkpoints, "--resume", "--metrics", metrics}));
     expect_one_error_line(resumed, kUsage,
                           "checkpoint " + path + ": corrupt: impossible contents: epoch 1 of " +
                               "the history: " + c.phrase);
@@ -233,7 +234,7 @@ TEST(HostileCheckpoint, AWidthNoRunHasIsACorruptFileNamedWithTheField) {
     const auto model = run_dptrain({"eval", "--model", path, "--data-dir", tiny_data_dir()});
     expect_one_error_line(model, kRunTime, "--model " + corrupt);
     const auto resumed =
-        run_dptrain(tiny_train("2", {"--checkpoint-dir", checkpoints, "--resume"}));
+        run_dptrain(tiny_train_for_epochs("2", {"--checkpoint-dir", checkpoints, "--resume"}));
     expect_one_error_line(resumed, kUsage, "checkpoint " + corrupt);
   }
 }
@@ -244,13 +245,14 @@ TEST(HostileCheckpoint, APeakNoDeviceHasIsRefusedAndNoMfuExceedsOne) {
   TempDir dir;
   for (const char* peak : {"1e-308", "1e-7", "100001", "1e300"}) {
     SCOPED_TRACE(peak);
-    const auto result = run_dptrain(tiny_train("1", {"--peak-tflops", peak}));
+    const auto result = run_dptrain(tiny_train_for_epochs("1", {"--peak-tflops", peak}));
     expect_one_error_line(result, kUsage,
                           std::string("--peak-tflops: '") + peak + "' is no device's peak");
   }
   // The floor, 1 MFLOP/s, is far below what even this width-1 run does on one thread.
   const std::string metrics = dir.file("metrics.csv");
-  const auto slow = run_dptrain(tiny_train("1", {"--peak-tflops", "1e-6", "--metrics", metrics}));
+  const auto slow =
+      run_dptrain(tiny_train_for_epochs("1", {"--peak-tflops", "1e-6", "--metrics", metrics}));
   ASSERT_EQ(slow.exit_code, 0) << describe(slow);
   EXPECT_FALSE(contains(slow.out, "MFU")) << describe(slow);
   const auto rows = testing::split_lines(testing::read_text(metrics));
@@ -272,7 +274,7 @@ TEST(HostileCheckpoint, APeakNoDeviceHasIsRefusedAndNoMfuExceedsOne) {
     }
   }
   // A peak the run stays below gives its fraction.
-  const auto fast = run_dptrain(tiny_train("1", {"--peak-tflops", "100000"}));
+  const auto fast = run_dptrain(tiny_train_for_epochs("1", {"--peak-tflops", "100000"}));
   ASSERT_EQ(fast.exit_code, 0) << describe(fast);
   EXPECT_TRUE(contains(fast.out, "(MFU ")) << describe(fast);
 }

@@ -25,7 +25,7 @@
 namespace dptrain::testing {
 namespace {
 
-std::vector<std::string> tiny_run(std::vector<std::string> extra = {}) {
+std::vector<std::string> tiny_launch_args(std::vector<std::string> extra = {}) {
   std::vector<std::string> args{"train", "--data-dir", tiny_data_dir(), "--width", "2",
                                 "--epochs", "1", "--max-steps", "1"};
   args.insert(args.end(), extra.begin(), extra.end());
@@ -45,11 +45,12 @@ std::map<std::string, std::string> torchrun_env(int rank, int world_size, int po
 // step. A plain run there is not rank 0 of 4, refused for want of MASTER_ADDR (or waiting out
 // --timeout for ranks that never come): it is the plain run it is.
 TEST(HostileLaunch, SlurmBatchStepIsAPlainRun) {
-  const auto result = run_dptrain(tiny_run(), {{"SLURM_JOB_ID", "77"},
-                                               {"SLURM_PROCID", "0"},
-                                               {"SLURM_NTASKS", "4"},
-                                               {"SLURM_LOCALID", "0"},
-                                               {"SLURM_NODEID", "0"}},
+  const auto result = run_dptrain(tiny_launch_args(),
+                                  {{"SLURM_JOB_ID", "77"},
+                                   {"SLURM_PROCID", "0"},
+                                   {"SLURM_NTASKS", "4"},
+                                   {"SLURM_LOCALID", "0"},
+                                   {"SLURM_NODEID", "0"}},
                                   60);
   ASSERT_EQ(result.exit_code, 0) << describe(result);
   EXPECT_TRUE(contains(split_lines(result.out).at(0), "; rank 0 of 1; ")) << describe(result);
@@ -60,7 +61,7 @@ TEST(HostileLaunch, TooManyInProcessReplicasIsOneErrorLineAtOnce) {
   std::string devices = "cpu";
   for (int i = 1; i < 256; ++i) devices += ",cpu";
   const auto start = std::chrono::steady_clock::now();
-  const auto result = run_dptrain(tiny_run({"--devices", devices}), {}, 20);
+  const auto result = run_dptrain(tiny_launch_args({"--devices", devices}), {}, 20);
   expect_one_error_line(result, 2,
                         "--devices lists 256 replicas; one process runs at most 16 (each is a "
                         "thread with its own model and a connection to every other)");
@@ -78,19 +79,19 @@ TEST(HostileLaunch, FirstLineSaysTheThreadsAndWhereTheyCameFrom) {
   std::map<std::string, std::string> no_omp;
   if (std::getenv("OMP_NUM_THREADS") != nullptr) no_omp["OMP_NUM_THREADS"] = "";
   env.insert(no_omp.begin(), no_omp.end());
-  const auto result = run_dptrain(tiny_run(), env, 60);
+  const auto result = run_dptrain(tiny_launch_args(), env, 60);
   ASSERT_EQ(result.exit_code, 0) << describe(result);
   const auto expected = default_intra_op_threads(nullptr, 2);
   const std::string first = split_lines(result.out).at(0);
   EXPECT_TRUE(contains(first, "; " + expected.reason)) << first;
   EXPECT_TRUE(contains(first, "/ 2 local ranks)")) << first;
   // Without a launcher: all of this host's cores, and the replicas share them.
-  const auto alone = run_dptrain(tiny_run({"--devices", "cpu,cpu"}), no_omp, 60);
+  const auto alone = run_dptrain(tiny_launch_args({"--devices", "cpu,cpu"}), no_omp, 60);
   ASSERT_EQ(alone.exit_code, 0) << describe(alone);
   const std::string shared = default_intra_op_threads(nullptr, 1).reason + ", shared by 2 replicas";
   EXPECT_TRUE(contains(split_lines(alone.out).at(0), "; " + shared)) << describe(alone);
   // --threads is named as the source.
-  const auto flag = run_dptrain(tiny_run({"--threads", "1"}), {}, 60);
+  const auto flag = run_dptrain(tiny_launch_args({"--threads", "1"}), {}, 60);
   ASSERT_EQ(flag.exit_code, 0) << describe(flag);
   EXPECT_TRUE(contains(split_lines(flag.out).at(0), "; 1 thread (--threads)")) << describe(flag);
 }
@@ -107,7 +108,7 @@ TEST(HostileLaunch, ServingRankWhosePortIsTakenIsOneLine) {
   socklen_t length = sizeof any;
   ASSERT_EQ(::getsockname(holder, reinterpret_cast<sockaddr*>(&any), &length), 0);
   const int port = ntohs(any.sin_port);
-  const auto result = run_dptrain(tiny_run(), torchrun_env(0, 2, port), 30);
+  const auto result = run_dptrain(tiny_launch_args(), torchrun_env(0, 2, port), 30);
   ::close(holder);
   expect_one_error_line(result, 1,
                         "rank 0: rendezvous at 127.0.0.1:" + std::to_string(port) +
@@ -148,14 +149,14 @@ TEST(HostileLaunch, DuplicateRankIsNamed) {
   TempDir logs;
   const auto rank0 = spawn_command(
       [] {
-        auto args = tiny_run({"--batch-size", "9", "--timeout", "5"});
+        auto args = tiny_launch_args({"--batch-size", "9", "--timeout", "5"});
         args.insert(args.begin(), dptrain_binary());
         return args;
       }(),
       torchrun_env(0, 3, port), logs.file("rank0"));
   const auto first = spawn_command(
       [] {
-        auto args = tiny_run({"--batch-size", "9", "--timeout", "5"});
+        auto args = tiny_launch_args({"--batch-size", "9", "--timeout", "5"});
         args.insert(args.begin(), dptrain_binary());
         return args;
       }(),
@@ -163,8 +164,8 @@ TEST(HostileLaunch, DuplicateRankIsNamed) {
   ASSERT_TRUE(rank_claimed(port, 1, std::chrono::seconds(30)))  // the first rank 1 claims first
       << read_text(logs.file("first1.err"));
   const auto start = std::chrono::steady_clock::now();
-  const auto second =
-      run_dptrain(tiny_run({"--batch-size", "9", "--timeout", "5"}), torchrun_env(1, 3, port), 30);
+  const auto second = run_dptrain(tiny_launch_args({"--batch-size", "9", "--timeout", "5"}),
+                                  torchrun_env(1, 3, port), 30);
   EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(6));
   expect_one_error_line(second, 1,
                         "rank 1: another process has already joined this rendezvous as rank 1");

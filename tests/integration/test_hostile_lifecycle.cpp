@@ -26,6 +26,8 @@ using testing::binary_and;
 using testing::CommandResult;
 using testing::contains;
 using testing::describe;
+using testing::kRunTime;
+using testing::kUsage;
 using testing::read_text;
 using testing::run_dptrain;
 using testing::split_lines;
@@ -33,12 +35,9 @@ using testing::TempDir;
 using testing::tiny_data_dir;
 using testing::wait_for_text;
 
-constexpr int kRunTime = 1;
-constexpr int kUsage = 2;
-
 // A training of a width-1 model on `data` (the tiny set unless given), plus `more`.
-std::vector<std::string> tiny_train(const std::vector<std::string>& more,
-                                    const std::string& data = tiny_data_dir()) {
+std::vector<std::string> tiny_lifecycle_train(const std::vector<std::string>& more,
+                                              const std::string& data = tiny_data_dir()) {
   std::vector<std::string> args{"train",     "--data-dir", data, "--devices", "cpu", "--width",
                                 "1",         "--epochs",   "1",  "--threads", "1",   "--batch-size",
                                 "8"};
@@ -47,7 +46,7 @@ std::vector<std::string> tiny_train(const std::vector<std::string>& more,
 }
 
 // The environment of rank `rank` of a two-process launch on this host.
-std::map<std::string, std::string> rank_env(int rank, int port) {
+std::map<std::string, std::string> two_rank_env(int rank, int port) {
   return {{"RANK", std::to_string(rank)}, {"WORLD_SIZE", "2"},
           {"LOCAL_RANK", "0"},            {"LOCAL_WORLD_SIZE", "1"},
           {"MASTER_ADDR", "127.0.0.1"},   {"MASTER_PORT", std::to_string(port)}};
@@ -67,9 +66,9 @@ TEST(HostileLifecycle, AFailedPlotWriteKeepsTheCheckpointsAndTheModel) {
   const std::string model = dir.file("m.safetensors");
   const std::string checkpoints = dir.file("ck");
   const auto child = testing::spawn_command(
-      binary_and(tiny_train({"--epochs", "2", "--plot", plot, "--save-model", model,
-                             "--checkpoint-dir", checkpoints},
-                            data.path())),
+      binary_and(tiny_lifecycle_train(
+          {"--epochs", "2", "--plot", plot, "--save-model", model, "--checkpoint-dir", checkpoints},
+          data.path())),
       {}, dir.file("run"));
   ASSERT_TRUE(wait_for_text(child.out_path, "dptrain: ")) << read_text(child.err_path);
   ASSERT_EQ(kill(child.pid, SIGSTOP), 0);  // the plot's path becomes a directory, the run held
@@ -105,11 +104,11 @@ TEST(HostileLifecycle, AFailedPlotWriteKeepsTheCheckpointsAndTheModel) {
 TEST(HostileLifecycle, AResumeWithNothingLeftPrintsNoResultAndSaysWhy) {
   TempDir dir;
   const std::string checkpoints = dir.file("ck");
-  ASSERT_EQ(run_dptrain(tiny_train({"--checkpoint-dir", checkpoints})).exit_code, 0);
+  ASSERT_EQ(run_dptrain(tiny_lifecycle_train({"--checkpoint-dir", checkpoints})).exit_code, 0);
   const std::string last = checkpoints + "/" + checkpoint_file_name(1, 0);
   const std::string model = dir.file("m.safetensors");
-  const auto again =
-      run_dptrain(tiny_train({"--checkpoint-dir", checkpoints, "--resume", "--save-model", model}));
+  const auto again = run_dptrain(
+      tiny_lifecycle_train({"--checkpoint-dir", checkpoints, "--resume", "--save-model", model}));
   testing::expect_no_crash(again);
   EXPECT_EQ(again.exit_code, 0) << describe(again);
   EXPECT_FALSE(contains(again.out, "test acc")) << describe(again);
@@ -123,7 +122,7 @@ TEST(HostileLifecycle, AResumeWithNothingLeftPrintsNoResultAndSaysWhy) {
                 "train on)"})
       << describe(again);
   EXPECT_TRUE(testing::path_exists(model));
-  const auto steps = run_dptrain(tiny_train(
+  const auto steps = run_dptrain(tiny_lifecycle_train(
       {"--checkpoint-dir", checkpoints, "--resume", "--epochs", "3", "--max-steps", "2"}));
   EXPECT_EQ(steps.exit_code, 0) << describe(steps);
   EXPECT_FALSE(contains(steps.out, "test acc")) << describe(steps);
@@ -137,7 +136,8 @@ TEST(HostileLifecycle, AResumeWithNothingLeftPrintsNoResultAndSaysWhy) {
 TEST(HostileLifecycle, SchedulersOtherSignalsAreStopRequests) {
   for (const int signal_number : {SIGUSR1, SIGUSR2, SIGALRM, SIGVTALRM, SIGXCPU, SIGPWR}) {
     testing::expect_signal_stops_and_saves(
-        signal_number, tiny_train({"--epochs", "100000", "--checkpoint-every", "100000"}));
+        signal_number,
+        tiny_lifecycle_train({"--epochs", "100000", "--checkpoint-every", "100000"}));
   }
 }
 
@@ -147,7 +147,8 @@ TEST(HostileLifecycle, AStopSaysWhatBecameOfTheSavedModel) {
   TempDir dir;
   const std::string model = dir.file("m.safetensors");
   const auto child = testing::spawn_command(
-      binary_and(tiny_train({"--epochs", "100000", "--log-every", "1", "--save-model", model})),
+      binary_and(
+          tiny_lifecycle_train({"--epochs", "100000", "--log-every", "1", "--save-model", model})),
       {}, dir.file("run"));
   ASSERT_TRUE(wait_for_text(child.err_path, " step ")) << read_text(child.err_path);
   ASSERT_EQ(kill(child.pid, SIGTERM), 0);
@@ -169,9 +170,9 @@ TEST(HostileLifecycle, SigtermWhileAPeerIsStalledEndsTheWaitWithinSeconds) {
   std::vector<testing::ChildProcess> ranks;
   for (int rank = 0; rank < 2; ++rank) {
     ranks.push_back(testing::spawn_command(
-        binary_and(tiny_train({"--epochs", "100000", "--backend", "gloo", "--timeout", "30",
-                               "--log-every", "1"})),
-        rank_env(rank, port), dir.file("rank" + std::to_string(rank))));
+        binary_and(tiny_lifecycle_train(
+            {"--epochs", "100000", "--backend", "gloo", "--timeout", "30", "--log-every", "1"})),
+        two_rank_env(rank, port), dir.file("rank" + std::to_string(rank))));
   }
   ASSERT_TRUE(wait_for_text(ranks[0].err_path, " step ")) << read_text(ranks[0].err_path);
   ASSERT_EQ(kill(ranks[1].pid, SIGSTOP), 0);
@@ -208,17 +209,17 @@ TEST(HostileLifecycle, EvalRanksWithDifferentWeightsAreRefused) {
   const std::string a = dir.file("a.safetensors");
   const std::string b = dir.file("b.safetensors");
   const std::string a_copy = dir.file("copy-of-a.safetensors");
-  ASSERT_EQ(run_dptrain(tiny_train({"--save-model", a})).exit_code, 0);
-  ASSERT_EQ(run_dptrain(tiny_train({"--save-model", b, "--seed", "7"})).exit_code, 0);
+  ASSERT_EQ(run_dptrain(tiny_lifecycle_train({"--save-model", a})).exit_code, 0);
+  ASSERT_EQ(run_dptrain(tiny_lifecycle_train({"--save-model", b, "--seed", "7"})).exit_code, 0);
   std::filesystem::copy_file(a, a_copy);
   const auto eval_pair = [&](const std::string& rank1_model) {
     const int port = testing::free_port();
     std::vector<testing::ChildProcess> ranks;
     for (int rank = 0; rank < 2; ++rank) {
       ranks.push_back(testing::spawn_command(
-          binary_and({"eval", "--model", rank == 0 ? a : rank1_model, "--data-dir",
-                      tiny_data_dir(), "--devices", "cpu", "--threads", "1", "--timeout", "30"}),
-          rank_env(rank, port), dir.file("eval" + std::to_string(rank))));
+          binary_and({"eval", "--model", rank == 0 ? a : rank1_model, "--data-dir", tiny_data_dir(),
+                      "--devices", "cpu", "--threads", "1", "--timeout", "30"}),
+          two_rank_env(rank, port), dir.file("eval" + std::to_string(rank))));
     }
     std::vector<CommandResult> results;
     for (const auto& rank : ranks) results.push_back(testing::wait_command(rank, 60));

@@ -22,15 +22,15 @@ using testing::CommandResult;
 using testing::contains;
 using testing::describe;
 using testing::expect_one_error_line;
+using testing::kUsage;
 using testing::path_exists;
 using testing::read_text;
 using testing::run_dptrain;
 using testing::TempDir;
 
-constexpr int kUsage = 2;
-
 // A one-epoch run of a width-1 model on `data`, plus `more`.
-std::vector<std::string> tiny_train(const std::string& data, const std::vector<std::string>& more) {
+std::vector<std::string> tiny_train_on(const std::string& data,
+                                       const std::vector<std::string>& more) {
   std::vector<std::string> args{"train",   "--data-dir", data,      "--devices",    "cpu",
                                 "--width", "1",          "--epochs", "1",           "--threads",
                                 "1",       "--batch-size", "8"};
@@ -63,8 +63,8 @@ TEST(HostileOutputs, SaveModelOntoALinkedDataFileIsRefusedBeforeTheData) {
   std::string link = dir.path();
   link.append("/data/").append(testing::kTrainLabels);
   ASSERT_EQ(::symlink("../labels.safetensors", link.c_str()), 0);
-  const auto result =
-      run_dptrain(tiny_train(dir.file("data"), {"--save-model", dir.file("labels.safetensors")}));
+  const auto result = run_dptrain(
+      tiny_train_on(dir.file("data"), {"--save-model", dir.file("labels.safetensors")}));
   expect_one_error_line(result, kUsage,
                         "--save-model and the data file train-labels-idx1-ubyte name one file, " +
                             dir.file("labels.safetensors"));
@@ -75,7 +75,7 @@ TEST(HostileOutputs, SaveModelOntoALinkedDataFileIsRefusedBeforeTheData) {
 // --save-model under a name the run gives its checkpoints would replace one of them.
 TEST(HostileOutputs, SaveModelOntoACheckpointNameIsRefusedBeforeTheData) {
   TempDir dir;
-  const auto result = run_dptrain(tiny_train(
+  const auto result = run_dptrain(tiny_train_on(
       testing::tiny_data_dir(), {"--checkpoint-dir", dir.file("ck"), "--save-model",
                                  dir.file("ck/checkpoint-e0001-s000000.safetensors")}));
   expect_one_error_line(result, kUsage, "--save-model and --checkpoint-dir's checkpoints name one file");
@@ -102,7 +102,8 @@ TEST(HostileOutputs, ASecondWriterOfOneOutputIsRefusedNamingTheHolder) {
   for (const auto& [flag, name] : std::vector<std::pair<std::string, std::string>>{
            {"--metrics", "m.csv"}, {"--save-model", "m.safetensors"}}) {
     const OutputLock first(dir.file(name), flag);
-    const auto result = run_dptrain(tiny_train(testing::tiny_data_dir(), {flag, dir.file(name)}));
+    const auto result =
+        run_dptrain(tiny_train_on(testing::tiny_data_dir(), {flag, dir.file(name)}));
     expect_one_error_line(result, kUsage,
                           flag + " " + dir.file(name) + " is being written by another dptrain run");
     EXPECT_TRUE(contains(result.err, holder)) << describe(result);
@@ -111,7 +112,7 @@ TEST(HostileOutputs, ASecondWriterOfOneOutputIsRefusedNamingTheHolder) {
   }
   // Once the holder is done the output is free, and the run leaves no lock file behind.
   const auto result =
-      run_dptrain(tiny_train(testing::tiny_data_dir(), {"--metrics", dir.file("m.csv")}));
+      run_dptrain(tiny_train_on(testing::tiny_data_dir(), {"--metrics", dir.file("m.csv")}));
   EXPECT_EQ(result.exit_code, 0) << describe(result);
   EXPECT_EQ(testing::list_directory(dir.path()), std::vector<std::string>{"m.csv"});
 }
@@ -123,7 +124,8 @@ TEST(HostileOutputs, ACheckpointDirTooLongForItsTemporariesIsRefusedBeforeTheDat
   std::string deep = dir.path();
   while (deep.size() + 201 < PATH_MAX - 40) deep += "/" + std::string(200, 'd');
   deep += "/" + std::string(PATH_MAX - 40 - deep.size() - 1, 'e');
-  const auto result = run_dptrain(tiny_train(testing::tiny_data_dir(), {"--checkpoint-dir", deep}));
+  const auto result =
+      run_dptrain(tiny_train_on(testing::tiny_data_dir(), {"--checkpoint-dir", deep}));
   expect_one_error_line(result, kUsage, "cannot create a checkpoint there");
   EXPECT_TRUE(contains(result.err, "File name too long")) << describe(result);
   expect_nothing_read(result);

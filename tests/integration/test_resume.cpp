@@ -39,7 +39,7 @@ constexpr int64_t kBatch = 32;
 constexpr int64_t kStepsPerEpoch = kTrainExamples / kBatch;  // 8
 
 // Random images and labels: enough to compare runs with each other, no files needed.
-const FashionMnist& synthetic_data() {
+const FashionMnist& resume_data() {
   static const FashionMnist data = dptrain::testing::synthetic_data(kTrainExamples, kTestExamples);
   return data;
 }
@@ -111,7 +111,7 @@ class Resume : public ::testing::TestWithParam<int> {
   // The uninterrupted two-epoch run every resumed run is compared with.
   void run_straight() {
     auto options = resume_options(replicas(), straight_dir_.path());
-    straight_ = train(synthetic_data(), options, cpu_world(replicas()));
+    straight_ = train(resume_data(), options, cpu_world(replicas()));
     ASSERT_EQ(straight_.epochs.size(), 2u);
     ASSERT_EQ(straight_.last_checkpoint, straight_dir_.file(checkpoint_file_name(2, 0)));
     straight_final_ = read_checkpoint(*straight_.last_checkpoint);
@@ -131,14 +131,14 @@ TEST_P(Resume, AtAnEpochBoundaryEndsBitIdentical) {
   ASSERT_NO_FATAL_FAILURE(run_straight());
   auto options = resume_options(replicas(), dir_.path());
   options.epochs = 1;
-  const auto first = train(synthetic_data(), options, cpu_world(replicas()));
+  const auto first = train(resume_data(), options, cpu_world(replicas()));
   const std::string boundary = dir_.file(checkpoint_file_name(1, 0));
   ASSERT_EQ(first.last_checkpoint, boundary);
   EXPECT_FALSE(first.resumed_from.has_value());
 
   options.epochs = 2;
   options.resume = true;
-  const auto second = train(synthetic_data(), options, cpu_world(replicas()));
+  const auto second = train(resume_data(), options, cpu_world(replicas()));
   EXPECT_EQ(second.resumed_from, boundary);
   EXPECT_EQ(second.stopped_by, 0);
   ASSERT_EQ(second.last_checkpoint, dir_.file(checkpoint_file_name(2, 0)));
@@ -167,7 +167,7 @@ TEST_P(Resume, FromAnOlderFormatCheckpointEndsBitIdentical) {
   write_checkpoint_atomically(same, straight_dir_.file(checkpoint_file_name(1, 0)));
   auto options = resume_options(replicas(), straight_dir_.path());
   options.resume = true;
-  const auto from_version_3 = train(synthetic_data(), options, cpu_world(replicas()));
+  const auto from_version_3 = train(resume_data(), options, cpu_world(replicas()));
   ASSERT_EQ(from_version_3.resumed_from, straight_dir_.file(checkpoint_file_name(1, 0)));
   const std::string old_path = dir_.file("checkpoint-e0001-s000000.dpt");
   write_bytes(old_path, read_regular_file(fixture, "fixture"));
@@ -176,7 +176,7 @@ TEST_P(Resume, FromAnOlderFormatCheckpointEndsBitIdentical) {
   std::vector<std::string> notices;
   TrainCallbacks callbacks;
   callbacks.on_notice = [&](const std::string& text) { notices.push_back(text); };
-  const auto second = train(synthetic_data(), options, cpu_world(replicas()), callbacks);
+  const auto second = train(resume_data(), options, cpu_world(replicas()), callbacks);
   EXPECT_EQ(second.resumed_from, old_path);
   const auto said = std::count_if(notices.begin(), notices.end(), [](const std::string& n) {
     return n.find("format version 2 (DPTRNCKP), read") != std::string::npos;
@@ -201,7 +201,7 @@ TEST_P(Resume, StopMidEpochWritesACheckpointAndTheResumeEndsBitIdentical) {
   options.stop_signal = &stop;
   double loss_sum = 0;  // the shard losses of rank 0 so far, as sums
   const auto stopping =
-      train(synthetic_data(), options, cpu_world(replicas()), nullptr, [&](const StepStats& s) {
+      train(resume_data(), options, cpu_world(replicas()), nullptr, [&](const StepStats& s) {
         loss_sum += s.shard_loss * static_cast<double>(kBatch / replicas());
         if (s.epoch == 1 && s.step == kStopAt) stop = SIGINT;
       });
@@ -228,7 +228,7 @@ TEST_P(Resume, StopMidEpochWritesACheckpointAndTheResumeEndsBitIdentical) {
 
   stop = 0;
   options.resume = true;
-  const auto resumed = train(synthetic_data(), options, cpu_world(replicas()));
+  const auto resumed = train(resume_data(), options, cpu_world(replicas()));
   EXPECT_EQ(resumed.resumed_from, middle);
   EXPECT_EQ(resumed.stopped_by, 0);
   ASSERT_EQ(resumed.last_checkpoint, dir_.file(checkpoint_file_name(2, 0)));
@@ -250,7 +250,7 @@ TEST_P(Resume, StopAtTheLastStepOfAnEpochStopsAtTheBoundary) {
   std::atomic<int> stop{0};
   options.stop_signal = &stop;
   const auto result =
-      train(synthetic_data(), options, cpu_world(replicas()), nullptr, [&](const StepStats& s) {
+      train(resume_data(), options, cpu_world(replicas()), nullptr, [&](const StepStats& s) {
         if (s.epoch == 1 && s.step == kStepsPerEpoch) stop = SIGTERM;
       });
   EXPECT_EQ(result.stopped_by, SIGTERM);
@@ -268,7 +268,7 @@ TEST_P(Resume, StopAtAnEpochBoundaryWritesACheckpointBetweenScheduledOnes) {
   std::atomic<int> stop{0};
   options.stop_signal = &stop;
   const auto result =
-      train(synthetic_data(), options, cpu_world(replicas()), nullptr, [&](const StepStats& s) {
+      train(resume_data(), options, cpu_world(replicas()), nullptr, [&](const StepStats& s) {
         if (s.epoch == 1 && s.step == kStepsPerEpoch) stop = SIGINT;
       });
   EXPECT_EQ(result.stopped_by, SIGINT);
@@ -293,7 +293,7 @@ TEST_P(Resume, StepCheckpointsLeaveTheWeightsAsWithout) {
   ASSERT_NO_FATAL_FAILURE(run_straight());
   auto options = resume_options(replicas(), dir_.path());
   options.checkpoint_every_steps = 3;
-  const auto stepped = train(synthetic_data(), options, cpu_world(replicas()));
+  const auto stepped = train(resume_data(), options, cpu_world(replicas()));
   // Global steps 3, 6 | 9, 12, 15 inside the two epochs of 8 steps, and both epochs' ends.
   EXPECT_EQ(checkpoint_file_names(dir_.path()),
             (std::vector<std::string>{checkpoint_file_name(0, 3), checkpoint_file_name(0, 6),
@@ -327,7 +327,7 @@ Checkpoint expect_killed_runs_resume_bit_identical(TrainOptions options, int rep
   TempDir written_dir;
   options.checkpoint_dir = written_dir.path();
   options.checkpoint_every_steps = 3;
-  const auto straight = train(synthetic_data(), options, cpu_world(replicas));
+  const auto straight = train(resume_data(), options, cpu_world(replicas));
   const auto straight_final = read_checkpoint(*straight.last_checkpoint);
   for (const int64_t killed_after : {6, 12}) {
     SCOPED_TRACE("killed after global step " + std::to_string(killed_after));
@@ -339,7 +339,7 @@ Checkpoint expect_killed_runs_resume_bit_identical(TrainOptions options, int rep
     }
     options.checkpoint_dir = dir.path();
     options.resume = true;
-    const auto resumed = train(synthetic_data(), options, cpu_world(replicas));
+    const auto resumed = train(resume_data(), options, cpu_world(replicas));
     EXPECT_TRUE(resumed.resumed_from.has_value());
     if (!resumed.resumed_from) continue;
     EXPECT_EQ(read_checkpoint(*resumed.resumed_from).global_step, killed_after);
@@ -394,26 +394,26 @@ TEST_P(Resume, AnotherRecipeOrScheduleLengthIsAUsageError) {
   auto options = resume_options(replicas(), dir_.path());
   options.epochs = 1;
   options.recipe = full_recipe();
-  train(synthetic_data(), options, cpu_world(replicas()));
+  train(resume_data(), options, cpu_world(replicas()));
   const std::string saved = dir_.file(checkpoint_file_name(1, 0));
   options.resume = true;
   {
     auto other = options;
     other.recipe.sgd.momentum = 0.8;
     expect_usage_error(
-        [&] { train(synthetic_data(), other, cpu_world(replicas())); },
+        [&] { train(resume_data(), other, cpu_world(replicas())); },
         {saved, "--momentum 0.9 --nesterov", "this run has --momentum 0.8", "give the same flags"});
   }
   {
     auto other = options;
     other.recipe = Recipe{};
-    expect_usage_error([&] { train(synthetic_data(), other, cpu_world(replicas())); },
+    expect_usage_error([&] { train(resume_data(), other, cpu_world(replicas())); },
                        {saved, "--ema 0.9", "this run has the book's recipe"});
   }
   {
     auto other = options;
     other.epochs = 2;  // the cosine would be stretched over two epochs
-    expect_usage_error([&] { train(synthetic_data(), other, cpu_world(replicas())); },
+    expect_usage_error([&] { train(resume_data(), other, cpu_world(replicas())); },
                        {saved, "--epochs 1", "this run has --epochs 2"});
   }
   EXPECT_EQ(checkpoint_file_names(dir_.path()),
@@ -443,7 +443,7 @@ double one_step_on_another_world(int from, int to, bool sync_bn,
   auto options = resume_options(from, dir.path());
   options.sync_bn = sync_bn;
   options.max_steps = 1;
-  train(synthetic_data(), options, cpu_world(from));
+  train(resume_data(), options, cpu_world(from));
   const std::string written = dir.file(checkpoint_file_name(0, 1));
   options.resume = true;
   options.max_steps = 2;
@@ -455,7 +455,7 @@ double one_step_on_another_world(int from, int to, bool sync_bn,
     options.threads = world;
     TrainCallbacks callbacks;
     callbacks.on_notice = [&](const std::string& text) { notices.push_back(text); };
-    const auto result = train(synthetic_data(), options, cpu_world(world), callbacks);
+    const auto result = train(resume_data(), options, cpu_world(world), callbacks);
     after[world == from ? 0 : 1] = read_checkpoint(*result.last_checkpoint);
   }
   return parameter_difference(after[0], after[1]);
@@ -488,10 +488,10 @@ TEST(ResumeOnAnotherWorldSize, IsAllowedWithANoticeAndWithSyncBnTakesTheSameStep
 TEST_P(Resume, EvaluateWeightsReproducesTheLastEpochsTestFigures) {
   auto options = resume_options(replicas(), dir_.path());
   options.epochs = 1;
-  const auto result = train(synthetic_data(), options, cpu_world(replicas()));
+  const auto result = train(resume_data(), options, cpu_world(replicas()));
   const auto checkpoint = read_checkpoint(*result.last_checkpoint);
   const auto eval =
-      evaluate_weights(synthetic_data(), options, cpu_world(replicas()), checkpoint.tensors);
+      evaluate_weights(resume_data(), options, cpu_world(replicas()), checkpoint.tensors);
   EXPECT_EQ(eval.test_acc, result.epochs.back().test_acc);
   EXPECT_EQ(eval.test_loss, result.epochs.back().test_loss);
   EXPECT_EQ(eval.examples, kTestExamples);
@@ -504,11 +504,11 @@ TEST_P(Resume, EvaluateWeightsReproducesTheLastEpochsTestFigures) {
     fresh.max_steps = 1;
     fresh.lr = 1e-9;
     fresh.checkpoint_dir = dir_.file("untrained");
-    const auto barely = train(synthetic_data(), fresh, cpu_world(replicas()));
+    const auto barely = train(resume_data(), fresh, cpu_world(replicas()));
     untrained = read_checkpoint(*barely.last_checkpoint);
   }
   const auto before =
-      evaluate_weights(synthetic_data(), options, cpu_world(replicas()), untrained.tensors);
+      evaluate_weights(resume_data(), options, cpu_world(replicas()), untrained.tensors);
   EXPECT_NE(before.test_loss, eval.test_loss);
 }
 
@@ -517,30 +517,30 @@ TEST_P(Resume, EvaluateWeightsReproducesTheLastEpochsTestFigures) {
 TEST_P(Resume, AnotherModelOrDataOrderIsAUsageError) {
   auto options = resume_options(replicas(), dir_.path());
   options.epochs = 1;
-  train(synthetic_data(), options, cpu_world(replicas()));
+  train(resume_data(), options, cpu_world(replicas()));
   const std::string saved = dir_.file(checkpoint_file_name(1, 0));
   options.epochs = 2;
   options.resume = true;
   {
     auto other = options;
     other.width = 8;
-    expect_usage_error([&] { train(synthetic_data(), other, cpu_world(replicas())); },
+    expect_usage_error([&] { train(resume_data(), other, cpu_world(replicas())); },
                        {saved, "--width 4 (this run: 8)"});
   }
   {
     auto other = options;
     other.batch_size = 64;
-    expect_usage_error([&] { train(synthetic_data(), other, cpu_world(replicas())); },
+    expect_usage_error([&] { train(resume_data(), other, cpu_world(replicas())); },
                        {saved, "--batch-size 32", "this run has 64"});
   }
   {
     auto other = options;
     other.seed = 4;
-    expect_usage_error([&] { train(synthetic_data(), other, cpu_world(replicas())); },
+    expect_usage_error([&] { train(resume_data(), other, cpu_world(replicas())); },
                        {saved, "--seed 3", "this run has 4"});
   }
   {
-    FashionMnist fewer = synthetic_data();
+    FashionMnist fewer = resume_data();
     fewer.train.images = fewer.train.images.narrow(0, 0, kTrainExamples - 1);
     fewer.train.labels = fewer.train.labels.narrow(0, 0, kTrainExamples - 1);
     expect_usage_error([&] { train(fewer, options, cpu_world(replicas())); },
@@ -558,7 +558,7 @@ TEST_P(Resume, AnotherModelOrDataOrderIsAUsageError) {
 TEST_P(Resume, AnOlderCheckpointOfAnotherWidthIsSkippedUnread) {
   auto options = resume_options(replicas(), dir_.path());
   options.epochs = 1;
-  train(synthetic_data(), options, cpu_world(replicas()));
+  train(resume_data(), options, cpu_world(replicas()));
   const std::string saved = dir_.file(checkpoint_file_name(1, 0));
   Checkpoint stray = read_checkpoint(saved);
   stray.config.width = 8;
@@ -574,7 +574,7 @@ TEST_P(Resume, AnOlderCheckpointOfAnotherWidthIsSkippedUnread) {
   callbacks.on_notice = [&](const std::string& text) { notices.push_back(text); };
   const int64_t read_before = bytes_read_by("self");
   ASSERT_GE(read_before, 0) << "no /proc/self/io to count the bytes read";
-  const auto resumed = train(synthetic_data(), options, cpu_world(replicas()), callbacks);
+  const auto resumed = train(resume_data(), options, cpu_world(replicas()), callbacks);
   // The resume read its own checkpoint (a few KB at width 4) and the stray's header, no more.
   EXPECT_LT(bytes_read_by("self") - read_before, int64_t{64} << 20);
   EXPECT_EQ(resumed.resumed_from, saved);
@@ -589,7 +589,7 @@ TEST(ResumeOptions, ResumeWithoutADirectoryIsAUsageError) {
   auto options = resume_options(1, "");
   options.checkpoint_dir.reset();
   options.resume = true;
-  expect_usage_error([&] { train(synthetic_data(), options, cpu_world(1)); },
+  expect_usage_error([&] { train(resume_data(), options, cpu_world(1)); },
                      {"--resume needs --checkpoint-dir"});
 }
 
@@ -597,7 +597,7 @@ TEST(ResumeOptions, CheckpointEveryStepsWithoutADirectoryIsAUsageError) {
   auto options = resume_options(1, "");
   options.checkpoint_dir.reset();
   options.checkpoint_every_steps = 5;
-  expect_usage_error([&] { train(synthetic_data(), options, cpu_world(1)); },
+  expect_usage_error([&] { train(resume_data(), options, cpu_world(1)); },
                      {"--checkpoint-every-steps needs --checkpoint-dir"});
 }
 
@@ -605,10 +605,10 @@ TEST(ResumeOptions, ResumeFromAnEmptyDirectoryStartsAfresh) {
   TempDir dir, fresh_dir;
   auto options = resume_options(1, fresh_dir.path());
   options.epochs = 1;
-  const auto fresh = train(synthetic_data(), options, cpu_world(1));
+  const auto fresh = train(resume_data(), options, cpu_world(1));
   options.checkpoint_dir = dir.path();
   options.resume = true;
-  const auto resumed = train(synthetic_data(), options, cpu_world(1));
+  const auto resumed = train(resume_data(), options, cpu_world(1));
   EXPECT_FALSE(resumed.resumed_from.has_value());
   expect_same_epochs(fresh.epochs, resumed.epochs, 0);
   expect_same_tensors(read_checkpoint(*fresh.last_checkpoint),
@@ -640,7 +640,7 @@ TEST_P(Resume, NonFiniteStopNamesTheStepAndWritesNoCheckpoint) {
   options.on_nonfinite = NonFinite::kStop;
   int64_t last_step = 0;
   const auto message = nonfinite_error([&] {
-    train(synthetic_data(), options, cpu_world(replicas()), nullptr,
+    train(resume_data(), options, cpu_world(replicas()), nullptr,
           [&](const StepStats& s) { last_step = s.step; });
   });
   ASSERT_GT(last_step, 0);
@@ -656,7 +656,7 @@ TEST_P(Resume, NonFiniteStopNamesTheStepAndWritesNoCheckpoint) {
 TEST_P(Resume, NonFiniteStopAfterAGoodEpochKeepsItsCheckpoint) {
   auto options = resume_options(replicas(), dir_.path());
   options.epochs = 1;
-  train(synthetic_data(), options, cpu_world(replicas()));
+  train(resume_data(), options, cpu_world(replicas()));
   const std::string good = dir_.file(checkpoint_file_name(1, 0));
   const auto good_before = read_checkpoint(good);
 
@@ -666,7 +666,7 @@ TEST_P(Resume, NonFiniteStopAfterAGoodEpochKeepsItsCheckpoint) {
   options.lr = kDivergingLr;
   int64_t last_step = 0;
   const auto message = nonfinite_error([&] {
-    train(synthetic_data(), options, cpu_world(replicas()), nullptr,
+    train(resume_data(), options, cpu_world(replicas()), nullptr,
           [&](const StepStats& s) { last_step = s.step; });
   });
   EXPECT_NE(message.find("epoch 2 step " + std::to_string(last_step) + ":"), std::string::npos)
@@ -682,7 +682,7 @@ TEST_P(Resume, NonFiniteSkipFinishesWithFiniteIdenticalReplicas) {
   options.lr = kDivergingLr;
   options.on_nonfinite = NonFinite::kSkip;
   options.check_replicas_every = 1;  // throws on the first step where replicas differ
-  const auto result = train(synthetic_data(), options, cpu_world(replicas()));
+  const auto result = train(resume_data(), options, cpu_world(replicas()));
   EXPECT_GT(result.skipped_steps, 0);
   EXPECT_LT(result.skipped_steps, kStepsPerEpoch);  // the first step is finite
   ASSERT_EQ(result.epochs.size(), 1u);
@@ -701,7 +701,7 @@ TEST_P(Resume, NonFiniteSkipFinishesWithFiniteIdenticalReplicas) {
   TempDir one_step_dir;
   options.max_steps = 1;
   options.checkpoint_dir = one_step_dir.path();
-  const auto one_step = train(synthetic_data(), options, cpu_world(replicas()));
+  const auto one_step = train(resume_data(), options, cpu_world(replicas()));
   EXPECT_EQ(one_step.skipped_steps, 0);
   expect_same_tensors(read_checkpoint(*one_step.last_checkpoint), final_checkpoint);
 }
@@ -717,14 +717,14 @@ TEST_P(Resume, NonFiniteSkipAnEpochWithoutATrainedStepHasNoTrainingFigures) {
   options.epochs = 1;
   options.lr = kDivergingLr;
   options.on_nonfinite = NonFinite::kSkip;
-  const auto first = train(synthetic_data(), options, cpu_world(replicas()));
+  const auto first = train(resume_data(), options, cpu_world(replicas()));
   ASSERT_EQ(first.epochs.size(), 1u);
   EXPECT_EQ(first.epochs[0].skipped_steps, kStepsPerEpoch - 1);
   TempDir one_step_dir;
   auto one_step_options = options;
   one_step_options.max_steps = 1;
   one_step_options.checkpoint_dir = one_step_dir.path();
-  const auto one_step = train(synthetic_data(), one_step_options, cpu_world(replicas()));
+  const auto one_step = train(resume_data(), one_step_options, cpu_world(replicas()));
   ASSERT_EQ(one_step.epochs.size(), 1u);
   EXPECT_EQ(first.epochs[0].train_loss, one_step.epochs[0].train_loss);  // over trained steps
   EXPECT_EQ(first.epochs[0].train_acc, one_step.epochs[0].train_acc);
@@ -736,7 +736,7 @@ TEST_P(Resume, NonFiniteSkipAnEpochWithoutATrainedStepHasNoTrainingFigures) {
   options.save_model = model_dir.file("m.safetensors");
   std::vector<EpochStats> reported;
   const auto message = nonfinite_error([&] {
-    train(synthetic_data(), options, cpu_world(replicas()),
+    train(resume_data(), options, cpu_world(replicas()),
           [&](const EpochStats& s) { reported.push_back(s); });
   });
   EXPECT_NE(message.find("no step of this run trained: all " +

@@ -160,7 +160,7 @@ StepResult one_step(torch::ScalarType type, Amp amp, bool fused_batch_norm, uint
           torch::cat(gradients).to(torch::kFloat64), fc_gradient};
 }
 
-double relative_l2(const torch::Tensor& got, const torch::Tensor& want) {
+double relative_l2_difference(const torch::Tensor& got, const torch::Tensor& want) {
   return (got - want).norm().item<double>() / want.norm().item<double>();
 }
 
@@ -185,12 +185,12 @@ TEST(Bf16Step, TheForwardPassStaysWithinBf16sBound) {
     SCOPED_TRACE("seed " + std::to_string(seed));
     const auto truth = one_step(torch::kFloat64, Amp::kOff, true, seed);
     const auto bf16 = one_step(torch::kFloat32, Amp::kBFloat16, true, seed);
-    const double logits_error = relative_l2(bf16.logits, truth.logits);
+    const double logits_error = relative_l2_difference(bf16.logits, truth.logits);
     EXPECT_LE(logits_error, bound);
     EXPECT_GE(logits_error, u / 16) << "no bf16 rounding: did bf16 run?";
     EXPECT_LE(std::abs(bf16.loss - truth.loss),
               2 * (bf16.logits - truth.logits).abs().max().item<double>() + 1e-12);
-    EXPECT_LE(relative_l2(bf16.fc_gradient, truth.fc_gradient), 2 * bound);
+    EXPECT_LE(relative_l2_difference(bf16.fc_gradient, truth.fc_gradient), 2 * bound);
   }
 }
 
@@ -208,9 +208,10 @@ TEST(Bf16Step, GradientsAreAsCloseToFloat64AsLibTorchsAutocast) {
     const auto fused = one_step(torch::kFloat32, Amp::kBFloat16, true, seed);
     const auto unfused = one_step(torch::kFloat32, Amp::kBFloat16, false, seed);
     EXPECT_FALSE(torch::equal(fused.gradient, unfused.gradient)) << "the fused path did not run";
-    ours += relative_l2(fused.gradient, truth.gradient);
-    libtorch += relative_l2(unfused.gradient, truth.gradient);
-    fp32 += relative_l2(one_step(torch::kFloat32, Amp::kOff, true, seed).gradient, truth.gradient);
+    ours += relative_l2_difference(fused.gradient, truth.gradient);
+    libtorch += relative_l2_difference(unfused.gradient, truth.gradient);
+    fp32 += relative_l2_difference(one_step(torch::kFloat32, Amp::kOff, true, seed).gradient,
+                                   truth.gradient);
   }
   EXPECT_LE(ours, 1.25 * libtorch) << "mean relative L2 error over 3 seeds: dptrain " << ours / 3
                                    << ", LibTorch's autocast " << libtorch / 3;

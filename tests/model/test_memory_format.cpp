@@ -19,7 +19,7 @@ using dptrain::CpuKernels;
 using dptrain::MemoryFormat;
 using dptrain::resolve_memory_format;
 
-const torch::Device kCpu(torch::kCPU);
+const torch::Device kCpuDevice(torch::kCPU);
 const torch::Device kCuda(torch::kCUDA, 0);
 
 // A CPU with AVX-512 (and so AVX2), or with neither, under an ISA cap.
@@ -44,36 +44,38 @@ TEST(ResolveMemoryFormat, AutoIsChannelsLastOnCudaAndOnAvx512KernelsElseContiguo
               MemoryFormat::kChannelsLast);
   }
 #if defined(__x86_64__) || defined(__i386__)
-  EXPECT_EQ(resolve_memory_format(MemoryFormat::kAuto, kCpu, kernels(true)),
+  EXPECT_EQ(resolve_memory_format(MemoryFormat::kAuto, kCpuDevice, kernels(true)),
             MemoryFormat::kChannelsLast);
-  EXPECT_EQ(resolve_memory_format(MemoryFormat::kAuto, kCpu, kernels(true, "avx512_core")),
+  EXPECT_EQ(resolve_memory_format(MemoryFormat::kAuto, kCpuDevice, kernels(true, "avx512_core")),
             MemoryFormat::kChannelsLast);
 #endif
   // Contiguous on AVX2 kernels, though channels-last is allowed there: Note [Why auto stays
   // contiguous on AVX2].
   for (const auto& cpu : {kernels(false), avx2_kernels(), kernels(true, "AVX2"),
                           kernels(true, "avx2_vnni"), kernels(true, "SSE41")}) {
-    EXPECT_EQ(resolve_memory_format(MemoryFormat::kAuto, kCpu, cpu), MemoryFormat::kContiguous)
+    EXPECT_EQ(resolve_memory_format(MemoryFormat::kAuto, kCpuDevice, cpu),
+              MemoryFormat::kContiguous)
         << "cap '" << cpu.isa_cap << "'";
   }
 }
 
 TEST(ResolveMemoryFormat, ExplicitChoicesStandWhereTheyAreSafe) {
-  EXPECT_EQ(resolve_memory_format(MemoryFormat::kContiguous, kCpu, kernels(false)),
+  EXPECT_EQ(resolve_memory_format(MemoryFormat::kContiguous, kCpuDevice, kernels(false)),
             MemoryFormat::kContiguous);
   EXPECT_EQ(resolve_memory_format(MemoryFormat::kContiguous, kCuda, kernels(false)),
             MemoryFormat::kContiguous);
   EXPECT_EQ(resolve_memory_format(MemoryFormat::kChannelsLast, kCuda, kernels(false)),
             MemoryFormat::kChannelsLast);
-  EXPECT_EQ(resolve_memory_format(MemoryFormat::kChannelsLast, kCpu, kernels(true)),
+  EXPECT_EQ(resolve_memory_format(MemoryFormat::kChannelsLast, kCpuDevice, kernels(true)),
             MemoryFormat::kChannelsLast);
-  EXPECT_EQ(resolve_memory_format(MemoryFormat::kChannelsLast, kCpu, kernels(true, "avx512_core")),
-            MemoryFormat::kChannelsLast);
+  EXPECT_EQ(
+      resolve_memory_format(MemoryFormat::kChannelsLast, kCpuDevice, kernels(true, "avx512_core")),
+      MemoryFormat::kChannelsLast);
   // The AVX2 kernels, sound in channels-last with the strided 1x1 kernel out of the way (Note
   // [Channels-last on the CPU]).
   for (const auto& cpu :
        {avx2_kernels(), avx2_kernels("AVX2"), avx2_kernels("avx2_vnni"), kernels(true, "AVX2")}) {
-    EXPECT_EQ(resolve_memory_format(MemoryFormat::kChannelsLast, kCpu, cpu),
+    EXPECT_EQ(resolve_memory_format(MemoryFormat::kChannelsLast, kCpuDevice, cpu),
               MemoryFormat::kChannelsLast)
         << "cap '" << cpu.isa_cap << "'";
   }
@@ -83,7 +85,7 @@ TEST(ResolveMemoryFormat, ExplicitChoicesStandWhereTheyAreSafe) {
 // The message, or nullopt when nothing was thrown.
 std::optional<std::string> refusal(const CpuKernels& cpu) {
   try {
-    resolve_memory_format(MemoryFormat::kChannelsLast, kCpu, cpu);
+    resolve_memory_format(MemoryFormat::kChannelsLast, kCpuDevice, cpu);
   } catch (const dptrain::UsageError& e) {
     return std::string(e.what());
   }

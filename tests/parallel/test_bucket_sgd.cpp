@@ -24,7 +24,7 @@ using namespace dptrain;
 
 // A conv weight (channels-last, so that views keep strides), its bias, a matrix and a vector:
 // in four buckets at a 200-byte limit.
-std::vector<torch::Tensor> make_parameters(int seed) {
+std::vector<torch::Tensor> mixed_layout_parameters(int seed) {
   torch::manual_seed(seed);
   std::vector<torch::Tensor> parameters;
   parameters.push_back(torch::randn({4, 3, 2, 2}).contiguous(at::MemoryFormat::ChannelsLast));
@@ -77,8 +77,8 @@ class FusedSgd : public ::testing::TestWithParam<SgdCase> {};
 TEST_P(FusedSgd, EveryStepIsBitIdenticalToTorchOptimSgd) {
   const SgdOptions& o = GetParam().options;
   Communicator single;
-  auto params = make_parameters(7);
-  auto reference = make_parameters(7);
+  auto params = mixed_layout_parameters(7);
+  auto reference = mixed_layout_parameters(7);
   Reducer reducer(params, single, /*bucket_bytes=*/200);
   ASSERT_GE(reducer.num_buckets(), 2u);
   BucketSgd sgd(reducer, o);
@@ -119,8 +119,8 @@ INSTANTIATE_TEST_SUITE_P(
 TEST(FusedSgdMomentum, ResumedBuffersContinueBitIdentically) {
   const SgdOptions o{0.9, true, 5e-2, true};
   Communicator single;
-  auto unbroken = make_parameters(3);
-  auto resumed = make_parameters(3);
+  auto unbroken = mixed_layout_parameters(3);
+  auto resumed = mixed_layout_parameters(3);
   Reducer unbroken_reducer(unbroken, single, /*bucket_bytes=*/200);
   BucketSgd unbroken_sgd(unbroken_reducer, o);
   const auto train_step = [](Reducer& reducer, BucketSgd& sgd, std::vector<torch::Tensor>& p) {
@@ -153,7 +153,7 @@ TEST(FusedSgdMomentum, ResumedBuffersContinueBitIdentically) {
 
 TEST(FusedSgdMomentum, BuffersAreTheParametersShapeAndLayout) {
   Communicator single;
-  auto params = make_parameters(5);
+  auto params = mixed_layout_parameters(5);
   Reducer reducer(params, single, /*bucket_bytes=*/200);
   BucketSgd sgd(reducer, SgdOptions{0.5, false, 0, false});
   EXPECT_FALSE(sgd.has_momentum());
@@ -175,7 +175,7 @@ TEST(FusedSgdMomentum, BuffersAreTheParametersShapeAndLayout) {
 
 TEST(FusedSgdMisuse, NesterovWithoutMomentumAndBuffersOfAnotherCountAreRefused) {
   Communicator single;
-  auto params = make_parameters(5);
+  auto params = mixed_layout_parameters(5);
   Reducer reducer(params, single, /*bucket_bytes=*/200);
   EXPECT_THROW(BucketSgd(reducer, SgdOptions{0, true, 0, false}), UsageError);
   BucketSgd plain(reducer, SgdOptions{});

@@ -45,11 +45,11 @@ namespace F = torch::nn::functional;
 // ---- Models and data --------------------------------------------------------------
 
 // LibTorch's default generator is one per process: thread ranks that seed it take turns.
-std::mutex generator_mutex;
+std::mutex data_parallel_generator_mutex;
 
 template <typename Make>
 auto seeded(int seed, Make make) {
-  std::lock_guard<std::mutex> lock(generator_mutex);
+  std::lock_guard<std::mutex> lock(data_parallel_generator_mutex);
   torch::manual_seed(seed);
   return make();
 }

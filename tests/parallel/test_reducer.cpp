@@ -56,11 +56,11 @@ TEST(BucketAssignment, RejectsNonPositiveLimit) {
 
 // LibTorch's default generator is one per process: thread ranks that seed it and draw from it
 // must take turns, or they race and draw different values.
-std::mutex generator_mutex;
+std::mutex reducer_generator_mutex;
 
 std::vector<torch::Tensor> make_parameters(const std::vector<std::vector<int64_t>>& shapes,
                                            int seed) {
-  std::lock_guard<std::mutex> lock(generator_mutex);
+  std::lock_guard<std::mutex> lock(reducer_generator_mutex);
   torch::manual_seed(seed);
   std::vector<torch::Tensor> parameters;
   for (const auto& shape : shapes) parameters.push_back(torch::randn(shape).requires_grad_());
@@ -262,7 +262,7 @@ TEST_P(ReducerWorld, MatchesSingleReplicaGradientOfGlobalBatch) {
   const auto x = torch::rand({kGlobalBatch, 1, 8, 8});
   const auto y = torch::randint(0, 10, {kGlobalBatch}, torch::kLong);
   const auto make_model = [] {
-    std::lock_guard<std::mutex> lock(generator_mutex);
+    std::lock_guard<std::mutex> lock(reducer_generator_mutex);
     torch::manual_seed(8);
     return torch::nn::Sequential(torch::nn::Conv2d(torch::nn::Conv2dOptions(1, 4, 3)),
                                  torch::nn::ReLU(), torch::nn::Flatten(),

@@ -102,7 +102,7 @@ void expect_same_records(const std::vector<EpochRecord>& expected,
   }
 }
 
-void write_all(const std::string& path, const std::vector<EpochRecord>& records) {
+void write_records(const std::string& path, const std::vector<EpochRecord>& records) {
   MetricsWriter writer(path);
   for (const auto& r : records) writer.write(r);
 }
@@ -131,14 +131,14 @@ TEST(MetricsText, OtherExtensionsAreUsageErrors) {
 
 TEST(MetricsText, CsvTextIsExact) {
   TempDir dir;
-  write_all(dir.file("m.csv"), two_epochs());
+  write_records(dir.file("m.csv"), two_epochs());
   EXPECT_EQ(read_text(dir.file("m.csv")), std::string(kCsvHeader) + kCsvRows);
   EXPECT_EQ(metrics_csv_header() + "\n", kCsvHeader);
 }
 
 TEST(MetricsText, JsonLinesTextIsExact) {
   TempDir dir;
-  write_all(dir.file("m.jsonl"), two_epochs());
+  write_records(dir.file("m.jsonl"), two_epochs());
   EXPECT_EQ(read_text(dir.file("m.jsonl")), kJsonLines);
 }
 
@@ -313,7 +313,7 @@ TEST_P(MetricsRoundTrip, NumbersReadBackBitForBit) {
                            5e-324, -0.0, 2.0 / 3, "cuda:0"));
   records.push_back(
       record(-1, 123456789.123456789, 0.7, 6.02214076e23, 0, 0.015625, 1e22, 1e-5, ""));
-  write_all(path, records);
+  write_records(path, records);
   std::string text = read_text(path);
   if (GetParam() == "csv") {
     ASSERT_EQ(text.rfind(kCsvHeader, 0), 0u);
@@ -355,10 +355,10 @@ TEST(MetricsWriter, AnExistingFileStartsOver) {
   TempDir dir;
   const std::string path = dir.file("m.csv");
   write_text(path, "step,loss\n1,0.5\n2,0.");
-  write_all(path, two_epochs());
+  write_records(path, two_epochs());
   EXPECT_EQ(read_text(path), std::string(kCsvHeader) + kCsvRows);
-  write_all(path, {two_epochs()[1]});
-  write_all(path, two_epochs());
+  write_records(path, {two_epochs()[1]});
+  write_records(path, two_epochs());
   EXPECT_EQ(read_text(path), std::string(kCsvHeader) + kCsvRows);
 }
 

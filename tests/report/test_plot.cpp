@@ -27,8 +27,6 @@ namespace {
 using testing::read_text;
 using testing::TempDir;
 
-constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
-
 size_t count(const std::string& text, const std::string& what) {
   size_t n = 0;
   for (size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++n;
@@ -159,7 +157,7 @@ TEST(PlotSvg, LargeLossesWidenTheAxis) {
 
 TEST(PlotSvg, NonFiniteValuesBreakTheLine) {
   std::vector<EpochRecord> records = book_like_run(6);
-  records[2].train_loss = kNaN;
+  records[2].train_loss = std::numeric_limits<double>::quiet_NaN();
   records[4].train_loss = std::numeric_limits<double>::infinity();
   records[5].test_acc = -std::numeric_limits<double>::infinity();
   const std::string svg = render_training_plot(records, PlotOptions{});

@@ -29,6 +29,9 @@ std::string describe(const CommandResult& result);
 
 // No abort, no uncaught exception, no C++ backtrace: whatever happened was handled.
 void expect_no_crash(const CommandResult& result);
+// The driver's exit statuses (app/main.cpp): a usage error, and an error while running.
+constexpr int kUsage = 2;
+constexpr int kRunTime = 1;
 // Exit status `exit_code` and exactly one line on stderr: "error: ...<substring>...".
 void expect_one_error_line(const CommandResult& result, int exit_code,
                            const std::string& substring);
