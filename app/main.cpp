@@ -28,6 +28,7 @@
 #include "dptrain/data/batching.h"
 #include "dptrain/data/data.h"
 #include "dptrain/model/memory_format.h"
+#include "dptrain/model/model.h"
 #include "dptrain/model/numerics.h"
 #include "dptrain/parallel/distributed.h"
 #include "dptrain/parallel/rendezvous.h"
@@ -302,8 +303,10 @@ std::string describe_run(const dptrain::FashionMnist& data, const std::string& d
   }
   // --conv-bias-grad fused takes effect only where the fused BatchNorm trains (the CPU in
   // channels-last, without --sync-bn); the line says so only where it does.
-  const bool fused_bias_grad = options.fused_conv_bias_grad && device.is_cpu() &&
-                               layout == dptrain::MemoryFormat::kChannelsLast && !options.sync_bn;
+  dptrain::ResNetOptions model_options;
+  model_options.fused_conv_bias_grad = options.fused_conv_bias_grad;
+  const bool fused_bias_grad =
+      dptrain::fuses_conv_bias_gradients(model_options, device, layout, options.sync_bn);
   return header +
          dptrain::describe_arithmetic(device, layout, options.amp, options.cudnn_benchmark, cpu) +
          (fused_bias_grad ? ", conv bias gradients fused" : "") + "; " +

@@ -26,10 +26,11 @@
 #include <vector>
 
 #include "cli.h"
-#include "support/cli_support.h"
 #include "dptrain/core/devices.h"
+#include "dptrain/model/memory_format.h"
 #include "dptrain/train/checkpoint.h"
 #include "dptrain/train/checkpoint_directory.h"
+#include "support/cli_support.h"
 #include "support/data_support.h"
 #include "support/test_support.h"
 
@@ -574,6 +575,44 @@ TEST(CliRun, FirstLineSaysTheLayoutAndPrecision) {
                                    "the weights' moving average"))
       << first_line;
   EXPECT_EQ(first_line.find("recipe"), first_line.rfind("recipe")) << first_line;
+}
+
+// --conv-bias-grad fused takes effect only where the fused BatchNorm trains (the CPU in
+// channels-last, without --sync-bn), and the first line says so there and nowhere else.
+TEST(CliRun, FirstLineSaysConvBiasGradientsFusedOnlyWhereTheyAre) {
+  if (!detect_cpu_kernels().runs_avx2()) {
+    GTEST_SKIP() << "channels-last is refused on this CPU: "
+                 << detect_cpu_kernels().describe_avx2();
+  }
+  const std::vector<std::string> tiny{
+      "train",       "--data-dir", tiny_data_dir(), "--width", "2", "--epochs", "1",
+      "--max-steps", "1",          "--threads",     "1"};
+  const auto first_line = [&](const std::vector<std::string>& more) {
+    std::vector<std::string> args = tiny;
+    args.insert(args.end(), more.begin(), more.end());
+    const auto result = run_dptrain(args, {}, 300);
+    EXPECT_EQ(result.exit_code, 0) << describe(result);
+    return result.out.substr(0, result.out.find('\n'));
+  };
+  const std::string said = ", conv bias gradients fused";
+  const std::vector<std::string> fused{"--conv-bias-grad", "fused"};
+  const auto with = [&](std::vector<std::string> more) {
+    more.insert(more.begin(), fused.begin(), fused.end());
+    return more;
+  };
+  const auto cl = first_line(with({"--devices", "cpu", "--memory-format", "channels-last"}));
+  EXPECT_TRUE(contains(cl, "cpu: channels-last, fp32" + said + "; ")) << cl;
+  const auto fast = first_line({"--devices", "cpu", "--recipe", "fast"});
+  EXPECT_TRUE(contains(fast, said)) << fast;
+  for (const auto& more :
+       {with({"--devices", "cpu", "--memory-format", "contiguous"}),
+        with({"--devices", "cpu,cpu", "--memory-format", "channels-last", "--sync-bn"}),
+        std::vector<std::string>{"--devices", "cpu", "--memory-format", "channels-last"},
+        std::vector<std::string>{"--devices", "cpu", "--recipe", "fast", "--conv-bias-grad",
+                                 "library"}}) {
+    const auto line = first_line(more);
+    EXPECT_FALSE(contains(line, "conv bias")) << line;
+  }
 }
 
 // Where oneDNN has no bf16 units to run on (here: its ISA cap at AVX2, as on an AVX2-only

@@ -416,6 +416,13 @@ TEST(FusedBatchNormModel, FusedConvBiasGradientsChangeOnlyThoseBiases) {
         const bool from_batch_norm = names[0].find("BatchNormAddRelu") != std::string::npos;
         EXPECT_EQ(from_batch_norm, channels_last && fused_bias_grad)
             << p.key() << "'s gradient comes from " << names[0];
+        // What the run's first line says, from the settings, is what the graph shows.
+        EXPECT_EQ(from_batch_norm,
+                  fuses_conv_bias_gradients(
+                      options, torch::kCPU,
+                      channels_last ? MemoryFormat::kChannelsLast : MemoryFormat::kContiguous,
+                      /*synchronised_batch_norm=*/false))
+            << p.key();
       }
       EXPECT_EQ(biases, 17) << "the stem's and the 16 of the blocks";
       loss.backward();

@@ -77,6 +77,25 @@ TEST(ResNet, RejectsNonPositiveOptions) {
   EXPECT_THROW(ResNet(ResNetOptions{0, 1, 8}), c10::Error);
 }
 
+// Asked for, the BatchNorm fused, the CPU, channels-last, not synchronised: each one needed.
+TEST(ConvBiasGradients, FusedOnlyWhereEveryConditionHolds) {
+  ResNetOptions fused;
+  fused.fused_conv_bias_grad = true;
+  const torch::Device cpu(torch::kCPU);
+  const auto cl = MemoryFormat::kChannelsLast;
+  EXPECT_TRUE(fuses_conv_bias_gradients(fused, cpu, cl, false));
+  ResNetOptions library = fused;
+  library.fused_conv_bias_grad = false;
+  EXPECT_FALSE(fuses_conv_bias_gradients(library, cpu, cl, false));
+  ResNetOptions unfused_batch_norm = fused;
+  unfused_batch_norm.fused_batch_norm = false;
+  EXPECT_FALSE(fuses_conv_bias_gradients(unfused_batch_norm, cpu, cl, false));
+  EXPECT_FALSE(fuses_conv_bias_gradients(fused, torch::Device(torch::kCUDA, 0), cl, false));
+  EXPECT_FALSE(fuses_conv_bias_gradients(fused, cpu, MemoryFormat::kContiguous, false));
+  EXPECT_FALSE(fuses_conv_bias_gradients(fused, cpu, MemoryFormat::kAuto, false));
+  EXPECT_FALSE(fuses_conv_bias_gradients(fused, cpu, cl, /*synchronised_batch_norm=*/true));
+}
+
 // ---- Residual blocks ------------------------------------------------------------
 
 struct BlockCase {

@@ -20,6 +20,7 @@
 #include "dptrain/core/random.h"
 #include "dptrain/model/batch_norm.h"
 #include "dptrain/model/flops.h"
+#include "dptrain/model/memory_format.h"
 #include "dptrain/model/projection.h"
 
 namespace dptrain {
@@ -232,6 +233,12 @@ int64_t count_parameters(const torch::nn::Module& model) {
   int64_t total = 0;
   for (const auto& p : model.parameters()) total += p.numel();
   return total;
+}
+
+bool fuses_conv_bias_gradients(const ResNetOptions& options, const torch::Device& device,
+                               MemoryFormat layout, bool synchronised_batch_norm) {
+  return options.fused_conv_bias_grad && options.fused_batch_norm && device.is_cpu() &&
+         layout == MemoryFormat::kChannelsLast && !synchronised_batch_norm;
 }
 
 void convert_to_channels_last(torch::nn::Module& model) {

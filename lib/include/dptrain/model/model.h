@@ -4,6 +4,7 @@
 // Not here: how replicas are made or synchronised (see distributed.h).
 #pragma once
 
+#include <c10/core/Device.h>
 #include <torch/nn/module.h>
 #include <torch/nn/modules/container/sequential.h>
 #include <torch/nn/modules/conv.h>
@@ -18,6 +19,7 @@
 
 #include "dptrain/model/batch_norm.h"
 #include "dptrain/model/flops.h"
+#include "dptrain/model/memory_format.h"
 
 namespace dptrain {
 
@@ -103,6 +105,15 @@ std::vector<LayerFlops> count_layer_flops(const ResNetImpl& model, int64_t in_he
 // One image's forward FLOPs (2 x the multiply-accumulates of count_layer_flops); a trained image
 // costs kTrainingPassesPerImage times as much. Full width at 28x28: 911,601,664.
 int64_t forward_flops_per_image(const ResNetImpl& model, int64_t in_height, int64_t in_width);
+
+// Whether training a model of `options` on `device` in `layout` takes the bias gradients of the
+// convolutions that feed a BatchNorm from that BatchNorm's fused backward: asked for
+// (fused_conv_bias_grad), the BatchNorm fused, the CPU, channels-last, and each replica's
+// BatchNorm on its own batch (not synchronised). The model decides call by call from the tensors
+// themselves (Note [The convolution's bias gradient]); this is the same rule from the settings,
+// for what a run says of itself.
+bool fuses_conv_bias_gradients(const ResNetOptions& options, const torch::Device& device,
+                               MemoryFormat layout, bool synchronised_batch_norm);
 
 // Re-lays every 4-D parameter and buffer of `model` out channels-last (N, H, W, C in memory),
 // values unchanged. Convolutions on channels-last tensors run faster on CPU (oneDNN) and on
